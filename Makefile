@@ -1,0 +1,147 @@
+# Makefile: the one build entry of kvcd.
+#
+#   make            build kvcd, kvcctl, kvc-run and libkvc into build/
+#   make deps       install the Debian packages the build and the tests need (only what is missing)
+#   make test       deps + build + every test; ends with "N passed, M failed"
+#   make check      the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer
+#   make demo       start kvcd in a temporary runtime directory, run kvc-run on the real model, stop
+#   make cuda       the CUDA kernels (CUDA=1; default on when nvcc is found)
+#   make install    into $(DESTDIR)$(PREFIX)
+#
+# Builds go to $(BUILD) (build/, or build/san for `make check`). No probing of the host beyond
+# looking for nvcc.
+
+BUILD ?= build
+PREFIX ?= /usr/local
+CC ?= gcc
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA ?= $(if $(NVCC),1,0)
+
+SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT ?= -O2
+CFLAGS_BASE := -std=gnu11 $(OPT) -g -fPIC -ffp-contract=off -Wall -Wextra -Werror -Wshadow \
+	-Wno-missing-field-initializers $(if $(SAN),$(SAN_FLAGS))
+INCLUDES := -I$(BUILD)/gen -Iproto -Ikernels -Idaemon -Iclient
+CFLAGS += $(CFLAGS_BASE) $(INCLUDES) -MMD -MP
+LDFLAGS += $(if $(SAN),$(SAN_FLAGS))
+LDLIBS_ZMQ := -lzmq -lprotobuf-c
+LDLIBS := -lm
+
+DEB_PACKAGES := build-essential pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
+	libsystemd-dev libcmocka-dev
+
+GEN := $(BUILD)/gen/kvc.pb-c.c
+GEN_H := $(BUILD)/gen/kvc.pb-c.h
+PROTO_SRC := proto/wire.c proto/fdwire.c
+KERNEL_SRC := kernels/block.c kernels/compact.c kernels/attention.c kernels/summary.c
+DAEMON_SRC := $(wildcard daemon/*.c daemon/policy/*.c)
+LIBKVC_SRC := client/kvc.c
+MODEL_SRC := client/model.c client/tokenizer.c client/sampler.c
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+GEN_OBJ := $(BUILD)/obj/gen/kvc.pb-c.o
+PROTO_OBJ := $(call obj,$(PROTO_SRC)) $(GEN_OBJ)
+KERNEL_OBJ := $(call obj,$(KERNEL_SRC))
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
+LIBKVC_OBJ := $(call obj,$(LIBKVC_SRC)) $(PROTO_OBJ) $(KERNEL_OBJ)
+MODEL_OBJ := $(call obj,$(MODEL_SRC))
+
+BIN := $(BUILD)/bin
+LIB := $(BUILD)/lib
+PROGRAMS := $(BIN)/kvcd $(BIN)/kvcctl $(BIN)/kvc-run
+UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
+INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
+HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c)
+
+.PHONY: all deps test check demo cuda install clean tests
+.DEFAULT_GOAL := all
+
+all: $(PROGRAMS) $(LIB)/libkvc.a $(LIB)/libkvc.so
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		if [ "$$(id -u)" != 0 ]; then echo "run as root, or: sudo apt-get install$$missing" >&2; exit 1; fi; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+$(GEN) $(GEN_H): proto/kvc.proto
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen -Iproto proto/kvc.proto
+
+$(BUILD)/obj/%.o: %.c | $(GEN_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(GEN_OBJ): $(GEN)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Wno-unused-parameter -c $< -o $@
+
+$(LIB)/libkvc.a: $(LIBKVC_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(LIB)/libkvc.so: $(LIBKVC_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libkvc.so.0 $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
+
+$(BIN)/kvcd: $(DAEMON_OBJ) $(PROTO_OBJ) $(KERNEL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) -lsystemd $(LDLIBS)
+
+$(BIN)/kvcctl: $(call obj,client/kvcctl.c) $(LIB)/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
+
+$(BIN)/kvc-run: $(call obj,client/kvc-run.c) $(MODEL_OBJ) $(LIB)/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
+
+# Unit tests link what they test directly; integration tests drive the real binaries.
+TEST_LIBS := $(LIB)/libkvc.a
+$(BUILD)/tests/test_model: $(MODEL_OBJ)
+$(BUILD)/tests/test_pool: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
+$(BUILD)/tests/test_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(filter %.o,$^) $(TEST_LIBS) -o $@ -lcmocka -lsystemd $(LDLIBS_ZMQ) $(LDLIBS)
+
+$(BUILD)/tests/test_%: $(BUILD)/obj/tests/integration/test_%.o $(HARNESS_OBJ) $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(filter %.o,$^) $(TEST_LIBS) -o $@ -lcmocka $(LDLIBS_ZMQ) $(LDLIBS)
+
+tests: all $(UNIT_TESTS) $(INTEGRATION_TESTS)
+
+test: deps
+	@$(MAKE) --no-print-directory tests
+	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS)
+
+check: deps
+	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 OPT=-O1 tests
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+		tests/run.sh build/san $(patsubst $(BUILD)/%,build/san/%,$(UNIT_TESTS) $(INTEGRATION_TESTS))
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@client/demo.sh $(BUILD)
+
+cuda:
+ifeq ($(CUDA),1)
+	@echo "no CUDA kernels in this tree yet (kernels/*.cu)"
+else
+	@echo "CUDA=0: nvcc not found, nothing to build"
+endif
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
+	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(LIB)/libkvc.a $(LIB)/libkvc.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 client/kvc.h $(DESTDIR)$(PREFIX)/include/
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,2 @@
+build/obj/daemon/log.o: daemon/log.c daemon/log.h
+daemon/log.h:

@@ -1,0 +1,3 @@
+build/obj/daemon/policy/basic.o: daemon/policy/basic.c \
+ daemon/policy/policy.h
+daemon/policy/policy.h:

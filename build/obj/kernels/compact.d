@@ -1,0 +1,4 @@
+build/obj/kernels/compact.o: kernels/compact.c kernels/compact.h \
+ kernels/block.h
+kernels/compact.h:
+kernels/block.h:

@@ -1,0 +1,2 @@
+build/obj/kernels/summary.o: kernels/summary.c kernels/summary.h
+kernels/summary.h:

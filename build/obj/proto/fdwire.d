@@ -1,0 +1,2 @@
+build/obj/proto/fdwire.o: proto/fdwire.c proto/fdwire.h
+proto/fdwire.h:

@@ -1,0 +1,77 @@
+/* model.h - the reference model runner: a llama2.c "legacy" checkpoint and its forward pass.
+ *
+ * Owns: loading and validating a checkpoint (from a file or from memory), the weights and the
+ * activation buffers of one model, one decode step (model_forward), and the plain in-process KV
+ * cache that is the quality reference (no eviction, attention computed exactly as llama2.c run.c).
+ *
+ * The KV cache is not part of the model: model_forward hands every layer's post-RoPE key and value
+ * to the caller's cache through struct model_cache_ops and asks the cache for the attention output.
+ * That is the seam where eviction policies and the daemon-backed cache plug in; the plain cache
+ * below is the oracle they are compared with.
+ *
+ * Not thread-safe: a struct model holds its activations, so one thread drives it at a time. Several
+ * models may run in parallel.
+ */
+#ifndef KVC_CLIENT_MODEL_H
+#define KVC_CLIENT_MODEL_H
+
+#include <stddef.h>
+
+struct model_config {
+        int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
+};
+
+struct model;
+
+/* Loads a checkpoint: 7 little-endian int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads,
+ * vocab_size, seq_len; vocab_size > 0 means the classifier shares the token embedding, < 0 means a
+ * separate classifier of |vocab_size| rows follows the RoPE tables), then the float32 tensors.
+ * The header must be in range (all positive, n_heads % n_kv_heads == 0, dim % n_heads == 0, an even
+ * head dimension, bounded sizes) and the file must be exactly as long as the header implies, with
+ * or without the two (unused) RoPE frequency tables. The model gets its own copy of the weights and
+ * all activation buffers here; model_forward never allocates.
+ * Returns 0, -EINVAL (bad header or size), -ENOENT/-EACCES/... (open), -EIO (read), -ENOMEM. */
+int model_load(const char *path, struct model **ret);
+/* The same checks on a checkpoint held in memory; data is copied and not kept. */
+int model_load_buffer(const void *data, size_t len, struct model **ret);
+struct model *model_free(struct model *m);
+/* vocab_size here is always the positive number of tokens. */
+const struct model_config *model_get_config(const struct model *m);
+
+/* The KV cache the forward pass stores into and attends over, supplied by the caller.
+ * Both return 0 or -errno; model_forward stops at the first failure and returns it. */
+struct model_cache_ops {
+        /* Store the post-RoPE key and the value of the token at position pos for one layer.
+         * k and v are [n_kv_heads * head_dim] floats, valid only during the call. */
+        int (*store)(void *ctx, int layer, int pos, const float *k, const float *v);
+        /* Decode attention for one layer at position pos: q is [n_heads * head_dim] (post-RoPE),
+         * out receives [n_heads * head_dim]. Grouped-query: query head h uses KV head
+         * h / (n_heads / n_kv_heads). */
+        int (*attend)(void *ctx, int layer, int pos, const float *q, float *out);
+};
+
+/* One forward step of token at position pos. For each layer it calls cache->store(layer, pos, ...)
+ * and then cache->attend(layer, pos, ...). pos is only required to be >= 0: a cache that evicts may
+ * run past the trained context (seq_len), and it is the cache that refuses positions it cannot hold.
+ * On success *ret_logits points at vocab_size floats owned by the model, valid until the next call
+ * or model_free. Returns -EINVAL for a token outside the vocabulary, a negative pos or a NULL
+ * argument, or the cache's error. */
+int model_forward(struct model *m, int token, int pos, const struct model_cache_ops *cache, void *ctx,
+                  float **ret_logits);
+
+/* The plain in-process cache: every position 0..max_tokens-1 of every layer kept in float32, no
+ * eviction. Attention is exactly llama2.c's: scores q.k/sqrt(head_dim) over positions 0..pos,
+ * max-subtracted softmax, weighted sum of values, in the same order of operations as run.c, so its
+ * greedy output matches llama2.c bit for bit.
+ * store(pos) requires pos <= (positions stored so far in that layer), i.e. no gaps; storing at an
+ * earlier position rewinds the layer to pos + 1 positions. attend(pos) requires pos to be stored.
+ * Both give -EINVAL otherwise, and -ERANGE for pos >= max_tokens. */
+struct plain_cache;
+/* max_tokens: 1..cfg->seq_len is the usual choice, at most 1 << 24. */
+int plain_cache_new(const struct model_config *cfg, int max_tokens, struct plain_cache **ret);
+struct plain_cache *plain_cache_free(struct plain_cache *c);
+/* Forget every stored position (a new sequence) without freeing. */
+void plain_cache_reset(struct plain_cache *c);
+extern const struct model_cache_ops plain_cache_ops; /* ctx is a struct plain_cache * */
+
+#endif

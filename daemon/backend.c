@@ -1,0 +1,78 @@
+/* backend.c: the backend table, and the host backend (sealed memfd chunks).
+ *
+ * Host chunks are memfds sealed against shrinking and growing, so a client that holds the fd
+ * cannot truncate the pool under kvcd (SIGBUS) or grow it past its budget. Scrubbing punches a
+ * hole over the whole chunk: the pages are freed and read back as zeros, without a write pass.
+ */
+#define _GNU_SOURCE
+#include "backend.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static int host_chunk_create(uint64_t bytes, uint8_t *addr, struct backend_chunk *ret) {
+        int fd = memfd_create("kvcd-chunk", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+                return -errno;
+        if (ftruncate(fd, (off_t)bytes) < 0 ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+                int r = -errno;
+                close(fd);
+                return r;
+        }
+        void *m = mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+        if (m == MAP_FAILED) {
+                int r = -errno;
+                close(fd);
+                return r;
+        }
+        ret->fd = fd;
+        ret->map = m;
+        return 0;
+}
+
+static int host_chunk_scrub(struct backend_chunk *c, uint64_t bytes) {
+        if (fallocate(c->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, (off_t)bytes) == 0)
+                return 0;
+        memset(c->map, 0, bytes); /* a filesystem without hole punching: zero by hand */
+        return 0;
+}
+
+static void host_chunk_destroy(struct backend_chunk *c, uint64_t bytes) {
+        /* back to an inaccessible page range of the reservation, rather than a hole in it */
+        mmap(c->map, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        close(c->fd);
+        c->fd = -1;
+}
+
+static const struct backend_ops host_ops = {
+        .name = "host",
+        .chunk_create = host_chunk_create,
+        .chunk_scrub = host_chunk_scrub,
+        .chunk_destroy = host_chunk_destroy,
+};
+
+static const struct {
+        const char *name;
+        const struct backend_ops *ops; /* NULL: known but not built */
+} backends[] = {
+        { "host", &host_ops },
+        { "auto", &host_ops }, /* auto picks cuda when a driver and a device exist; host for now */
+        { "cuda", NULL },
+};
+
+int backend_find(const char *name, const struct backend_ops **ret) {
+        for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++) {
+                if (strcmp(backends[i].name, name) != 0)
+                        continue;
+                if (!backends[i].ops)
+                        return -ENOTSUP;
+                *ret = backends[i].ops;
+                return 0;
+        }
+        return -ENOENT;
+}

@@ -1,0 +1,353 @@
+/* handlers.c: one row per request kind, one handler per row.
+ *
+ * handle_frame() decodes and validates a frame (wire.c), finds the row for its kind, checks the
+ * row's conditions (the socket it may arrive on, whether the peer must have said Hello), runs the
+ * handler and sends what it built: its reply, or an Error with the handler's code and reason.
+ * Handlers build replies in the reply arena; nothing survives the frame.
+ *
+ * Every request gets exactly one reply, except PlanApplied, which is answered only when refused
+ * (the client does not wait for it).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "kvcd.h"
+#include "log.h"
+#include "policy/policy.h"
+
+struct request {
+        struct kvcd *d;
+        struct client *client; /* NULL before Hello and on the admin socket */
+        const uint8_t *rid;
+        size_t rid_len;
+        const Kvc__Envelope *env;
+        Kvc__Envelope reply;
+        bool no_reply;
+        char why[WIRE_MAX_MESSAGE];
+};
+
+static int handle_hello(struct request *rq) {
+        struct kvcd *d = rq->d;
+        const Kvc__Hello *m = rq->env->hello;
+        if (rq->client) {
+                snprintf(rq->why, sizeof(rq->why), "this peer already said hello");
+                return -EALREADY;
+        }
+        struct client *c = client_by_token(d, m->token.data);
+        if (!c || c->bound) {
+                snprintf(rq->why, sizeof(rq->why), "unknown token: connect the fd channel first");
+                return -EPERM;
+        }
+        if (rq->rid_len > KVCD_ROUTING_ID_MAX)
+                return -EINVAL;
+        memcpy(c->rid, rq->rid, rq->rid_len);
+        c->rid_len = (uint8_t)rq->rid_len;
+        c->bound = true;
+        snprintf(c->name, sizeof(c->name), "%s", m->client_name ? m->client_name : "");
+
+        Kvc__Welcome *w = wire_arena_alloc(d->out, sizeof(*w));
+        if (!w)
+                return -ENOMEM;
+        kvc__welcome__init(w);
+        w->client_id = c->id;
+        w->chunk_bytes = pool_chunk_bytes(d->pool);
+        w->pool_bytes = pool_va_bytes(d->pool);
+        w->block_tokens = 16;
+        w->backend = (char *)d->backend->name;
+        w->daemon_version = KVCD_VERSION;
+        rq->reply.body_case = KVC__ENVELOPE__BODY_WELCOME;
+        rq->reply.welcome = w;
+        return 0;
+}
+
+static int handle_open_session(struct request *rq) {
+        struct kvcd *d = rq->d;
+        struct session *s;
+        int r = session_open(d, rq->client, rq->env->open_session, &s, rq->why, sizeof(rq->why));
+        if (r < 0)
+                return r;
+        Kvc__SessionOpened *o = wire_arena_alloc(d->out, sizeof(*o));
+        if (!o) {
+                session_close(d, s);
+                return -ENOMEM;
+        }
+        kvc__session_opened__init(o);
+        o->session_id = s->id;
+        o->token.data = s->token;
+        o->token.len = sizeof(s->token);
+        o->block_bytes = s->layout.block_bytes;
+        o->block_tokens = s->layout.block_tokens;
+        o->plan_offset = s->plan_offset;
+        o->plan_bytes = (uint64_t)s->plan_units * s->layout.block_bytes;
+        o->ema_gamma = s->policy->ema_gamma;
+        o->max_layer_tokens = s->max_layer_tokens;
+        o->policy = s->policy_name;
+        o->budget_tokens = s->budget_tokens;
+        rq->reply.body_case = KVC__ENVELOPE__BODY_SESSION_OPENED;
+        rq->reply.session_opened = o;
+        log_info("session %llu opened by client %llu: policy %s budget %u, %u layers x %u kv heads x %u dims",
+                 (unsigned long long)s->id, (unsigned long long)rq->client->id, s->policy_name,
+                 s->budget_tokens, s->n_layers, s->n_kv_heads, s->head_dim);
+        return 0;
+}
+
+static int lookup(struct request *rq, uint64_t id, struct session **ret) {
+        int r = session_lookup(rq->d, rq->client, id, ret);
+        if (r == -ENOENT)
+                snprintf(rq->why, sizeof(rq->why), "no session %llu", (unsigned long long)id);
+        else if (r == -EPERM)
+                snprintf(rq->why, sizeof(rq->why), "session %llu belongs to another client",
+                         (unsigned long long)id);
+        return r;
+}
+
+static int handle_reserve(struct request *rq) {
+        const Kvc__Reserve *m = rq->env->reserve;
+        struct session *s;
+        Kvc__Grant *g;
+        int r = lookup(rq, m->session_id, &s);
+        if (r < 0)
+                return r;
+        r = session_reserve(rq->d, s, m->n_tokens, &g, rq->why, sizeof(rq->why));
+        if (r < 0)
+                return r;
+        rq->reply.body_case = KVC__ENVELOPE__BODY_GRANT;
+        rq->reply.grant = g;
+        return 0;
+}
+
+static Kvc__Error *error_new(struct kvcd *d, int code, uint64_t session_id, const char *why) {
+        Kvc__Error *e = wire_arena_alloc(d->out, sizeof(*e));
+        if (!e)
+                return NULL;
+        kvc__error__init(e);
+        e->code = code;
+        e->session_id = session_id;
+        e->message = wire_arena_strdup(d->out, why);
+        if (!e->message)
+                e->message = "";
+        return e;
+}
+
+static int handle_step_batch(struct request *rq) {
+        struct kvcd *d = rq->d;
+        const Kvc__StepBatch *m = rq->env->step_batch;
+        Kvc__PlanBatch *pb = wire_arena_alloc(d->out, sizeof(*pb));
+        Kvc__Plan **plans = wire_arena_alloc(d->out, m->n_steps * sizeof(*plans));
+        Kvc__Grant **grants = wire_arena_alloc(d->out, m->n_steps * sizeof(*grants));
+        Kvc__Error **errors = wire_arena_alloc(d->out, m->n_steps * sizeof(*errors));
+        if (!pb || !plans || !grants || !errors)
+                return -ENOMEM;
+        kvc__plan_batch__init(pb);
+        pb->plans = plans;
+        pb->grants = grants;
+        pb->errors = errors;
+
+        for (size_t i = 0; i < m->n_steps; i++) {
+                const Kvc__Step *st = m->steps[i];
+                struct session *s;
+                Kvc__Plan *p;
+                Kvc__Grant *g;
+                char why[WIRE_MAX_MESSAGE] = "";
+                int r = lookup(rq, st->session_id, &s);
+                if (r == 0)
+                        r = session_step(d, s, st, &p, &g, why, sizeof(why));
+                else
+                        snprintf(why, sizeof(why), "%s", rq->why);
+                if (r < 0) {
+                        d->n.errors++;
+                        Kvc__Error *e = error_new(d, -r, st->session_id, why);
+                        if (e)
+                                pb->errors[pb->n_errors++] = e;
+                        continue;
+                }
+                if (p)
+                        pb->plans[pb->n_plans++] = p;
+                if (g)
+                        pb->grants[pb->n_grants++] = g;
+        }
+        rq->reply.body_case = KVC__ENVELOPE__BODY_PLAN_BATCH;
+        rq->reply.plan_batch = pb;
+        return 0;
+}
+
+static int handle_plan_applied(struct request *rq) {
+        const Kvc__PlanApplied *m = rq->env->plan_applied;
+        struct session *s;
+        int r = lookup(rq, m->session_id, &s);
+        if (r == 0)
+                r = session_plan_applied(rq->d, s, m, rq->why, sizeof(rq->why));
+        rq->no_reply = r == 0;
+        return r;
+}
+
+static int handle_close_session(struct request *rq) {
+        struct kvcd *d = rq->d;
+        struct session *s;
+        int r = lookup(rq, rq->env->close_session->session_id, &s);
+        if (r < 0)
+                return r;
+        Kvc__SessionClosed *c = wire_arena_alloc(d->out, sizeof(*c));
+        Kvc__SessionStats *st = wire_arena_alloc(d->out, sizeof(*st));
+        if (!c || !st)
+                return -ENOMEM;
+        kvc__session_closed__init(c);
+        kvc__session_stats__init(st);
+        c->session_id = s->id;
+        session_fill_stats(s, st);
+        c->stats = st;
+        log_info("session %llu closed: %llu steps, %llu plans, peak %u tokens per layer",
+                 (unsigned long long)s->id, (unsigned long long)s->stats.steps,
+                 (unsigned long long)s->stats.plans, s->stats.peak_tokens);
+        session_close(d, s);
+        rq->reply.body_case = KVC__ENVELOPE__BODY_SESSION_CLOSED;
+        rq->reply.session_closed = c;
+        return 0;
+}
+
+static int handle_status(struct request *rq) {
+        struct kvcd *d = rq->d;
+        struct pool_stats ps;
+        Kvc__Status *s = wire_arena_alloc(d->out, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        pool_get_stats(d->pool, &ps);
+        kvc__status__init(s);
+        s->version = KVCD_VERSION;
+        s->backend = (char *)d->backend->name;
+        s->uptime_usec = now_usec() - d->started_usec;
+        s->capacity_bytes = ps.capacity_bytes;
+        s->used_bytes = ps.used_bytes;
+        s->chunk_bytes = ps.chunk_bytes;
+        s->chunks_total = ps.chunks_total;
+        s->chunks_in_use = ps.chunks_owned;
+        s->clients = d->n_clients;
+        s->sessions = d->sessions.n;
+        s->steps_total = d->n.steps;
+        s->plans_total = d->n.plans;
+        s->client_deaths = d->n.client_deaths;
+        s->errors_total = d->n.errors;
+        rq->reply.body_case = KVC__ENVELOPE__BODY_STATUS;
+        rq->reply.status = s;
+        return 0;
+}
+
+static int handle_list_sessions(struct request *rq) {
+        struct kvcd *d = rq->d;
+        Kvc__SessionList *l = wire_arena_alloc(d->out, sizeof(*l));
+        Kvc__SessionInfo **v = wire_arena_alloc(d->out, d->sessions.n * sizeof(*v));
+        if (!l || !v)
+                return -ENOMEM;
+        kvc__session_list__init(l);
+        l->sessions = v;
+        uint64_t now = now_usec();
+        for (uint32_t c = 0; c < d->n_clients; c++) {
+                for (struct session *s = d->clients[c]->sessions; s; s = s->next) {
+                        Kvc__SessionInfo *i = wire_arena_alloc(d->out, sizeof(*i));
+                        if (!i)
+                                return -ENOMEM;
+                        kvc__session_info__init(i);
+                        i->session_id = s->id;
+                        i->pid = (uint32_t)s->owner->pid;
+                        i->uid = s->owner->uid;
+                        i->tenant = s->tenant;
+                        i->policy = s->policy_name;
+                        i->budget_tokens = s->budget_tokens;
+                        i->tokens = session_tokens(s);
+                        i->blocks = session_blocks(s);
+                        i->bytes = session_bytes(s);
+                        i->confidence = s->confidence;
+                        i->steps = s->stats.steps;
+                        i->plans = s->stats.plans;
+                        i->age_usec = now - s->opened_usec;
+                        i->peak_tokens = s->stats.peak_tokens;
+                        i->n_layers = s->n_layers;
+                        l->sessions[l->n_sessions++] = i;
+                }
+        }
+        rq->reply.body_case = KVC__ENVELOPE__BODY_SESSION_LIST;
+        rq->reply.session_list = l;
+        return 0;
+}
+
+static const struct {
+        Kvc__Envelope__BodyCase body;
+        enum channel channel;
+        bool needs_hello;
+        int (*handle)(struct request *rq);
+} handlers[] = {
+        { KVC__ENVELOPE__BODY_HELLO, CHANNEL_CLIENT, false, handle_hello },
+        { KVC__ENVELOPE__BODY_OPEN_SESSION, CHANNEL_CLIENT, true, handle_open_session },
+        { KVC__ENVELOPE__BODY_RESERVE, CHANNEL_CLIENT, true, handle_reserve },
+        { KVC__ENVELOPE__BODY_STEP_BATCH, CHANNEL_CLIENT, true, handle_step_batch },
+        { KVC__ENVELOPE__BODY_PLAN_APPLIED, CHANNEL_CLIENT, true, handle_plan_applied },
+        { KVC__ENVELOPE__BODY_CLOSE_SESSION, CHANNEL_CLIENT, true, handle_close_session },
+        { KVC__ENVELOPE__BODY_STATUS_REQUEST, CHANNEL_ADMIN, false, handle_status },
+        { KVC__ENVELOPE__BODY_LIST_SESSIONS, CHANNEL_ADMIN, false, handle_list_sessions },
+};
+
+static void send_reply(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_len,
+                       const Kvc__Envelope *env) {
+        size_t n = wire_packed_size(env);
+        zmq_msg_t msg;
+        if (zmq_msg_init_size(&msg, n) != 0)
+                return;
+        wire_pack(env, zmq_msg_data(&msg));
+        if (zmq_send(zsock, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_msg_send(&msg, zsock, ZMQ_DONTWAIT) < 0) {
+                /* unroutable (the peer left) or its queue is full (it stopped reading): drop */
+                d->n.dropped_replies++;
+                log_debug("reply dropped: %s", zmq_strerror(zmq_errno()));
+        }
+        zmq_msg_close(&msg);
+}
+
+void handle_frame(struct kvcd *d, enum channel ch, void *zsock, const uint8_t *rid, size_t rid_len,
+                  const uint8_t *data, size_t len) {
+        struct request rq = { .d = d, .rid = rid, .rid_len = rid_len };
+        Kvc__Envelope *env = NULL;
+        int r;
+
+        wire_arena_reset(d->out);
+        kvc__envelope__init(&rq.reply);
+        rq.reply.version = WIRE_VERSION;
+
+        r = wire_decode(d->in, data, len, WIRE_REQUEST_MAX_BYTES, &env, rq.why, sizeof(rq.why));
+        if (r == 0) {
+                rq.env = env;
+                rq.reply.request_id = env->request_id;
+                rq.client = ch == CHANNEL_CLIENT ? client_by_rid(d, rid, rid_len) : NULL;
+                r = -EPROTO;
+                snprintf(rq.why, sizeof(rq.why), "%s is not a request kvcd takes on this socket",
+                         wire_body_name(env->body_case));
+                for (size_t i = 0; i < sizeof(handlers) / sizeof(handlers[0]); i++) {
+                        if (handlers[i].body != env->body_case || handlers[i].channel != ch)
+                                continue;
+                        if (handlers[i].needs_hello && !rq.client) {
+                                r = -EPERM;
+                                snprintf(rq.why, sizeof(rq.why), "say hello first");
+                                break;
+                        }
+                        rq.why[0] = '\0';
+                        r = handlers[i].handle(&rq);
+                        break;
+                }
+        }
+        if (r < 0) {
+                d->n.errors++;
+                if (!rq.why[0])
+                        snprintf(rq.why, sizeof(rq.why), "%s", strerror(-r));
+                log_debug("request from client %llu refused: %s: %s",
+                          rq.client ? (unsigned long long)rq.client->id : 0ull, wire_errno_name(-r), rq.why);
+                Kvc__Error *e = error_new(d, -r, 0, rq.why);
+                if (!e)
+                        return;
+                rq.reply.body_case = KVC__ENVELOPE__BODY_ERROR;
+                rq.reply.error = e;
+        } else if (rq.no_reply) {
+                return;
+        }
+        send_reply(d, zsock, rid, rid_len, &rq.reply);
+}

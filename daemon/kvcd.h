@@ -1,0 +1,196 @@
+/* kvcd.h: the daemon's objects and who owns what.
+ *
+ *   struct kvcd     the daemon: owns the pool, the sockets, every client and (through them)
+ *                   every session. One thread runs everything (server.c's loop).
+ *   struct client   one inference process: its fd side-channel connection (credentials,
+ *                   liveness), its ZeroMQ routing id once it said Hello, and its sessions.
+ *                   Owns its sessions; dies (with them) when the side channel hangs up.
+ *   struct session  one sequence: geometry, policy, the blocks of each layer, the plan buffer,
+ *                   the outstanding plan. Owned by its client; indexed by id in kvcd.sessions.
+ *
+ * Every block a session holds is recorded in exactly one place, its layer's block table, and was
+ * allocated from the pool under the session's client id: the audit recomputes one from the other.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "block.h"
+#include "idmap.h"
+#include "pool.h"
+#include "wire.h"
+
+#define KVCD_VERSION "0.1.0"
+#define KVCD_MAX_CLIENTS 256u
+#define KVCD_MAX_SESSIONS 4096u
+#define KVCD_MAX_SESSIONS_PER_CLIENT 1024u
+#define KVCD_ROUTING_ID_MAX 255u
+
+struct policy;
+
+struct kvcd_config {
+        const char *runtime_dir;
+        const char *backend;
+        uint64_t capacity_bytes;
+        uint64_t chunk_bytes;
+};
+
+struct kvcd_counters {
+        uint64_t steps;
+        uint64_t plans;
+        uint64_t plans_applied;
+        uint64_t grants;
+        uint64_t sessions_opened;
+        uint64_t client_deaths;
+        uint64_t errors;
+        uint64_t dropped_replies;
+};
+
+struct client {
+        uint64_t id;
+        int fd; /* SEQPACKET connection */
+        pid_t pid;
+        uid_t uid;
+        gid_t gid;
+        uint8_t token[WIRE_TOKEN_BYTES];
+        bool bound;
+        uint8_t rid[KVCD_ROUTING_ID_MAX];
+        uint8_t rid_len;
+        char name[WIRE_MAX_NAME + 1];
+        uint32_t n_sessions;
+        struct session *sessions; /* list through session.next */
+        uint64_t connected_usec;
+};
+
+struct session_layer {
+        uint64_t *blocks; /* pool offsets, in slot order; capacity max_layer_blocks */
+        uint32_t n_blocks;
+        uint32_t n_tokens; /* as the client last reported */
+};
+
+struct session_stats {
+        uint64_t steps;
+        uint64_t plans;
+        uint32_t peak_tokens;
+        uint32_t peak_layer_blocks;
+        uint64_t peak_bytes;
+};
+
+struct session {
+        uint64_t id;
+        uint8_t token[WIRE_TOKEN_BYTES];
+        struct client *owner;
+        struct session *next, *prev; /* in owner->sessions */
+
+        uint32_t n_layers, n_heads, n_kv_heads, head_dim, max_tokens;
+        struct block_layout layout;
+        char tenant[WIRE_MAX_NAME + 1];
+        char policy_name[WIRE_MAX_NAME + 1];
+        struct policy *policy;
+        uint32_t budget_tokens;
+        uint32_t max_layer_tokens; /* the policy's limit */
+        uint32_t max_layer_blocks; /* ceil(max_layer_tokens / block_tokens) */
+        uint32_t max_keep;         /* entries per layer (and head) in the plan buffer */
+        bool per_head;
+        struct session_layer *layers;
+
+        uint64_t plan_offset; /* 0 and plan_units 0 when the policy never plans */
+        uint32_t plan_units;
+
+        uint64_t last_step;
+        bool stepped;
+        uint64_t next_plan_id;
+        uint64_t pending_plan_id; /* 0: none outstanding */
+        float confidence;
+        uint64_t units; /* blocks + plan units held */
+        struct session_stats stats;
+        uint64_t opened_usec;
+};
+
+/* Plan-building scratch, shared by all sessions (one thread builds one plan at a time), grown
+ * when a session opens to fit its largest layer: n_kv_heads * max_layer_blocks * block_tokens. */
+struct plan_scratch {
+        size_t cap; /* entries per array */
+        int32_t *pos;
+        float *sum, *ema, *last, *logw;
+        uint32_t *keep;
+        uint32_t *work; /* 2 * cap */
+        uint32_t targets[WIRE_MAX_LAYERS];
+};
+
+struct kvcd {
+        struct kvcd_config cfg;
+        const struct backend_ops *backend;
+        struct pool *pool;
+        void *zctx;
+        void *zclient; /* ROUTER for libkvc */
+        void *zadmin;  /* ROUTER for kvcctl */
+        int fd_listen;
+        int sig_fd;
+        int lock_fd;
+        char sock_path[256], fd_path[256], admin_path[256], lock_path[256];
+
+        struct client *clients[KVCD_MAX_CLIENTS];
+        uint32_t n_clients;
+        uint64_t next_client_id;
+        struct idmap sessions;
+        uint64_t next_session_id;
+
+        struct plan_scratch scratch;
+        struct wire_arena *in;  /* the request being handled */
+        struct wire_arena *out; /* the reply being built */
+        struct kvcd_counters n;
+        uint64_t started_usec;
+        uint64_t watchdog_usec;
+        bool stopping;
+};
+
+uint64_t now_usec(void);
+
+/* client.c */
+/* Accepts one pending connection: 1 when one was taken (or refused), 0 when none waited. */
+int client_accept(struct kvcd *d);
+struct client *client_by_rid(struct kvcd *d, const uint8_t *rid, size_t len);
+struct client *client_by_token(struct kvcd *d, const uint8_t *token);
+/* Sends the fd of chunk idx to c. */
+int client_send_chunk(struct kvcd *d, struct client *c, uint32_t idx);
+/* Reads and drops whatever the client wrote on its side channel; -ENOTCONN when it hung up. */
+int client_drain(struct kvcd *d, struct client *c);
+/* Ends a client: closes its sessions, gives its chunks back scrubbed, frees it. */
+void client_destroy(struct kvcd *d, struct client *c, bool died);
+
+/* session.c */
+void plan_scratch_done(struct plan_scratch *sc);
+int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret,
+                 char *why, size_t why_len);
+void session_close(struct kvcd *d, struct session *s);
+/* The session id names, if it is c's: -ENOENT unknown, -EPERM another client's. */
+int session_lookup(struct kvcd *d, struct client *c, uint64_t id, struct session **ret);
+/* Grows every layer to room for n_tokens, all or nothing; the new blocks go into g. */
+int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__Grant **ret_g,
+                    char *why, size_t why_len);
+/* Takes one step summary; may build a plan (*ret_plan) and grant blocks (*ret_grant). */
+int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Plan **ret_plan,
+                 Kvc__Grant **ret_grant, char *why, size_t why_len);
+int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanApplied *m, char *why,
+                         size_t why_len);
+uint64_t session_bytes(const struct session *s);
+uint32_t session_tokens(const struct session *s);
+uint32_t session_blocks(const struct session *s);
+void session_fill_stats(const struct session *s, Kvc__SessionStats *ret);
+
+/* handlers.c */
+enum channel {
+        CHANNEL_CLIENT = 1,
+        CHANNEL_ADMIN = 2,
+};
+/* Handles one frame from peer rid on the channel and sends the reply. */
+void handle_frame(struct kvcd *d, enum channel ch, void *zsock, const uint8_t *rid, size_t rid_len,
+                  const uint8_t *data, size_t len);
+
+/* server.c */
+int server_start(struct kvcd *d);
+int server_run(struct kvcd *d);
+void server_stop(struct kvcd *d);

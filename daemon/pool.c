@@ -1,0 +1,319 @@
+/* pool.c: chunk ownership and unit bitmaps.
+ *
+ * Allocation scans the chunk table: first chunks the owner already holds with the same unit size,
+ * then its empty chunks (re-carved), then a free chunk (created on first use). The table is small
+ * (capacity / 2 MiB); a per-owner index is the obvious next step if pools reach tens of thousands
+ * of chunks.
+ */
+#define _GNU_SOURCE
+#include "pool.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+struct pool_chunk {
+        struct backend_chunk bc;
+        bool created;
+        uint64_t owner; /* 0: free */
+        uint32_t unit_bytes;
+        uint32_t n_units;
+        uint32_t n_used;
+        uint64_t *bits;
+};
+
+struct pool {
+        const struct backend_ops *backend;
+        uint64_t capacity_bytes;
+        uint64_t chunk_bytes;
+        uint64_t used_bytes;
+        uint32_t n_chunks;
+        uint32_t chunks_owned;
+        uint32_t chunks_created;
+        uint8_t *base;
+        struct pool_chunk *chunks;
+};
+
+#define POOL_CHUNK_ALIGN (2ull << 20)
+
+int pool_new(const struct backend_ops *backend, uint64_t capacity_bytes, uint64_t chunk_bytes,
+             struct pool **ret) {
+        if (chunk_bytes == 0 || chunk_bytes % POOL_CHUNK_ALIGN || capacity_bytes < chunk_bytes ||
+            chunk_bytes > (1ull << 32))
+                return -EINVAL;
+        uint64_t n = capacity_bytes / chunk_bytes;
+        if (n > (1u << 20))
+                return -EINVAL;
+        struct pool *p = calloc(1, sizeof(*p));
+        if (!p)
+                return -ENOMEM;
+        p->chunks = calloc(n, sizeof(*p->chunks));
+        void *base = mmap(NULL, n * chunk_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                          -1, 0);
+        if (!p->chunks || base == MAP_FAILED) {
+                free(p->chunks);
+                free(p);
+                return -ENOMEM;
+        }
+        p->backend = backend;
+        p->capacity_bytes = capacity_bytes;
+        p->chunk_bytes = chunk_bytes;
+        p->n_chunks = (uint32_t)n;
+        p->base = base;
+        for (uint32_t i = 0; i < p->n_chunks; i++)
+                p->chunks[i].bc.fd = -1;
+        *ret = p;
+        return 0;
+}
+
+struct pool *pool_free(struct pool *p) {
+        if (!p)
+                return NULL;
+        for (uint32_t i = 0; i < p->n_chunks; i++) {
+                if (p->chunks[i].created)
+                        p->backend->chunk_destroy(&p->chunks[i].bc, p->chunk_bytes);
+                free(p->chunks[i].bits);
+        }
+        munmap(p->base, (size_t)p->n_chunks * p->chunk_bytes);
+        free(p->chunks);
+        free(p);
+        return NULL;
+}
+
+static bool bit_get(const uint64_t *bits, uint32_t i) {
+        return (bits[i / 64] >> (i % 64)) & 1u;
+}
+
+static void bits_set(uint64_t *bits, uint32_t from, uint32_t n, bool on) {
+        for (uint32_t i = from; i < from + n; i++) {
+                if (on)
+                        bits[i / 64] |= 1ull << (i % 64);
+                else
+                        bits[i / 64] &= ~(1ull << (i % 64));
+        }
+}
+
+/* First run of n free units in the chunk, or -1. */
+static int64_t find_run(const struct pool_chunk *c, uint32_t n) {
+        if (c->n_units - c->n_used < n)
+                return -1;
+        uint32_t run = 0;
+        for (uint32_t i = 0; i < c->n_units; i++) {
+                if (n == 1 && i % 64 == 0 && c->bits[i / 64] == ~0ull) {
+                        i += 63; /* a full word: skip it */
+                        continue;
+                }
+                run = bit_get(c->bits, i) ? 0 : run + 1;
+                if (run == n)
+                        return (int64_t)i + 1 - n;
+        }
+        return -1;
+}
+
+/* Carves chunk c into units of unit_bytes; c must hold no units. */
+static int carve(struct pool *p, struct pool_chunk *c, uint32_t unit_bytes) {
+        uint32_t n = (uint32_t)(p->chunk_bytes / unit_bytes);
+        uint64_t *bits = calloc((n + 63) / 64, sizeof(uint64_t));
+        if (!bits)
+                return -ENOMEM;
+        free(c->bits);
+        c->bits = bits;
+        c->unit_bytes = unit_bytes;
+        c->n_units = n;
+        c->n_used = 0;
+        return 0;
+}
+
+static int take_units(struct pool *p, uint32_t idx, uint32_t n, uint64_t *ret_offset) {
+        struct pool_chunk *c = &p->chunks[idx];
+        int64_t first = find_run(c, n);
+        if (first < 0)
+                return -ENOSPC;
+        bits_set(c->bits, (uint32_t)first, n, true);
+        c->n_used += n;
+        p->used_bytes += (uint64_t)n * c->unit_bytes;
+        *ret_offset = (uint64_t)idx * p->chunk_bytes + (uint64_t)first * c->unit_bytes;
+        return 0;
+}
+
+int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
+               uint64_t *ret_offset, int64_t *ret_new_chunk) {
+        if (owner == 0 || unit_bytes == 0 || unit_bytes % 64 || n_units == 0 ||
+            (uint64_t)unit_bytes * n_units > p->chunk_bytes)
+                return -EINVAL;
+        if (p->used_bytes + (uint64_t)unit_bytes * n_units > p->capacity_bytes)
+                return -ENOSPC;
+
+        /* 1: a chunk of the owner's with this unit size and room */
+        for (uint32_t i = 0; i < p->n_chunks; i++) {
+                struct pool_chunk *c = &p->chunks[i];
+                if (c->owner == owner && c->unit_bytes == unit_bytes &&
+                    take_units(p, i, n_units, ret_offset) == 0) {
+                        *ret_new_chunk = -1;
+                        return 0;
+                }
+        }
+        /* 2: an empty chunk of the owner's, re-carved */
+        for (uint32_t i = 0; i < p->n_chunks; i++) {
+                struct pool_chunk *c = &p->chunks[i];
+                if (c->owner == owner && c->n_used == 0) {
+                        int r = carve(p, c, unit_bytes);
+                        if (r < 0)
+                                return r;
+                        *ret_new_chunk = -1;
+                        return take_units(p, i, n_units, ret_offset);
+                }
+        }
+        /* 3: a free chunk, created on first use */
+        for (uint32_t i = 0; i < p->n_chunks; i++) {
+                struct pool_chunk *c = &p->chunks[i];
+                if (c->owner != 0)
+                        continue;
+                if (!c->created) {
+                        int r = p->backend->chunk_create(p->chunk_bytes, p->base + (uint64_t)i * p->chunk_bytes,
+                                                         &c->bc);
+                        if (r < 0)
+                                return r;
+                        c->created = true;
+                        p->chunks_created++;
+                }
+                int r = carve(p, c, unit_bytes);
+                if (r < 0)
+                        return r;
+                c->owner = owner;
+                p->chunks_owned++;
+                *ret_new_chunk = i;
+                return take_units(p, i, n_units, ret_offset);
+        }
+        return -ENOSPC;
+}
+
+/* The chunk and first unit of an allocation, after checking it is one. */
+static int locate(const struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes,
+                  uint32_t n_units, struct pool_chunk **ret_c, uint32_t *ret_first) {
+        uint64_t idx = offset / p->chunk_bytes, in = offset % p->chunk_bytes;
+        if (idx >= p->n_chunks || unit_bytes == 0)
+                return -EINVAL;
+        struct pool_chunk *c = &p->chunks[idx];
+        if (c->owner != owner || c->unit_bytes != unit_bytes || in % unit_bytes)
+                return -EINVAL;
+        uint64_t first = in / unit_bytes;
+        if (first + n_units > c->n_units)
+                return -EINVAL;
+        for (uint32_t i = 0; i < n_units; i++)
+                if (!bit_get(c->bits, (uint32_t)first + i))
+                        return -EINVAL;
+        *ret_c = c;
+        *ret_first = (uint32_t)first;
+        return 0;
+}
+
+int pool_release(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes,
+                 uint32_t n_units) {
+        struct pool_chunk *c;
+        uint32_t first;
+        int r = locate(p, owner, offset, unit_bytes, n_units, &c, &first);
+        if (r < 0)
+                return r;
+        bits_set(c->bits, first, n_units, false);
+        c->n_used -= n_units;
+        p->used_bytes -= (uint64_t)n_units * unit_bytes;
+        return 0;
+}
+
+static void chunk_reset(struct pool *p, struct pool_chunk *c) {
+        p->used_bytes -= (uint64_t)c->n_used * c->unit_bytes;
+        free(c->bits);
+        c->bits = NULL;
+        c->owner = 0;
+        c->unit_bytes = 0;
+        c->n_units = 0;
+        c->n_used = 0;
+        p->chunks_owned--;
+}
+
+uint32_t pool_release_owner(struct pool *p, uint64_t owner) {
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < p->n_chunks; i++) {
+                struct pool_chunk *c = &p->chunks[i];
+                if (owner == 0 || c->owner != owner)
+                        continue;
+                if (p->backend->chunk_scrub(&c->bc, p->chunk_bytes) < 0) {
+                        /* cannot prove it is clean: retire it, a fresh one replaces it */
+                        p->backend->chunk_destroy(&c->bc, p->chunk_bytes);
+                        c->created = false;
+                        p->chunks_created--;
+                }
+                chunk_reset(p, c);
+                n++;
+        }
+        return n;
+}
+
+void pool_disown_chunk(struct pool *p, uint32_t idx) {
+        if (idx < p->n_chunks && p->chunks[idx].owner != 0)
+                chunk_reset(p, &p->chunks[idx]);
+}
+
+uint8_t *pool_ptr(const struct pool *p, uint64_t offset) {
+        return p->base + offset;
+}
+
+int pool_chunk_fd(const struct pool *p, uint32_t idx) {
+        return idx < p->n_chunks ? p->chunks[idx].bc.fd : -1;
+}
+
+uint64_t pool_chunk_bytes(const struct pool *p) {
+        return p->chunk_bytes;
+}
+
+uint64_t pool_va_bytes(const struct pool *p) {
+        return (uint64_t)p->n_chunks * p->chunk_bytes;
+}
+
+void pool_get_stats(const struct pool *p, struct pool_stats *ret) {
+        *ret = (struct pool_stats){
+                .capacity_bytes = p->capacity_bytes,
+                .used_bytes = p->used_bytes,
+                .chunk_bytes = p->chunk_bytes,
+                .chunks_total = p->n_chunks,
+                .chunks_owned = p->chunks_owned,
+                .chunks_created = p->chunks_created,
+        };
+}
+
+int pool_audit(const struct pool *p, char *why, size_t why_len) {
+        uint64_t used = 0;
+        uint32_t owned = 0;
+        for (uint32_t i = 0; i < p->n_chunks; i++) {
+                const struct pool_chunk *c = &p->chunks[i];
+                uint32_t n = 0;
+                for (uint32_t u = 0; u < c->n_units; u++)
+                        n += bit_get(c->bits, u);
+                if (n != c->n_used) {
+                        snprintf(why, why_len, "chunk %u counts %u units in use, its bitmap %u", i,
+                                 c->n_used, n);
+                        return -EUCLEAN;
+                }
+                if (c->owner == 0 && n) {
+                        snprintf(why, why_len, "free chunk %u has %u units in use", i, n);
+                        return -EUCLEAN;
+                }
+                used += (uint64_t)n * c->unit_bytes;
+                owned += c->owner != 0;
+        }
+        if (used != p->used_bytes || owned != p->chunks_owned) {
+                snprintf(why, why_len, "counters say %llu bytes in %u chunks, bitmaps %llu in %u",
+                         (unsigned long long)p->used_bytes, p->chunks_owned,
+                         (unsigned long long)used, owned);
+                return -EUCLEAN;
+        }
+        if (p->used_bytes > p->capacity_bytes) {
+                snprintf(why, why_len, "%llu bytes in use exceed the capacity %llu",
+                         (unsigned long long)p->used_bytes, (unsigned long long)p->capacity_bytes);
+                return -EUCLEAN;
+        }
+        return 0;
+}

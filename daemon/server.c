@@ -1,0 +1,297 @@
+/* server.c: kvcd's sockets and its one event loop.
+ *
+ * One thread, one zmq_poll over: the client ROUTER, the admin ROUTER, the fd side channel's
+ * listening socket, every client's side-channel connection, and a signalfd. In each round the
+ * side-channel events are handled before any ZeroMQ message, so a request that arrives after a
+ * client died is answered with the death already accounted (tests rely on it, and so do
+ * operators reading `kvcctl status` right after a crash).
+ *
+ * Start-up takes an flock on $RUNTIME_DIR/kvcd.lock before touching the socket paths: binding
+ * an ipc:// path that a live kvcd serves would silently steal it, so a second kvcd on the same
+ * directory refuses to start instead. READY=1 goes to systemd (or a test's fake NOTIFY_SOCKET)
+ * once every socket is bound.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "kvcd.h"
+#include "log.h"
+#include "policy/policy.h"
+
+/* Frames above this make ZeroMQ drop the connection; frames between WIRE_REQUEST_MAX_BYTES and
+ * this get an EMSGSIZE reply. */
+#define KVCD_ZMQ_MAXMSGSIZE (1 << 20)
+#define KVCD_MESSAGES_PER_ROUND 1024
+
+uint64_t now_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static int path_in(char *dst, size_t cap, const char *dir, const char *name) {
+        int n = snprintf(dst, cap, "%s/%s", dir, name);
+        return n < 0 || (size_t)n >= cap || (size_t)n >= sizeof(((struct sockaddr_un *)0)->sun_path)
+                       ? -ENAMETOOLONG
+                       : 0;
+}
+
+static int take_lock(struct kvcd *d) {
+        d->lock_fd = open(d->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (d->lock_fd < 0)
+                return -errno;
+        if (flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0)
+                return errno == EWOULDBLOCK ? -EBUSY : -errno;
+        return 0;
+}
+
+static int listen_fd_channel(struct kvcd *d) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        memcpy(sa.sun_path, d->fd_path, strlen(d->fd_path) + 1); /* path_in() checked the length */
+        d->fd_listen = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (d->fd_listen < 0)
+                return -errno;
+        unlink(d->fd_path); /* stale: we hold the lock */
+        if (bind(d->fd_listen, (struct sockaddr *)&sa, sizeof(sa)) < 0 || chmod(d->fd_path, 0660) < 0 ||
+            listen(d->fd_listen, 128) < 0)
+                return -errno;
+        return 0;
+}
+
+static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode) {
+        void *s = zmq_socket(d->zctx, ZMQ_ROUTER);
+        if (!s)
+                return -zmq_errno();
+        int one = 1, zero = 0, hwm = 1000, ivl = 2000, timeout = 10000;
+        int64_t max = KVCD_ZMQ_MAXMSGSIZE;
+        char ep[300];
+        snprintf(ep, sizeof(ep), "ipc://%s", path);
+        unlink(path);
+        if (zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
+            zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max)) < 0 ||
+            zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+            zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
+            zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
+            zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof(ivl)) < 0 ||
+            zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout)) < 0 ||
+            zmq_bind(s, ep) < 0) {
+                int r = -zmq_errno();
+                zmq_close(s);
+                return r;
+        }
+        *ret = s;
+        return chmod(path, mode) < 0 ? -errno : 0;
+}
+
+static int open_signals(struct kvcd *d) {
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGTERM);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGHUP);
+        /* blocked before the ZeroMQ context starts its I/O thread, which inherits the mask */
+        if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+                return -errno;
+        signal(SIGPIPE, SIG_IGN);
+        d->sig_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+        return d->sig_fd < 0 ? -errno : 0;
+}
+
+int server_start(struct kvcd *d) {
+        const char *dir = d->cfg.runtime_dir;
+        int r;
+
+        d->fd_listen = d->sig_fd = d->lock_fd = -1;
+        if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
+                log_error("cannot create runtime directory %s: %s", dir, strerror(errno));
+                return -errno;
+        }
+        if ((r = path_in(d->sock_path, sizeof(d->sock_path), dir, "kvcd.sock")) < 0 ||
+            (r = path_in(d->fd_path, sizeof(d->fd_path), dir, "kvcd.fd.sock")) < 0 ||
+            (r = path_in(d->admin_path, sizeof(d->admin_path), dir, "kvcd.admin.sock")) < 0 ||
+            (r = path_in(d->lock_path, sizeof(d->lock_path), dir, "kvcd.lock")) < 0) {
+                log_error("runtime directory path too long for a socket: %s", dir);
+                return r;
+        }
+        r = take_lock(d);
+        if (r == -EBUSY) {
+                log_error("another kvcd is serving %s: refusing to start", dir);
+                return r;
+        }
+        if (r < 0) {
+                log_error("cannot lock %s: %s", d->lock_path, strerror(-r));
+                return r;
+        }
+        if ((r = backend_find(d->cfg.backend, &d->backend)) < 0) {
+                log_error("backend %s: %s", d->cfg.backend,
+                          r == -ENOTSUP ? "not built into this kvcd (use --backend host)" : "unknown");
+                return r;
+        }
+        if ((r = pool_new(d->backend, d->cfg.capacity_bytes, d->cfg.chunk_bytes, &d->pool)) < 0) {
+                log_error("cannot create a pool of %llu bytes in %llu-byte chunks: %s",
+                          (unsigned long long)d->cfg.capacity_bytes, (unsigned long long)d->cfg.chunk_bytes,
+                          strerror(-r));
+                return r;
+        }
+        if ((r = idmap_init(&d->sessions, 64)) < 0 ||
+            (r = wire_arena_new(WIRE_REQUEST_MAX_BYTES * 16, &d->in)) < 0 ||
+            (r = wire_arena_new(WIRE_REPLY_MAX_BYTES, &d->out)) < 0 || (r = open_signals(d)) < 0)
+                return r;
+
+        d->zctx = zmq_ctx_new();
+        if (!d->zctx)
+                return -ENOMEM;
+        if ((r = listen_fd_channel(d)) < 0 || (r = bind_router(d, &d->zclient, d->sock_path, 0660)) < 0 ||
+            (r = bind_router(d, &d->zadmin, d->admin_path, 0600)) < 0) {
+                log_error("cannot bind the sockets in %s: %s", dir, strerror(-r));
+                return r;
+        }
+        d->started_usec = now_usec();
+        uint64_t wd = 0;
+        if (sd_watchdog_enabled(0, &wd) > 0)
+                d->watchdog_usec = wd;
+        log_notice("kvcd %s serving %s: backend %s, capacity %llu bytes in %llu-byte chunks", KVCD_VERSION,
+                   dir, d->backend->name, (unsigned long long)d->cfg.capacity_bytes,
+                   (unsigned long long)d->cfg.chunk_bytes);
+        sd_notifyf(0, "READY=1\nSTATUS=serving %s\nMAINPID=%d", dir, (int)getpid());
+        return 0;
+}
+
+static void handle_signals(struct kvcd *d) {
+        struct signalfd_siginfo si;
+        while (read(d->sig_fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+                if (si.ssi_signo == SIGHUP) {
+                        log_info("SIGHUP: nothing to reload");
+                        continue;
+                }
+                log_notice("signal %u: stopping", si.ssi_signo);
+                d->stopping = true;
+        }
+}
+
+/* Receives and handles up to KVCD_MESSAGES_PER_ROUND frames from a ROUTER. */
+static void drain_router(struct kvcd *d, void *zsock, enum channel ch) {
+        for (int i = 0; i < KVCD_MESSAGES_PER_ROUND; i++) {
+                zmq_msg_t rid, body;
+                zmq_msg_init(&rid);
+                if (zmq_msg_recv(&rid, zsock, ZMQ_DONTWAIT) < 0) {
+                        zmq_msg_close(&rid);
+                        return;
+                }
+                zmq_msg_init(&body);
+                bool ok = zmq_msg_more(&rid) && zmq_msg_recv(&body, zsock, ZMQ_DONTWAIT) >= 0;
+                bool extra = ok && zmq_msg_more(&body);
+                while (zmq_msg_more(extra ? &body : &rid)) { /* drop surplus frames */
+                        zmq_msg_t junk;
+                        zmq_msg_init(&junk);
+                        int r = zmq_msg_recv(&junk, zsock, ZMQ_DONTWAIT);
+                        bool more = r >= 0 && zmq_msg_more(&junk);
+                        zmq_msg_close(&junk);
+                        if (!more)
+                                break;
+                }
+                if (ok && !extra)
+                        handle_frame(d, ch, zsock, zmq_msg_data(&rid), zmq_msg_size(&rid), zmq_msg_data(&body),
+                                     zmq_msg_size(&body));
+                else if (ok) /* several frames: answer as to garbage */
+                        handle_frame(d, ch, zsock, zmq_msg_data(&rid), zmq_msg_size(&rid), NULL, 0);
+                zmq_msg_close(&body);
+                zmq_msg_close(&rid);
+        }
+}
+
+static void notify_status(struct kvcd *d) {
+        struct pool_stats ps;
+        pool_get_stats(d->pool, &ps);
+        sd_notifyf(0, "WATCHDOG=1\nSTATUS=%u clients, %u sessions, %llu of %llu bytes in use", d->n_clients,
+                   d->sessions.n, (unsigned long long)ps.used_bytes, (unsigned long long)ps.capacity_bytes);
+}
+
+int server_run(struct kvcd *d) {
+        enum { FIXED = 4 };
+        zmq_pollitem_t items[FIXED + KVCD_MAX_CLIENTS];
+        struct client *owners[KVCD_MAX_CLIENTS];
+        uint64_t next_ping = 0;
+
+        while (!d->stopping) {
+                items[0] = (zmq_pollitem_t){ .socket = d->zclient, .events = ZMQ_POLLIN };
+                items[1] = (zmq_pollitem_t){ .socket = d->zadmin, .events = ZMQ_POLLIN };
+                items[2] = (zmq_pollitem_t){ .fd = d->fd_listen, .events = ZMQ_POLLIN };
+                items[3] = (zmq_pollitem_t){ .fd = d->sig_fd, .events = ZMQ_POLLIN };
+                uint32_t n = d->n_clients;
+                for (uint32_t i = 0; i < n; i++) {
+                        owners[i] = d->clients[i];
+                        items[FIXED + i] = (zmq_pollitem_t){ .fd = owners[i]->fd, .events = ZMQ_POLLIN };
+                }
+                long timeout = d->watchdog_usec ? (long)(d->watchdog_usec / 2000) : 1000;
+                if (zmq_poll(items, (int)(FIXED + n), timeout) < 0 && zmq_errno() != EINTR) {
+                        log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
+                        return -zmq_errno();
+                }
+                if (items[3].revents)
+                        handle_signals(d);
+                for (uint32_t i = 0; i < n; i++) {
+                        short ev = items[FIXED + i].revents;
+                        if (ev & (ZMQ_POLLERR))
+                                client_destroy(d, owners[i], true);
+                        else if ((ev & ZMQ_POLLIN) && client_drain(d, owners[i]) < 0)
+                                client_destroy(d, owners[i], true);
+                }
+                for (int i = 0; items[2].revents && i < 16; i++)
+                        if (client_accept(d) <= 0)
+                                break;
+                if (items[0].revents)
+                        drain_router(d, d->zclient, CHANNEL_CLIENT);
+                if (items[1].revents)
+                        drain_router(d, d->zadmin, CHANNEL_ADMIN);
+                uint64_t now = now_usec();
+                if (now >= next_ping) {
+                        notify_status(d);
+                        next_ping = now + (d->watchdog_usec ? d->watchdog_usec / 2 : 1000000u);
+                }
+        }
+        return 0;
+}
+
+void server_stop(struct kvcd *d) {
+        sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+        while (d->n_clients)
+                client_destroy(d, d->clients[d->n_clients - 1], false);
+        if (d->zclient)
+                zmq_close(d->zclient);
+        if (d->zadmin)
+                zmq_close(d->zadmin);
+        if (d->zctx)
+                zmq_ctx_term(d->zctx);
+        if (d->fd_listen >= 0) {
+                close(d->fd_listen);
+                unlink(d->fd_path);
+                unlink(d->sock_path);
+                unlink(d->admin_path);
+        }
+        if (d->sig_fd >= 0)
+                close(d->sig_fd);
+        if (d->sessions.keys)
+                idmap_done(&d->sessions);
+        plan_scratch_done(&d->scratch);
+        d->in = wire_arena_free(d->in);
+        d->out = wire_arena_free(d->out);
+        d->pool = pool_free(d->pool);
+        if (d->lock_fd >= 0)
+                close(d->lock_fd);
+        log_notice("kvcd stopped");
+}

@@ -1,0 +1,83 @@
+/* block.h: the layout of one KV block in the pool, shared by kvcd, libkvc and the kernels.
+ *
+ * A block holds block_tokens token slots of one layer of one session: the keys and values of
+ * every KV head, and beside them the per-token side arrays the policies read (original
+ * position, accumulated / EMA / last attention, decode-time log-weight). Keeping the side arrays
+ * in the block means they move with the KV in a compaction and are accounted with it.
+ *
+ *   key   [n_kv_heads][block_tokens][head_dim]  elements of elem_bytes
+ *   value [n_kv_heads][block_tokens][head_dim]
+ *   pos   [n_kv_heads][block_tokens]  int32
+ *   sum   [n_kv_heads][block_tokens]  float    (sum of attention received)
+ *   ema   [n_kv_heads][block_tokens]  float    (exponential moving average of it)
+ *   last  [n_kv_heads][block_tokens]  float    (attention at the last step)
+ *   logw  [n_kv_heads][block_tokens]  float    (log-weight added to the attention logit)
+ *
+ * Each array starts on a 64-byte boundary and the block size is a multiple of 64, so blocks can
+ * be carved back to back out of a chunk. Both sides compute the layout from the geometry with
+ * block_layout_init(); SessionOpened carries block_bytes as a cross-check.
+ *
+ * Slot-major rows per head keep one head's keys of a block contiguous: that is the order the
+ * attention reads them in and the order compaction moves them in.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum block_dtype {
+        BLOCK_DTYPE_F32 = 1,
+        BLOCK_DTYPE_F16 = 2,
+        BLOCK_DTYPE_BF16 = 3,
+};
+
+struct block_layout {
+        uint32_t block_tokens;
+        uint32_t n_kv_heads;
+        uint32_t head_dim;
+        enum block_dtype dtype;
+        uint32_t elem_bytes;
+        uint64_t row_bytes; /* head_dim * elem_bytes */
+        uint64_t key_offset;
+        uint64_t value_offset;
+        uint64_t pos_offset;
+        uint64_t sum_offset;
+        uint64_t ema_offset;
+        uint64_t last_offset;
+        uint64_t logw_offset;
+        uint64_t block_bytes;
+};
+
+/* One layer of one session as the kernels see it: its blocks in slot order and its length. */
+struct block_layer {
+        const struct block_layout *layout;
+        uint8_t *const *blocks;
+        uint32_t n_blocks;
+        uint32_t n_tokens; /* slots [0, n_tokens) are live; n_tokens <= n_blocks * block_tokens */
+};
+
+/* Fills l for the geometry. -EINVAL for a zero or unknown field or a block over 4 GiB. */
+int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_kv_heads,
+                      uint32_t head_dim, enum block_dtype dtype);
+
+size_t block_dtype_bytes(enum block_dtype dtype);
+
+static inline uint8_t *block_key(const struct block_layout *l, uint8_t *block, uint32_t head,
+                                 uint32_t slot) {
+        return block + l->key_offset + ((uint64_t)head * l->block_tokens + slot) * l->row_bytes;
+}
+
+static inline uint8_t *block_value(const struct block_layout *l, uint8_t *block, uint32_t head,
+                                   uint32_t slot) {
+        return block + l->value_offset + ((uint64_t)head * l->block_tokens + slot) * l->row_bytes;
+}
+
+/* The side array at offset `off` (pos, sum, ema, last, logw), element (head, slot). */
+static inline void *block_side(const struct block_layout *l, uint8_t *block, uint64_t off,
+                               uint32_t head, uint32_t slot) {
+        return block + off + ((uint64_t)head * l->block_tokens + slot) * 4u;
+}
+
+/* Loads n elements of dtype into floats, and stores floats into dtype (round to nearest even). */
+void block_load_row(enum block_dtype dtype, const void *src, float *dst, uint32_t n);
+void block_store_row(enum block_dtype dtype, const float *src, void *dst, uint32_t n);

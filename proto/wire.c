@@ -1,0 +1,483 @@
+/* wire.c: the only caller of protobuf-c. Size caps, a bounded unpack arena, and one validator
+ * per message kind, selected from a table by the envelope's body case.
+ *
+ * Why an arena: protobuf-c's unpack trusts the lengths inside a frame and allocates per
+ * repeated element, so a 200 KB frame can cost 9 MB of heap. Unpacking into a capped bump
+ * arena makes the cost of one message bounded and its release O(1); an exhausted arena makes
+ * unpack fail cleanly (NULL), which we report as EMSGSIZE.
+ *
+ * Why validate everything here: handlers in kvcd and libkvc then work with numbers they can
+ * trust (finite floats, counts under the protocol limits, ids non-zero), and each check is
+ * written once. Checks that need session state (a layer index against the session's geometry)
+ * belong to the handlers.
+ */
+#include "wire.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct wire_arena {
+        ProtobufCAllocator allocator;
+        size_t cap;
+        size_t used;
+        uint8_t *buf;
+};
+
+static void *arena_alloc(void *data, size_t size) {
+        struct wire_arena *a = data;
+        size_t aligned = (size + 15u) & ~(size_t)15u;
+
+        if (aligned < size || aligned > a->cap - a->used)
+                return NULL;
+        void *p = a->buf + a->used;
+        a->used += aligned;
+        return p;
+}
+
+static void arena_free(void *data, void *ptr) {
+        (void)data;
+        (void)ptr;
+}
+
+int wire_arena_new(size_t cap_bytes, struct wire_arena **ret) {
+        struct wire_arena *a = calloc(1, sizeof(*a));
+        if (!a)
+                return -ENOMEM;
+        a->buf = malloc(cap_bytes);
+        if (!a->buf) {
+                free(a);
+                return -ENOMEM;
+        }
+        a->cap = cap_bytes;
+        a->allocator.alloc = arena_alloc;
+        a->allocator.free = arena_free;
+        a->allocator.allocator_data = a;
+        *ret = a;
+        return 0;
+}
+
+struct wire_arena *wire_arena_free(struct wire_arena *a) {
+        if (a) {
+                free(a->buf);
+                free(a);
+        }
+        return NULL;
+}
+
+void wire_arena_reset(struct wire_arena *a) {
+        a->used = 0;
+}
+
+void *wire_arena_alloc(struct wire_arena *a, size_t bytes) {
+        void *p = arena_alloc(a, bytes ? bytes : 1);
+        if (p)
+                memset(p, 0, bytes);
+        return p;
+}
+
+char *wire_arena_strdup(struct wire_arena *a, const char *s) {
+        size_t n = strlen(s) + 1;
+        char *p = arena_alloc(a, n);
+        if (p)
+                memcpy(p, s, n);
+        return p;
+}
+
+static int fail(int code, char *why, size_t why_len, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+
+static int fail(int code, char *why, size_t why_len, const char *fmt, ...) {
+        if (why && why_len) {
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(why, why_len, fmt, ap);
+                va_end(ap);
+        }
+        return code;
+}
+
+#define BAD(...) fail(-EINVAL, why, why_len, __VA_ARGS__)
+
+/* Printable ASCII without spaces or quotes: names, keys, tenants. */
+static int check_name(const char *s, size_t max, int allow_empty, const char *what, char *why,
+                      size_t why_len) {
+        size_t n = s ? strnlen(s, max + 1) : 0;
+        if (n == 0 && !allow_empty)
+                return BAD("%s is empty", what);
+        if (n > max)
+                return BAD("%s longer than %zu bytes", what, max);
+        for (size_t i = 0; i < n; i++) {
+                unsigned char c = (unsigned char)s[i];
+                if (c <= 0x20 || c >= 0x7f || c == '"' || c == '\\')
+                        return BAD("%s has a byte 0x%02x that is not allowed", what, c);
+        }
+        return 0;
+}
+
+/* Free text for humans: any bytes but control characters, bounded. */
+static int check_text(const char *s, size_t max, const char *what, char *why, size_t why_len) {
+        size_t n = s ? strnlen(s, max + 1) : 0;
+        if (n > max)
+                return BAD("%s longer than %zu bytes", what, max);
+        for (size_t i = 0; i < n; i++)
+                if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+                        return BAD("%s has a control character", what);
+        return 0;
+}
+
+static int check_unit(float x, const char *what, char *why, size_t why_len) {
+        if (!(x >= 0.0f && x <= 1.0f)) /* also false for NaN */
+                return BAD("%s %g is not a number in [0, 1]", what, (double)x);
+        return 0;
+}
+
+static int check_layer_blocks(Kvc__LayerBlocks *const *v, size_t n, size_t *ref_count,
+                              const char *what, char *why, size_t why_len) {
+        if (n > WIRE_MAX_LAYERS)
+                return BAD("%s lists %zu layers (max %u)", what, n, WIRE_MAX_LAYERS);
+        for (size_t i = 0; i < n; i++) {
+                if (v[i]->layer >= WIRE_MAX_LAYERS)
+                        return BAD("%s layer %u out of range", what, v[i]->layer);
+                *ref_count += v[i]->n_blocks;
+                if (*ref_count > WIRE_MAX_BLOCK_REFS)
+                        return BAD("%s lists more than %u blocks", what, WIRE_MAX_BLOCK_REFS);
+        }
+        return 0;
+}
+
+static int check_layer_tokens(size_t n, const uint32_t *v, char *why, size_t why_len) {
+        if (n > WIRE_MAX_LAYERS)
+                return BAD("%zu layer lengths (max %u)", n, WIRE_MAX_LAYERS);
+        for (size_t i = 0; i < n; i++)
+                if (v[i] > WIRE_MAX_TOKENS)
+                        return BAD("layer %zu length %u exceeds %u", i, v[i], WIRE_MAX_TOKENS);
+        return 0;
+}
+
+static int check_error(const Kvc__Error *e, char *why, size_t why_len) {
+        if (e->code <= 0 || e->code > WIRE_MAX_ERRNO)
+                return BAD("error code %d out of range", e->code);
+        return check_text(e->message, WIRE_MAX_MESSAGE, "error message", why, why_len);
+}
+
+static int v_hello(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__Hello *m = env->hello;
+        if (m->token.len != WIRE_TOKEN_BYTES)
+                return BAD("hello token has %zu bytes, not %u", m->token.len, WIRE_TOKEN_BYTES);
+        return check_text(m->client_name, WIRE_MAX_NAME, "client name", why, why_len);
+}
+
+static int v_welcome(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__Welcome *m = env->welcome;
+        if (m->chunk_bytes == 0 || m->chunk_bytes % 4096 || m->chunk_bytes > (1ull << 32))
+                return BAD("chunk size %llu invalid", (unsigned long long)m->chunk_bytes);
+        if (m->pool_bytes == 0 || m->pool_bytes % m->chunk_bytes || m->pool_bytes > (1ull << 46))
+                return BAD("pool size %llu invalid", (unsigned long long)m->pool_bytes);
+        if (m->block_tokens == 0 || m->block_tokens > WIRE_MAX_BLOCK_TOKENS)
+                return BAD("block_tokens %u out of range", m->block_tokens);
+        int r = check_text(m->backend, WIRE_MAX_NAME, "backend", why, why_len);
+        return r < 0 ? r : check_text(m->daemon_version, WIRE_MAX_NAME, "version", why, why_len);
+}
+
+static int v_geometry(const Kvc__Geometry *g, char *why, size_t why_len) {
+        if (!g)
+                return BAD("geometry missing");
+        if (g->n_layers == 0 || g->n_layers > WIRE_MAX_LAYERS)
+                return BAD("n_layers %u out of range [1, %u]", g->n_layers, WIRE_MAX_LAYERS);
+        if (g->n_heads == 0 || g->n_heads > WIRE_MAX_HEADS)
+                return BAD("n_heads %u out of range [1, %u]", g->n_heads, WIRE_MAX_HEADS);
+        if (g->n_kv_heads == 0 || g->n_kv_heads > WIRE_MAX_KV_HEADS)
+                return BAD("n_kv_heads %u out of range [1, %u]", g->n_kv_heads, WIRE_MAX_KV_HEADS);
+        if (g->n_heads % g->n_kv_heads)
+                return BAD("n_kv_heads %u does not divide n_heads %u", g->n_kv_heads, g->n_heads);
+        if (g->head_dim == 0 || g->head_dim > WIRE_MAX_HEAD_DIM)
+                return BAD("head_dim %u out of range [1, %u]", g->head_dim, WIRE_MAX_HEAD_DIM);
+        if (g->dtype != KVC__DTYPE__DTYPE_F32 && g->dtype != KVC__DTYPE__DTYPE_F16 &&
+            g->dtype != KVC__DTYPE__DTYPE_BF16)
+                return BAD("dtype %d unknown", (int)g->dtype);
+        if (g->max_tokens == 0 || g->max_tokens > WIRE_MAX_TOKENS)
+                return BAD("max_tokens %u out of range [1, %u]", g->max_tokens, WIRE_MAX_TOKENS);
+        return 0;
+}
+
+static int v_open_session(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__OpenSession *m = env->open_session;
+        int r = v_geometry(m->geometry, why, why_len);
+        if (r < 0)
+                return r;
+        if ((r = check_name(m->policy, WIRE_MAX_NAME, 0, "policy", why, why_len)) < 0)
+                return r;
+        if (m->budget_tokens > WIRE_MAX_TOKENS)
+                return BAD("budget %u exceeds %u", m->budget_tokens, WIRE_MAX_TOKENS);
+        if (m->n_params > WIRE_MAX_PARAMS)
+                return BAD("%zu params (max %u)", m->n_params, WIRE_MAX_PARAMS);
+        for (size_t i = 0; i < m->n_params; i++) {
+                const Kvc__Param *p = m->params[i];
+                if ((r = check_name(p->key, WIRE_MAX_NAME, 0, "param key", why, why_len)) < 0)
+                        return r;
+                if (p->value_case == KVC__PARAM__VALUE_NUMBER) {
+                        if (!isfinite(p->number))
+                                return BAD("param %s is not a finite number", p->key);
+                } else if (p->value_case == KVC__PARAM__VALUE_TEXT) {
+                        if ((r = check_name(p->text, WIRE_MAX_NAME, 0, "param text", why, why_len)) < 0)
+                                return r;
+                } else {
+                        return BAD("param %s has no value", p->key);
+                }
+        }
+        return check_name(m->tenant, WIRE_MAX_NAME, 1, "tenant", why, why_len);
+}
+
+static int v_session_opened(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__SessionOpened *m = env->session_opened;
+        if (m->session_id == 0)
+                return BAD("session id 0");
+        if (m->token.len != WIRE_TOKEN_BYTES)
+                return BAD("session token has %zu bytes", m->token.len);
+        if (m->block_bytes == 0 || m->block_bytes > (1ull << 32))
+                return BAD("block_bytes %llu invalid", (unsigned long long)m->block_bytes);
+        if (m->block_tokens == 0 || m->block_tokens > WIRE_MAX_BLOCK_TOKENS)
+                return BAD("block_tokens %u out of range", m->block_tokens);
+        if (m->plan_bytes > (1ull << 32) || m->plan_bytes % 4)
+                return BAD("plan buffer size %llu invalid", (unsigned long long)m->plan_bytes);
+        if (!(m->ema_gamma >= 0.0f && m->ema_gamma <= 1.0f))
+                return BAD("ema_gamma %g not in [0, 1]", (double)m->ema_gamma);
+        if (m->max_layer_tokens == 0 || m->max_layer_tokens > WIRE_MAX_TOKENS + WIRE_MAX_BLOCK_TOKENS)
+                return BAD("max_layer_tokens %u out of range", m->max_layer_tokens);
+        if (m->budget_tokens > WIRE_MAX_TOKENS)
+                return BAD("budget %u out of range", m->budget_tokens);
+        return check_name(m->policy, WIRE_MAX_NAME, 0, "policy", why, why_len);
+}
+
+static int v_reserve(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__Reserve *m = env->reserve;
+        if (m->session_id == 0)
+                return BAD("session id 0");
+        if (m->n_tokens == 0 || m->n_tokens > WIRE_MAX_TOKENS)
+                return BAD("reserve of %u tokens out of range [1, %u]", m->n_tokens, WIRE_MAX_TOKENS);
+        return 0;
+}
+
+static int check_grant(const Kvc__Grant *g, size_t *refs, char *why, size_t why_len) {
+        if (g->session_id == 0)
+                return BAD("grant for session id 0");
+        return check_layer_blocks(g->layers, g->n_layers, refs, "grant", why, why_len);
+}
+
+static int v_grant(const Kvc__Envelope *env, char *why, size_t why_len) {
+        size_t refs = 0;
+        return check_grant(env->grant, &refs, why, why_len);
+}
+
+static int v_step_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__StepBatch *m = env->step_batch;
+        if (m->n_steps == 0 || m->n_steps > WIRE_MAX_STEPS)
+                return BAD("%zu steps in a batch (allowed 1..%u)", m->n_steps, WIRE_MAX_STEPS);
+        for (size_t i = 0; i < m->n_steps; i++) {
+                const Kvc__Step *s = m->steps[i];
+                int r;
+                if (s->session_id == 0)
+                        return BAD("step %zu: session id 0", i);
+                if (s->phase != KVC__PHASE__PHASE_DECODE && s->phase != KVC__PHASE__PHASE_PREFILL)
+                        return BAD("step %zu: phase %d unknown", i, (int)s->phase);
+                if (s->n_layer_tokens == 0)
+                        return BAD("step %zu: no layer lengths", i);
+                if ((r = check_layer_tokens(s->n_layer_tokens, s->layer_tokens, why, why_len)) < 0)
+                        return r;
+                if ((r = check_unit(s->entropy, "entropy", why, why_len)) < 0 ||
+                    (r = check_unit(s->top1_prob, "top1_prob", why, why_len)) < 0)
+                        return r;
+                if (!(s->margin >= 0.0f) || isinf(s->margin))
+                        return BAD("step %zu: margin %g is not a finite number >= 0", i,
+                                   (double)s->margin);
+                if (s->n_topk_logprobs > WIRE_MAX_TOPK)
+                        return BAD("step %zu: %zu top-k entries (max %u)", i, s->n_topk_logprobs,
+                                   WIRE_MAX_TOPK);
+                for (size_t k = 0; k < s->n_topk_logprobs; k++) {
+                        float lp = s->topk_logprobs[k];
+                        if (!(lp <= 0.0f) || isinf(lp))
+                                return BAD("step %zu: top-k log-probability %g invalid", i,
+                                           (double)lp);
+                }
+        }
+        return 0;
+}
+
+static int v_plan_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__PlanBatch *m = env->plan_batch;
+        size_t refs = 0;
+        int r;
+        if (m->n_plans > WIRE_MAX_STEPS || m->n_grants > WIRE_MAX_STEPS || m->n_errors > WIRE_MAX_STEPS)
+                return BAD("plan batch too long");
+        for (size_t i = 0; i < m->n_plans; i++) {
+                const Kvc__Plan *p = m->plans[i];
+                if (p->session_id == 0 || p->plan_id == 0)
+                        return BAD("plan %zu: zero id", i);
+                if (p->n_layers == 0 || p->n_layers > WIRE_MAX_LAYERS)
+                        return BAD("plan %zu: %zu layers", i, p->n_layers);
+                for (size_t l = 0; l < p->n_layers; l++) {
+                        const Kvc__LayerPlan *lp = p->layers[l];
+                        if (lp->layer >= WIRE_MAX_LAYERS || lp->base_tokens > WIRE_MAX_TOKENS ||
+                            lp->keep_count > lp->base_tokens)
+                                return BAD("plan %zu: layer entry %zu out of range", i, l);
+                }
+        }
+        for (size_t i = 0; i < m->n_grants; i++)
+                if ((r = check_grant(m->grants[i], &refs, why, why_len)) < 0)
+                        return r;
+        for (size_t i = 0; i < m->n_errors; i++)
+                if ((r = check_error(m->errors[i], why, why_len)) < 0)
+                        return r;
+        return 0;
+}
+
+static int v_plan_applied(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__PlanApplied *m = env->plan_applied;
+        size_t refs = 0;
+        int r;
+        if (m->session_id == 0 || m->plan_id == 0)
+                return BAD("plan applied: zero id");
+        if (m->status < 0 || m->status > WIRE_MAX_ERRNO)
+                return BAD("plan applied: status %d out of range", m->status);
+        if ((r = check_layer_tokens(m->n_layer_tokens, m->layer_tokens, why, why_len)) < 0)
+                return r;
+        return check_layer_blocks(m->released, m->n_released, &refs, "release", why, why_len);
+}
+
+static int v_session_id(uint64_t id, char *why, size_t why_len) {
+        return id == 0 ? BAD("session id 0") : 0;
+}
+
+static int v_close_session(const Kvc__Envelope *env, char *why, size_t why_len) {
+        return v_session_id(env->close_session->session_id, why, why_len);
+}
+
+static int v_session_closed(const Kvc__Envelope *env, char *why, size_t why_len) {
+        return v_session_id(env->session_closed->session_id, why, why_len);
+}
+
+static int v_error(const Kvc__Envelope *env, char *why, size_t why_len) {
+        return check_error(env->error, why, why_len);
+}
+
+static int v_empty(const Kvc__Envelope *env, char *why, size_t why_len) {
+        (void)env;
+        (void)why;
+        (void)why_len;
+        return 0;
+}
+
+static int v_status(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__Status *m = env->status;
+        int r = check_text(m->version, WIRE_MAX_NAME, "version", why, why_len);
+        return r < 0 ? r : check_text(m->backend, WIRE_MAX_NAME, "backend", why, why_len);
+}
+
+static int v_session_list(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__SessionList *m = env->session_list;
+        for (size_t i = 0; i < m->n_sessions; i++) {
+                const Kvc__SessionInfo *s = m->sessions[i];
+                int r;
+                if ((r = check_text(s->tenant, WIRE_MAX_NAME, "tenant", why, why_len)) < 0 ||
+                    (r = check_text(s->policy, WIRE_MAX_NAME, "policy", why, why_len)) < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* One row per message kind: its name for logs and its validator. */
+static const struct {
+        Kvc__Envelope__BodyCase body;
+        const char *name;
+        int (*validate)(const Kvc__Envelope *env, char *why, size_t why_len);
+} kinds[] = {
+        { KVC__ENVELOPE__BODY_HELLO, "hello", v_hello },
+        { KVC__ENVELOPE__BODY_WELCOME, "welcome", v_welcome },
+        { KVC__ENVELOPE__BODY_OPEN_SESSION, "open_session", v_open_session },
+        { KVC__ENVELOPE__BODY_SESSION_OPENED, "session_opened", v_session_opened },
+        { KVC__ENVELOPE__BODY_RESERVE, "reserve", v_reserve },
+        { KVC__ENVELOPE__BODY_GRANT, "grant", v_grant },
+        { KVC__ENVELOPE__BODY_STEP_BATCH, "step_batch", v_step_batch },
+        { KVC__ENVELOPE__BODY_PLAN_BATCH, "plan_batch", v_plan_batch },
+        { KVC__ENVELOPE__BODY_PLAN_APPLIED, "plan_applied", v_plan_applied },
+        { KVC__ENVELOPE__BODY_CLOSE_SESSION, "close_session", v_close_session },
+        { KVC__ENVELOPE__BODY_SESSION_CLOSED, "session_closed", v_session_closed },
+        { KVC__ENVELOPE__BODY_ERROR, "error", v_error },
+        { KVC__ENVELOPE__BODY_STATUS_REQUEST, "status_request", v_empty },
+        { KVC__ENVELOPE__BODY_STATUS, "status", v_status },
+        { KVC__ENVELOPE__BODY_LIST_SESSIONS, "list_sessions", v_empty },
+        { KVC__ENVELOPE__BODY_SESSION_LIST, "session_list", v_session_list },
+};
+
+const char *wire_body_name(Kvc__Envelope__BodyCase c) {
+        for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+                if (kinds[i].body == c)
+                        return kinds[i].name;
+        return "unknown";
+}
+
+int wire_validate(const Kvc__Envelope *env, char *why, size_t why_len) {
+        if (env->version != WIRE_VERSION)
+                return fail(-EPROTO, why, why_len, "protocol version %u, this side speaks %u",
+                            env->version, WIRE_VERSION);
+        for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+                if (kinds[i].body != env->body_case)
+                        continue;
+                /* protobuf-c leaves the member NULL only if the body is unset, but a message
+                 * sub-field of an oneof is always allocated when present: check anyway. */
+                if (!env->hello) /* any member of the union: they share storage */
+                        return fail(-EPROTO, why, why_len, "empty %s", kinds[i].name);
+                return kinds[i].validate(env, why, why_len);
+        }
+        return fail(-EPROTO, why, why_len, "unknown message kind %d", (int)env->body_case);
+}
+
+int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes,
+                Kvc__Envelope **ret, char *why, size_t why_len) {
+        if (len > max_bytes)
+                return fail(-EMSGSIZE, why, why_len, "frame of %zu bytes exceeds %zu", len, max_bytes);
+        wire_arena_reset(a);
+        Kvc__Envelope *env = kvc__envelope__unpack(&a->allocator, len, data);
+        if (!env) {
+                if (a->used + 4096 > a->cap)
+                        return fail(-EMSGSIZE, why, why_len, "message needs more than %zu bytes to unpack",
+                                    a->cap);
+                return fail(-EPROTO, why, why_len, "not a kvc envelope (%zu bytes)", len);
+        }
+        int r = wire_validate(env, why, why_len);
+        if (r < 0)
+                return r;
+        *ret = env;
+        return 0;
+}
+
+size_t wire_packed_size(const Kvc__Envelope *env) {
+        return kvc__envelope__get_packed_size(env);
+}
+
+size_t wire_pack(const Kvc__Envelope *env, uint8_t *out) {
+        return kvc__envelope__pack(env, out);
+}
+
+const char *wire_errno_name(int code) {
+        static const struct {
+                int code;
+                const char *name;
+        } names[] = {
+                { EPERM, "EPERM" },       { ENOENT, "ENOENT" },       { EIO, "EIO" },
+                { ENOMEM, "ENOMEM" },     { EBUSY, "EBUSY" },         { EEXIST, "EEXIST" },
+                { EINVAL, "EINVAL" },     { ENOSPC, "ENOSPC" },       { EPROTO, "EPROTO" },
+                { EMSGSIZE, "EMSGSIZE" }, { ESTALE, "ESTALE" },       { EALREADY, "EALREADY" },
+                { ETIMEDOUT, "ETIMEDOUT" }, { ENOTCONN, "ENOTCONN" }, { ECONNREFUSED, "ECONNREFUSED" },
+                { EAGAIN, "EAGAIN" },     { ENOTSUP, "ENOTSUP" },     { EMFILE, "EMFILE" },
+                { ESHUTDOWN, "ESHUTDOWN" }, { EOVERFLOW, "EOVERFLOW" }, { ERANGE, "ERANGE" },
+        };
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+                if (names[i].code == code)
+                        return names[i].name;
+        return "E?";
+}

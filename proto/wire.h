@@ -1,0 +1,70 @@
+/* wire.h: framing, size caps and validation of kvc.proto messages.
+ *
+ * wire.c is the only code that calls protobuf-c. Everything that arrives from a socket goes
+ * through wire_decode(), which refuses an oversized frame before looking at it, unpacks into a
+ * bounded arena (protobuf-c trusts lengths and can amplify a frame 45x on the heap), and checks
+ * every field of the message against the limits below, so a handler may rely on them. Handlers
+ * read the unpacked message and copy what they keep: the arena is reset for the next message,
+ * so no pointer into a message survives it.
+ *
+ * Limits are part of the protocol and documented in docs/protocol.md.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvc.pb-c.h"
+
+#define WIRE_VERSION 1u
+#define WIRE_TOKEN_BYTES 16u
+
+/* Frames a peer may send kvcd: larger ones are refused with EMSGSIZE. */
+#define WIRE_REQUEST_MAX_BYTES (64u * 1024u)
+/* Frames kvcd may send a client (plan batches, session lists). */
+#define WIRE_REPLY_MAX_BYTES (8u * 1024u * 1024u)
+
+#define WIRE_MAX_LAYERS 256u
+#define WIRE_MAX_HEADS 1024u
+#define WIRE_MAX_KV_HEADS 256u
+#define WIRE_MAX_HEAD_DIM 1024u
+#define WIRE_MAX_TOKENS (1u << 20)
+#define WIRE_MAX_BLOCK_TOKENS 1024u
+#define WIRE_MAX_PARAMS 32u
+#define WIRE_MAX_NAME 64u       /* names, tenants, keys, short texts */
+#define WIRE_MAX_MESSAGE 256u   /* error messages */
+#define WIRE_MAX_STEPS 1024u    /* steps in one StepBatch */
+#define WIRE_MAX_TOPK 64u
+#define WIRE_MAX_BLOCK_REFS 65536u /* block offsets in one message */
+#define WIRE_MAX_ERRNO 4095
+
+/* A bump allocator with a hard cap. Unpacking allocates from it; wire_arena_reset() frees all. */
+struct wire_arena;
+
+int wire_arena_new(size_t cap_bytes, struct wire_arena **ret);
+struct wire_arena *wire_arena_free(struct wire_arena *a);
+void wire_arena_reset(struct wire_arena *a);
+/* Memory for building a reply: NULL when the arena is exhausted. Zeroed. */
+void *wire_arena_alloc(struct wire_arena *a, size_t bytes);
+/* A copy of s in the arena (NULL when exhausted). */
+char *wire_arena_strdup(struct wire_arena *a, const char *s);
+
+/* Decodes and validates one frame of at most max_bytes. On success *ret points into the arena
+ * (valid until the next reset). On failure returns -EMSGSIZE (frame too large or arena
+ * exhausted), -EPROTO (not a protobuf envelope, wrong version, no body) or -EINVAL (a field out
+ * of range), and writes a one-line reason into why (if why_len > 0). */
+int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes,
+                Kvc__Envelope **ret, char *why, size_t why_len);
+
+/* Checks the fields of an envelope (wire_decode calls it; exposed for tests). */
+int wire_validate(const Kvc__Envelope *env, char *why, size_t why_len);
+
+/* Encoding: the size of the packed envelope, and packing into a buffer of at least that size. */
+size_t wire_packed_size(const Kvc__Envelope *env);
+size_t wire_pack(const Kvc__Envelope *env, uint8_t *out);
+
+/* The name of a body case ("step_batch"), for logs. */
+const char *wire_body_name(Kvc__Envelope__BodyCase c);
+
+/* "EINVAL" for 22 and so on, for the codes the protocol uses; "E?" otherwise. */
+const char *wire_errno_name(int code);
