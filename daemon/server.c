@@ -195,14 +195,11 @@ static void drain_router(struct kvcd *d, void *zsock, enum channel ch) {
                 zmq_msg_init(&body);
                 bool ok = zmq_msg_more(&rid) && zmq_msg_recv(&body, zsock, ZMQ_DONTWAIT) >= 0;
                 bool extra = ok && zmq_msg_more(&body);
-                while (zmq_msg_more(extra ? &body : &rid)) { /* drop surplus frames */
+                for (bool more = extra; more;) { /* drop surplus frames of this message */
                         zmq_msg_t junk;
                         zmq_msg_init(&junk);
-                        int r = zmq_msg_recv(&junk, zsock, ZMQ_DONTWAIT);
-                        bool more = r >= 0 && zmq_msg_more(&junk);
+                        more = zmq_msg_recv(&junk, zsock, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&junk);
                         zmq_msg_close(&junk);
-                        if (!more)
-                                break;
                 }
                 if (ok && !extra)
                         handle_frame(d, ch, zsock, zmq_msg_data(&rid), zmq_msg_size(&rid), zmq_msg_data(&body),

@@ -41,6 +41,10 @@ int policy_new(const char *name, const struct policy_setup *setup, const struct 
 
         double g = p->ema_gamma;
         int r = policy_param_number(params, n_params, "ema_gamma", &g);
+        if (r == -ENOENT)
+                r = 0;
+        else if (r < 0)
+                snprintf(why, why_len, "ema_gamma must be a number");
         if (r == 0 && !(g >= 0.0 && g <= 1.0)) {
                 snprintf(why, why_len, "ema_gamma %g not in [0, 1]", g);
                 r = -EINVAL;

@@ -1,0 +1,372 @@
+/* kvc-run: the reference model runner. Runs a llama2.c checkpoint (by default the project's
+ * stories260K) one token at a time, keeping its KV cache in kvcd's pool through libkvc and
+ * stepping the session's eviction policy after every token, exactly as an inference server would.
+ * With --local it keeps the cache in process instead (no kvcd, no eviction): the baseline.
+ *
+ * Output: the generated text on stdout as it is produced (llama2.c's loop and decoding, so
+ * greedy decoding from BOS prints the model's known story), or with --json one JSON object at the
+ * end. --trace N prints the cache size every N steps on stderr.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvc.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+#define DEFAULT_MODEL "../shared/models/stories260K/stories260K.bin"
+#define DEFAULT_TOKENIZER "../shared/models/stories260K/tok512.bin"
+#define MAX_PARAMS 32
+
+struct run_opts {
+        const char *model, *tokenizer, *prompt, *policy, *socket, *tenant;
+        int steps;
+        float temperature;
+        unsigned long long seed;
+        uint32_t budget;
+        struct kvc_param params[MAX_PARAMS];
+        size_t n_params;
+        bool json, local, no_stop;
+        int trace;
+        uint32_t plan_lag;
+        enum kvc_dtype dtype;
+};
+
+static void usage(FILE *f) {
+        fprintf(f,
+                "Usage: kvc-run [OPTIONS]\n"
+                "Runs a llama2.c model with its KV cache managed by kvcd.\n\n"
+                "  --model FILE        checkpoint (default " DEFAULT_MODEL ")\n"
+                "  --tokenizer FILE    tokenizer (default " DEFAULT_TOKENIZER ")\n"
+                "  -n STEPS            positions to run, prompt included (default 256, at most the model's context)\n"
+                "  -t TEMPERATURE      0 = greedy (default 0)\n"
+                "  -s SEED             sampling seed (default 42)\n"
+                "  -i PROMPT           prompt text (default: start from BOS alone)\n"
+                "  --policy NAME       eviction policy (default full)\n"
+                "  --budget TOKENS     the policy's budget per layer (default: the policy's)\n"
+                "  --param KEY=VALUE   a policy parameter (repeatable)\n"
+                "  --tenant NAME       the tenant to charge\n"
+                "  --dtype f32|f16|bf16  storage type of keys and values (default f32)\n"
+                "  --plan-lag N        steps the runner may run ahead of kvcd (default 0: deterministic)\n"
+                "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
+                "  --local             keep the cache in process (no kvcd)\n"
+                "  --no-stop           keep going past the end-of-story token\n"
+                "  --trace N           print the cache size every N steps on stderr\n"
+                "  --json              print one JSON object with the text and the figures\n"
+                "  -h, --help          this text\n"
+                "  -V, --version       the version\n");
+}
+
+static int parse_args(int argc, char **argv, struct run_opts *o) {
+        static const struct option opts[] = {
+                { "model", required_argument, NULL, 'm' },     { "tokenizer", required_argument, NULL, 'k' },
+                { "policy", required_argument, NULL, 'p' },    { "budget", required_argument, NULL, 'b' },
+                { "param", required_argument, NULL, 'P' },     { "socket", required_argument, NULL, 'S' },
+                { "tenant", required_argument, NULL, 'T' },    { "dtype", required_argument, NULL, 'd' },
+                { "plan-lag", required_argument, NULL, 'L' },  { "trace", required_argument, NULL, 'r' },
+                { "json", no_argument, NULL, 'j' },            { "local", no_argument, NULL, 'l' },
+                { "no-stop", no_argument, NULL, 'N' },         { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, 'V' },         {},
+        };
+        int c;
+        char *end;
+        while ((c = getopt_long(argc, argv, "n:t:s:i:hV", opts, NULL)) != -1) {
+                switch (c) {
+                case 'm': o->model = optarg; break;
+                case 'k': o->tokenizer = optarg; break;
+                case 'p': o->policy = optarg; break;
+                case 'S': o->socket = optarg; break;
+                case 'T': o->tenant = optarg; break;
+                case 'i': o->prompt = optarg; break;
+                case 'j': o->json = true; break;
+                case 'l': o->local = true; break;
+                case 'N': o->no_stop = true; break;
+                case 'n':
+                        o->steps = (int)strtol(optarg, &end, 10);
+                        if (*end || o->steps <= 0)
+                                return -EINVAL;
+                        break;
+                case 't':
+                        o->temperature = strtof(optarg, &end);
+                        if (*end || !(o->temperature >= 0))
+                                return -EINVAL;
+                        break;
+                case 's':
+                        o->seed = strtoull(optarg, &end, 10);
+                        if (*end)
+                                return -EINVAL;
+                        break;
+                case 'b':
+                        o->budget = (uint32_t)strtoul(optarg, &end, 10);
+                        if (*end)
+                                return -EINVAL;
+                        break;
+                case 'L':
+                        o->plan_lag = (uint32_t)strtoul(optarg, &end, 10);
+                        if (*end)
+                                return -EINVAL;
+                        break;
+                case 'r':
+                        o->trace = (int)strtol(optarg, &end, 10);
+                        if (*end || o->trace < 0)
+                                return -EINVAL;
+                        break;
+                case 'd':
+                        if (strcmp(optarg, "f32") == 0)
+                                o->dtype = KVC_DTYPE_F32;
+                        else if (strcmp(optarg, "f16") == 0)
+                                o->dtype = KVC_DTYPE_F16;
+                        else if (strcmp(optarg, "bf16") == 0)
+                                o->dtype = KVC_DTYPE_BF16;
+                        else
+                                return -EINVAL;
+                        break;
+                case 'P': {
+                        char *eq = strchr(optarg, '=');
+                        if (!eq || eq == optarg || o->n_params >= MAX_PARAMS)
+                                return -EINVAL;
+                        *eq = '\0';
+                        o->params[o->n_params++] = (struct kvc_param){ .key = optarg, .value = eq + 1 };
+                        break;
+                }
+                case 'h':
+                        usage(stdout);
+                        exit(0);
+                case 'V':
+                        printf("kvc-run %s\n", KVC_VERSION);
+                        exit(0);
+                default:
+                        return -EINVAL;
+                }
+        }
+        return optind < argc ? -EINVAL : 0;
+}
+
+/* The cache the model's forward pass uses when kvcd manages it. */
+static int kvcd_store(void *ctx, int layer, int pos, const float *k, const float *v) {
+        return kvc_append(ctx, (uint32_t)layer, pos, k, v);
+}
+
+static int kvcd_attend(void *ctx, int layer, int pos, const float *q, float *out) {
+        (void)pos;
+        return kvc_attend(ctx, (uint32_t)layer, q, out);
+}
+
+static const struct model_cache_ops kvcd_cache_ops = { .store = kvcd_store, .attend = kvcd_attend };
+
+/* Appends the JSON escape of s[0..n) to out (bounded). */
+static void json_escape(FILE *f, const char *s, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                unsigned char ch = (unsigned char)s[i];
+                if (ch == '"' || ch == '\\')
+                        fprintf(f, "\\%c", ch);
+                else if (ch == '\n')
+                        fputs("\\n", f);
+                else if (ch < 0x20)
+                        fprintf(f, "\\u%04x", ch);
+                else
+                        fputc(ch, f);
+        }
+}
+
+static double seconds(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+struct runner {
+        struct run_opts o;
+        struct model *model;
+        struct tokenizer *tok;
+        struct sampler *sampler;
+        struct plain_cache *plain;
+        struct kvc_client *client;
+        struct kvc_session *session;
+        char *text;
+        size_t text_len, text_cap;
+};
+
+static void fail(struct runner *r, const char *what, int err) {
+        fprintf(stderr, "kvc-run: %s: %s%s%s\n", what, strerror(-err), r->client ? ": " : "",
+                r->client ? kvc_last_error(r->client) : "");
+}
+
+static int emit(struct runner *r, const char *piece, size_t n) {
+        if (!r->o.json) {
+                fwrite(piece, 1, n, stdout);
+                fflush(stdout);
+                return 0;
+        }
+        if (r->text_len + n + 1 > r->text_cap) {
+                size_t cap = (r->text_cap + n + 1) * 2;
+                char *t = realloc(r->text, cap);
+                if (!t)
+                        return -ENOMEM;
+                r->text = t;
+                r->text_cap = cap;
+        }
+        memcpy(r->text + r->text_len, piece, n);
+        r->text_len += n;
+        return 0;
+}
+
+static int open_session(struct runner *r) {
+        const struct model_config *mc = model_get_config(r->model);
+        struct kvc_options ko = { .socket = r->o.socket, .name = "kvc-run", .plan_lag = r->o.plan_lag };
+        int e = kvc_connect(&ko, &r->client);
+        if (e < 0) {
+                fprintf(stderr, "kvc-run: cannot connect to kvcd (%s): %s\n", r->o.socket ? r->o.socket : "default socket",
+                        strerror(-e));
+                return e;
+        }
+        struct kvc_session_config sc = {
+                .geometry = { .n_layers = (uint32_t)mc->n_layers, .n_heads = (uint32_t)mc->n_heads,
+                              .n_kv_heads = (uint32_t)mc->n_kv_heads,
+                              .head_dim = (uint32_t)(mc->dim / mc->n_heads), .dtype = r->o.dtype,
+                              .max_tokens = (uint32_t)mc->seq_len },
+                .policy = r->o.policy, .budget_tokens = r->o.budget, .params = r->o.params,
+                .n_params = r->o.n_params, .tenant = r->o.tenant,
+        };
+        e = kvc_session_open(r->client, &sc, &r->session);
+        if (e < 0)
+                fail(r, "cannot open a session", e);
+        return e;
+}
+
+static int generate(struct runner *r, int *ret_steps) {
+        const struct model_config *mc = model_get_config(r->model);
+        int *prompt = calloc((size_t)mc->seq_len + 3, sizeof(int)), n_prompt = 1;
+        char piece[512];
+        int e = 0;
+        if (!prompt)
+                return -ENOMEM;
+        prompt[0] = TOKENIZER_BOS;
+        if (r->o.prompt) {
+                size_t n;
+                e = tokenizer_encode(r->tok, r->o.prompt, strlen(r->o.prompt), true, false, prompt,
+                                     (size_t)mc->seq_len, &n);
+                if (e < 0) {
+                        fprintf(stderr, "kvc-run: the prompt does not fit the model's %d positions\n", mc->seq_len);
+                        free(prompt);
+                        return e;
+                }
+                n_prompt = (int)n;
+        }
+        int steps = r->o.steps < mc->seq_len ? r->o.steps : mc->seq_len;
+        int token = prompt[0], pos = 0;
+        const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvcd_cache_ops;
+        void *ctx = r->o.local ? (void *)r->plain : (void *)r->session;
+
+        while (pos < steps) {
+                float *logits;
+                int next;
+                if ((e = model_forward(r->model, token, pos, ops, ctx, &logits)) < 0) {
+                        fail(r, "forward pass", e);
+                        break;
+                }
+                if (pos < n_prompt - 1)
+                        next = prompt[pos + 1];
+                else if ((e = sampler_sample(r->sampler, logits, &next)) < 0)
+                        break;
+                if (!r->o.local) {
+                        struct kvc_summary sum;
+                        enum kvc_phase ph = pos < n_prompt - 1 ? KVC_PHASE_PREFILL : KVC_PHASE_DECODE;
+                        if ((e = kvc_summarize(logits, (uint32_t)mc->vocab_size, &sum)) < 0 ||
+                            (e = kvc_step(r->session, (uint64_t)pos, ph, &sum)) < 0 || (e = kvc_flush(r->client)) < 0) {
+                                fail(r, "step", e);
+                                break;
+                        }
+                }
+                pos++;
+                if (r->o.trace && pos % r->o.trace == 0)
+                        fprintf(stderr, "step %4d  cache %4u tokens/layer\n", pos,
+                                r->o.local ? (unsigned)pos : kvc_layer_tokens(r->session, 0));
+                if (next == TOKENIZER_BOS && !r->o.no_stop)
+                        break;
+                size_t len;
+                if (tokenizer_piece_safe(r->tok, token, next, piece, sizeof(piece), &len) == 0 &&
+                    (e = emit(r, piece, len)) < 0)
+                        break;
+                token = next;
+        }
+        free(prompt);
+        *ret_steps = pos;
+        return e;
+}
+
+int main(int argc, char **argv) {
+        struct runner r = { .o = { .model = DEFAULT_MODEL, .tokenizer = DEFAULT_TOKENIZER, .policy = "full",
+                                   .steps = 256, .seed = 42, .dtype = KVC_DTYPE_F32 } };
+        int e, steps = 0, rc = 1;
+
+        if (parse_args(argc, argv, &r.o) < 0) {
+                usage(stderr);
+                return 2;
+        }
+        if ((e = model_load(r.o.model, &r.model)) < 0) {
+                fprintf(stderr, "kvc-run: cannot load the model %s: %s\n", r.o.model, strerror(-e));
+                return 1;
+        }
+        const struct model_config *mc = model_get_config(r.model);
+        if ((e = tokenizer_load(r.o.tokenizer, mc->vocab_size, &r.tok)) < 0) {
+                fprintf(stderr, "kvc-run: cannot load the tokenizer %s: %s\n", r.o.tokenizer, strerror(-e));
+                goto out;
+        }
+        if ((e = sampler_new(mc->vocab_size, r.o.temperature, r.o.seed, &r.sampler)) < 0)
+                goto out;
+        if (r.o.local)
+                e = plain_cache_new(mc, mc->seq_len, &r.plain);
+        else
+                e = open_session(&r);
+        if (e < 0)
+                goto out;
+
+        double t0 = seconds();
+        e = generate(&r, &steps);
+        double dt = seconds() - t0;
+
+        struct kvc_session_stats st = { 0 };
+        if (r.session) {
+                int ce = kvc_session_close(r.session, &st);
+                r.session = NULL;
+                if (ce < 0 && e == 0) {
+                        fail(&r, "closing the session", ce);
+                        e = ce;
+                }
+        }
+        if (e < 0)
+                goto out;
+        if (r.o.json) {
+                printf("{\"policy\":\"%s\",\"budget\":%u,\"steps\":%d,\"seconds\":%.6f,\"tokens_per_second\":%.1f,"
+                       "\"local\":%s,\"text\":\"",
+                       r.o.local ? "local" : r.o.policy, r.o.budget, steps, dt, steps / (dt > 0 ? dt : 1e-9),
+                       r.o.local ? "true" : "false");
+                json_escape(stdout, r.text ? r.text : "", r.text_len);
+                printf("\"");
+                if (!r.o.local)
+                        printf(",\"kvcd\":{\"steps\":%llu,\"plans\":%llu,\"plans_applied\":%llu,\"peak_tokens\":%u,"
+                               "\"peak_layer_blocks\":%u,\"peak_bytes\":%llu}",
+                               (unsigned long long)st.steps, (unsigned long long)st.plans,
+                               (unsigned long long)st.plans_applied, st.peak_tokens, st.peak_layer_blocks,
+                               (unsigned long long)st.peak_bytes);
+                printf("}\n");
+        } else {
+                printf("\n");
+        }
+        rc = 0;
+out:
+        kvc_disconnect(r.client);
+        plain_cache_free(r.plain);
+        sampler_free(r.sampler);
+        tokenizer_free(r.tok);
+        model_free(r.model);
+        free(r.text);
+        return rc;
+}

@@ -1,0 +1,895 @@
+/* kvc.c: libkvc. Owns the client's two connections to kvcd (ZeroMQ DEALER for messages,
+ * SEQPACKET for chunk fds), the reserved address range the pool is mapped into, and the client
+ * side of every session: block tables, lengths, plan application.
+ *
+ * The daemon is trusted no more than a client is by the daemon: every grant and plan is checked
+ * before it touches memory (offsets inside mapped chunks, keep-sets sorted and inside the cache,
+ * plan entries inside the plan buffer, which is copied out before use), so a faulty kvcd cannot
+ * make a client write out of bounds. A plan that fails the checks is refused and reported.
+ */
+#define _GNU_SOURCE
+#include "kvc.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "attention.h"
+#include "block.h"
+#include "compact.h"
+#include "fdwire.h"
+#include "summary.h"
+#include "wire.h"
+
+#define KVC_DEFAULT_TIMEOUT_MS 10000
+#define KVC_MAX_PENDING 64u /* StepBatches in flight */
+
+struct layer {
+        uint64_t *offs;  /* pool offsets of the blocks */
+        uint8_t **ptrs;  /* their addresses here */
+        uint32_t n_blocks;
+        uint32_t n_tokens;
+};
+
+struct kvc_session {
+        struct kvc_client *c;
+        struct kvc_session *next;
+        uint64_t id;
+        uint8_t token[WIRE_TOKEN_BYTES];
+        struct kvc_geometry g;
+        struct block_layout layout;
+        uint32_t budget;
+        uint32_t max_layer_tokens;
+        uint32_t max_layer_blocks;
+        float ema_gamma;
+        uint64_t plan_offset;
+        uint64_t plan_bytes;
+        uint32_t *plan_copy; /* plan_bytes: the keep-sets copied out of the shared buffer */
+        float *attn_scratch;
+        struct layer *layers;
+        uint64_t last_step;
+        bool stepped;
+        uint64_t last_plan_id;
+        struct kvc_session_stats stats;
+};
+
+/* A step summary waiting for kvc_flush(); its layer lengths sit in the client's flat buffer. */
+struct queued_step {
+        uint64_t session_id;
+        uint64_t step;
+        enum kvc_phase phase;
+        float entropy, top1_prob, margin;
+        uint32_t n_layers;
+        size_t lengths_at;
+};
+
+struct kvc_client {
+        void *zctx;
+        void *zsock;
+        int fd;
+        uint64_t client_id;
+        uint64_t chunk_bytes;
+        uint64_t pool_bytes;
+        uint32_t n_chunks;
+        uint32_t block_tokens;
+        uint8_t *base;
+        uint8_t *mapped; /* per chunk: 0, or 1 when mapped */
+        int timeout_ms;
+        uint32_t plan_lag;
+        struct wire_arena *arena;
+        uint8_t *sendbuf;
+        size_t sendbuf_cap;
+        uint64_t next_request_id;
+        struct kvc_session *sessions;
+
+        struct queued_step *queue;
+        size_t n_queue, cap_queue;
+        uint32_t *lengths;
+        size_t n_lengths, cap_lengths;
+        uint64_t pending[KVC_MAX_PENDING]; /* request ids of StepBatches awaiting their PlanBatch */
+        uint32_t pending_head, n_pending;
+        int step_error; /* first per-step error kvcd reported since the last flush */
+
+        char error[WIRE_MAX_MESSAGE + 64];
+};
+
+static int set_error(struct kvc_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int set_error(struct kvc_client *c, int code, const char *fmt, ...) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->error, sizeof(c->error), fmt, ap);
+        va_end(ap);
+        return code;
+}
+
+const char *kvc_last_error(const struct kvc_client *c) {
+        return c ? c->error : "no client";
+}
+
+int kvc_default_runtime_dir(char *buf, size_t len) {
+        const char *env = getenv("KVC_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
+        int n;
+        if (env && *env)
+                n = snprintf(buf, len, "%s", env);
+        else if (xdg && *xdg)
+                n = snprintf(buf, len, "%s/kvcd", xdg);
+        else
+                n = snprintf(buf, len, "/tmp/kvcd-%u", (unsigned)getuid());
+        return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+/* kvcd.sock and kvcd.fd.sock from a runtime directory or a kvcd.sock path. */
+static int socket_paths(const char *hint, char *sock, char *fdp, size_t len) {
+        char dir[256];
+        struct stat st;
+        int r;
+        if (hint && *hint) {
+                if (stat(hint, &st) == 0 && S_ISDIR(st.st_mode)) {
+                        r = snprintf(dir, sizeof(dir), "%s", hint);
+                } else {
+                        const char *slash = strrchr(hint, '/');
+                        r = slash ? snprintf(dir, sizeof(dir), "%.*s", (int)(slash - hint), hint)
+                                  : snprintf(dir, sizeof(dir), ".");
+                        if (r >= 0 && (size_t)r < sizeof(dir) && snprintf(sock, len, "%s", hint) < (int)len)
+                                return snprintf(fdp, len, "%s/kvcd.fd.sock", dir) < (int)len ? 0 : -ENAMETOOLONG;
+                }
+                if (r < 0 || (size_t)r >= sizeof(dir))
+                        return -ENAMETOOLONG;
+        } else if ((r = kvc_default_runtime_dir(dir, sizeof(dir))) < 0) {
+                return r;
+        }
+        if (snprintf(sock, len, "%s/kvcd.sock", dir) >= (int)len ||
+            snprintf(fdp, len, "%s/kvcd.fd.sock", dir) >= (int)len)
+                return -ENAMETOOLONG;
+        return 0;
+}
+
+static int send_env(struct kvc_client *c, Kvc__Envelope *env) {
+        env->version = WIRE_VERSION;
+        size_t n = wire_packed_size(env);
+        if (n > c->sendbuf_cap) {
+                uint8_t *b = realloc(c->sendbuf, n);
+                if (!b)
+                        return -ENOMEM;
+                c->sendbuf = b;
+                c->sendbuf_cap = n;
+        }
+        wire_pack(env, c->sendbuf);
+        if (zmq_send(c->zsock, c->sendbuf, n, 0) < 0)
+                return set_error(c, -ECONNREFUSED, "cannot send to kvcd: %s", zmq_strerror(zmq_errno()));
+        return 0;
+}
+
+/* Receives one message (valid until the next receive). -ETIMEDOUT, -ENOTCONN when kvcd's side
+ * channel hung up (it died), -EPROTO for a message that fails validation. */
+static int recv_env(struct kvc_client *c, int timeout_ms, Kvc__Envelope **ret) {
+        zmq_pollitem_t items[2] = {
+                { .socket = c->zsock, .events = ZMQ_POLLIN },
+                { .fd = c->fd, .events = ZMQ_POLLIN },
+        };
+        for (;;) {
+                int n = zmq_poll(items, 2, timeout_ms);
+                if (n < 0 && zmq_errno() == EINTR)
+                        continue;
+                if (n < 0)
+                        return set_error(c, -EIO, "poll: %s", zmq_strerror(zmq_errno()));
+                if (n == 0)
+                        return set_error(c, -ETIMEDOUT, "no answer from kvcd within %d ms", timeout_ms);
+                if (items[0].revents)
+                        break;
+                /* the side channel speaks only before a grant that needs it; readable now means
+                 * kvcd hung up (or sent a chunk early: leave it for ensure_chunk) */
+                char b;
+                if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+                        return set_error(c, -ENOTCONN, "kvcd closed the connection");
+                items[1].events = 0;
+        }
+        zmq_msg_t msg;
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, c->zsock, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&msg);
+                return set_error(c, -EIO, "receive: %s", zmq_strerror(zmq_errno()));
+        }
+        char why[WIRE_MAX_MESSAGE];
+        Kvc__Envelope *env;
+        int r = wire_decode(c->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES, &env, why,
+                            sizeof(why));
+        zmq_msg_close(&msg);
+        if (r < 0)
+                return set_error(c, -EPROTO, "bad message from kvcd: %s", why);
+        *ret = env;
+        return 0;
+}
+
+static int ensure_chunk(struct kvc_client *c, uint64_t idx) {
+        while (!c->mapped[idx]) {
+                struct fdwire_msg m;
+                int fd, r = fdwire_recv(c->fd, &m, &fd, c->timeout_ms);
+                if (r < 0)
+                        return set_error(c, r, "waiting for chunk %llu: %s", (unsigned long long)idx, strerror(-r));
+                struct stat st;
+                if (m.kind != FDWIRE_CHUNK || fd < 0 || m.chunk_idx >= c->n_chunks ||
+                    m.chunk_bytes != c->chunk_bytes || fstat(fd, &st) < 0 || (uint64_t)st.st_size < c->chunk_bytes) {
+                        if (fd >= 0)
+                                close(fd);
+                        return set_error(c, -EPROTO, "kvcd sent an invalid chunk record");
+                }
+                int prot = PROT_READ | ((m.flags & FDWIRE_READ_ONLY) ? 0 : PROT_WRITE);
+                void *p = mmap(c->base + m.chunk_idx * c->chunk_bytes, c->chunk_bytes, prot, MAP_SHARED | MAP_FIXED,
+                               fd, 0);
+                close(fd);
+                if (p == MAP_FAILED)
+                        return set_error(c, -errno, "mapping chunk %llu: %s", (unsigned long long)m.chunk_idx,
+                                         strerror(errno));
+                c->mapped[m.chunk_idx] = 1;
+        }
+        return 0;
+}
+
+static struct kvc_session *find_session(struct kvc_client *c, uint64_t id) {
+        for (struct kvc_session *s = c->sessions; s; s = s->next)
+                if (s->id == id)
+                        return s;
+        return NULL;
+}
+
+/* Checks that `bytes` at pool offset off lie inside one chunk, then maps that chunk. */
+static int check_region(struct kvc_client *c, uint64_t off, uint64_t bytes) {
+        uint64_t idx = off / c->chunk_bytes;
+        if (off % 64 || idx >= c->n_chunks || off % c->chunk_bytes + bytes > c->chunk_bytes)
+                return set_error(c, -EPROTO, "kvcd named a region outside the pool (offset %llu)",
+                                 (unsigned long long)off);
+        return ensure_chunk(c, idx);
+}
+
+static int apply_grant(struct kvc_client *c, const Kvc__Grant *g) {
+        struct kvc_session *s = find_session(c, g->session_id);
+        if (!s)
+                return set_error(c, -EPROTO, "grant for unknown session %llu", (unsigned long long)g->session_id);
+        /* check all, then apply */
+        for (size_t i = 0; i < g->n_layers; i++) {
+                const Kvc__LayerBlocks *lb = g->layers[i];
+                if (lb->layer >= s->g.n_layers || s->layers[lb->layer].n_blocks + lb->n_blocks > s->max_layer_blocks)
+                        return set_error(c, -EPROTO, "grant beyond the session's layers or limit");
+                for (size_t b = 0; b < lb->n_blocks; b++) {
+                        int r = check_region(c, lb->blocks[b], s->layout.block_bytes);
+                        if (r < 0)
+                                return r;
+                        if (lb->blocks[b] % c->chunk_bytes % s->layout.block_bytes)
+                                return set_error(c, -EPROTO, "granted block not aligned to the block size");
+                }
+        }
+        for (size_t i = 0; i < g->n_layers; i++) {
+                const Kvc__LayerBlocks *lb = g->layers[i];
+                struct layer *L = &s->layers[lb->layer];
+                for (size_t b = 0; b < lb->n_blocks; b++) {
+                        L->offs[L->n_blocks] = lb->blocks[b];
+                        L->ptrs[L->n_blocks] = c->base + lb->blocks[b];
+                        L->n_blocks++;
+                }
+        }
+        return 0;
+}
+
+static struct block_layer layer_of(const struct kvc_session *s, uint32_t l) {
+        const struct layer *L = &s->layers[l];
+        return (struct block_layer){ .layout = &s->layout, .blocks = L->ptrs, .n_blocks = L->n_blocks,
+                                     .n_tokens = L->n_tokens };
+}
+
+static int send_plan_applied(struct kvc_client *c, struct kvc_session *s, uint64_t plan_id, int status,
+                             const uint32_t *released) {
+        Kvc__PlanApplied pa = KVC__PLAN_APPLIED__INIT;
+        Kvc__LayerBlocks lbs[WIRE_MAX_LAYERS], *lbp[WIRE_MAX_LAYERS];
+        uint32_t lengths[WIRE_MAX_LAYERS];
+        pa.session_id = s->id;
+        pa.plan_id = plan_id;
+        pa.status = status;
+        if (status == 0) {
+                pa.n_layer_tokens = s->g.n_layers;
+                pa.layer_tokens = lengths;
+                pa.released = lbp;
+                for (uint32_t l = 0; l < s->g.n_layers; l++) {
+                        lengths[l] = s->layers[l].n_tokens;
+                        if (!released[l])
+                                continue;
+                        kvc__layer_blocks__init(&lbs[pa.n_released]);
+                        lbs[pa.n_released].layer = l;
+                        lbs[pa.n_released].n_blocks = released[l];
+                        /* the released blocks sit just past the table's new end */
+                        lbs[pa.n_released].blocks = s->layers[l].offs + s->layers[l].n_blocks;
+                        lbp[pa.n_released] = &lbs[pa.n_released];
+                        pa.n_released++;
+                }
+        }
+        Kvc__Envelope env = KVC__ENVELOPE__INIT;
+        env.request_id = ++c->next_request_id;
+        env.body_case = KVC__ENVELOPE__BODY_PLAN_APPLIED;
+        env.plan_applied = &pa;
+        return send_env(c, &env);
+}
+
+/* Validates a plan completely, then compacts every layer it names and gives back the blocks the
+ * layers no longer need (keeping room for one more token). */
+static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
+        struct kvc_session *s = find_session(c, p->session_id);
+        if (!s)
+                return set_error(c, -EPROTO, "plan for unknown session %llu", (unsigned long long)p->session_id);
+        int status = 0;
+        uint64_t entries_cap = s->plan_bytes / 4, used = 0;
+        bool seen[WIRE_MAX_LAYERS] = { false };
+
+        if (p->plan_id <= s->last_plan_id) {
+                status = ESTALE;
+                set_error(c, -ESTALE, "plan %llu is older than plan %llu, already applied",
+                          (unsigned long long)p->plan_id, (unsigned long long)s->last_plan_id);
+        } else if (!s->stepped || p->base_step > s->last_step) {
+                status = EPROTO;
+                set_error(c, -EPROTO, "plan %llu is based on step %llu, which this session has not taken",
+                          (unsigned long long)p->plan_id, (unsigned long long)p->base_step);
+        }
+        for (size_t i = 0; status == 0 && i < p->n_layers; i++) {
+                const Kvc__LayerPlan *lp = p->layers[i];
+                uint64_t n = (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
+                if (lp->layer >= s->g.n_layers || seen[lp->layer] || lp->base_tokens > s->layers[lp->layer].n_tokens ||
+                    (uint64_t)lp->keep_offset + n > entries_cap || used + n > entries_cap) {
+                        status = EPROTO;
+                        set_error(c, -EPROTO, "plan %llu: layer entry %zu out of range", (unsigned long long)p->plan_id, i);
+                        break;
+                }
+                seen[lp->layer] = true;
+                /* copy out of the shared buffer, then check the copy */
+                uint32_t *keep = s->plan_copy + used;
+                memcpy(keep, (uint8_t *)c->base + s->plan_offset + (uint64_t)lp->keep_offset * 4, n * 4);
+                for (uint32_t h = 0; h < (lp->per_head ? s->g.n_kv_heads : 1u); h++) {
+                        if (compact_check_keep(keep + (uint64_t)h * lp->keep_count, lp->keep_count, lp->base_tokens) < 0) {
+                                status = EPROTO;
+                                set_error(c, -EPROTO, "plan %llu: layer %u keep-set not ascending or past the cache",
+                                          (unsigned long long)p->plan_id, lp->layer);
+                                break;
+                        }
+                }
+                used += n;
+        }
+        if (status != 0) {
+                int r = send_plan_applied(c, s, p->plan_id, status, NULL);
+                return r < 0 ? r : -status;
+        }
+
+        uint32_t released[WIRE_MAX_LAYERS] = { 0 };
+        uint32_t T = s->layout.block_tokens;
+        used = 0;
+        for (size_t i = 0; i < p->n_layers; i++) {
+                const Kvc__LayerPlan *lp = p->layers[i];
+                struct layer *L = &s->layers[lp->layer];
+                struct block_layer bl = layer_of(s, lp->layer);
+                uint32_t new_len;
+                int r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head, lp->base_tokens, &new_len);
+                if (r < 0)
+                        return set_error(c, r, "compaction failed on a checked plan");
+                used += (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
+                L->n_tokens = new_len;
+                uint32_t keep_blocks = (new_len + 1 + T - 1) / T;
+                if (keep_blocks < L->n_blocks) {
+                        released[lp->layer] = L->n_blocks - keep_blocks;
+                        L->n_blocks = keep_blocks;
+                }
+        }
+        s->last_plan_id = p->plan_id;
+        s->stats.plans_applied++;
+        return send_plan_applied(c, s, p->plan_id, 0, released);
+}
+
+/* Handles a message that is not the reply a caller waits for. */
+static int dispatch(struct kvc_client *c, const Kvc__Envelope *env) {
+        int r = 0;
+        switch (env->body_case) {
+        case KVC__ENVELOPE__BODY_PLAN_BATCH: {
+                const Kvc__PlanBatch *pb = env->plan_batch;
+                if (c->n_pending && c->pending[c->pending_head] == env->request_id) {
+                        c->pending_head = (c->pending_head + 1) % KVC_MAX_PENDING;
+                        c->n_pending--;
+                }
+                for (size_t i = 0; i < pb->n_grants && r == 0; i++)
+                        r = apply_grant(c, pb->grants[i]);
+                for (size_t i = 0; i < pb->n_plans; i++) {
+                        int q = apply_plan(c, pb->plans[i]);
+                        if (q < 0 && r == 0)
+                                r = q;
+                }
+                for (size_t i = 0; i < pb->n_errors; i++) {
+                        if (c->step_error == 0) {
+                                c->step_error = -pb->errors[i]->code;
+                                set_error(c, -pb->errors[i]->code, "session %llu: %s",
+                                          (unsigned long long)pb->errors[i]->session_id, pb->errors[i]->message);
+                        }
+                }
+                return r;
+        }
+        case KVC__ENVELOPE__BODY_ERROR:
+                /* an answer to a PlanApplied: kvcd refused our account of a plan */
+                return set_error(c, -env->error->code, "kvcd: %s", env->error->message);
+        default:
+                return set_error(c, -EPROTO, "unexpected %s from kvcd", wire_body_name(env->body_case));
+        }
+}
+
+/* Sends env and waits for its reply of kind want (other messages are dispatched meanwhile). The
+ * reply is valid until the next receive. An Error reply becomes its -code. */
+static int call(struct kvc_client *c, Kvc__Envelope *env, Kvc__Envelope__BodyCase want, Kvc__Envelope **ret) {
+        env->request_id = ++c->next_request_id;
+        int r = send_env(c, env);
+        if (r < 0)
+                return r;
+        for (;;) {
+                Kvc__Envelope *in;
+                if ((r = recv_env(c, c->timeout_ms, &in)) < 0)
+                        return r;
+                if (in->request_id != env->request_id) {
+                        dispatch(c, in);
+                        continue;
+                }
+                if (in->body_case == KVC__ENVELOPE__BODY_ERROR)
+                        return set_error(c, -in->error->code, "kvcd: %s", in->error->message);
+                if (in->body_case != want)
+                        return set_error(c, -EPROTO, "kvcd answered %s to %s", wire_body_name(in->body_case),
+                                         wire_body_name(env->body_case));
+                *ret = in;
+                return 0;
+        }
+}
+
+int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
+        struct kvc_options o = opt ? *opt : (struct kvc_options){ 0 };
+        char sock[256], fdp[256], ep[300];
+        int r = socket_paths(o.socket, sock, fdp, sizeof(sock));
+        if (r < 0)
+                return r;
+        struct kvc_client *c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        c->fd = -1;
+        c->base = MAP_FAILED;
+        c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : KVC_DEFAULT_TIMEOUT_MS;
+        c->plan_lag = o.plan_lag < KVC_MAX_PENDING ? o.plan_lag : KVC_MAX_PENDING - 1;
+
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct fdwire_msg m;
+        int fd = -1;
+        if (strlen(fdp) >= sizeof(sa.sun_path)) {
+                kvc_disconnect(c);
+                return -ENAMETOOLONG;
+        }
+        memcpy(sa.sun_path, fdp, strlen(fdp) + 1);
+        c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                r = -errno;
+                kvc_disconnect(c);
+                return r;
+        }
+        r = fdwire_recv(c->fd, &m, &fd, c->timeout_ms);
+        if (r == 0 && (m.kind != FDWIRE_WELCOME || fd >= 0)) {
+                if (fd >= 0)
+                        close(fd);
+                r = -EPROTO;
+        }
+        if (r < 0 || (r = wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena)) < 0) {
+                kvc_disconnect(c);
+                return r;
+        }
+
+        int zero = 0;
+        snprintf(ep, sizeof(ep), "ipc://%s", sock);
+        c->zctx = zmq_ctx_new();
+        c->zsock = c->zctx ? zmq_socket(c->zctx, ZMQ_DEALER) : NULL;
+        if (!c->zsock || zmq_setsockopt(c->zsock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+            zmq_setsockopt(c->zsock, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof(c->timeout_ms)) < 0 ||
+            zmq_connect(c->zsock, ep) < 0) {
+                kvc_disconnect(c);
+                return -ECONNREFUSED;
+        }
+
+        Kvc__Hello hello = KVC__HELLO__INIT;
+        hello.token.data = m.token;
+        hello.token.len = sizeof(m.token);
+        hello.client_name = (char *)(o.name ? o.name : "libkvc");
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        env.body_case = KVC__ENVELOPE__BODY_HELLO;
+        env.hello = &hello;
+        r = call(c, &env, KVC__ENVELOPE__BODY_WELCOME, &in);
+        if (r < 0) {
+                kvc_disconnect(c);
+                return r;
+        }
+        const Kvc__Welcome *w = in->welcome;
+        c->client_id = w->client_id;
+        c->chunk_bytes = w->chunk_bytes;
+        c->pool_bytes = w->pool_bytes;
+        c->n_chunks = (uint32_t)(w->pool_bytes / w->chunk_bytes);
+        c->block_tokens = w->block_tokens;
+        c->mapped = calloc(c->n_chunks, 1);
+        c->base = mmap(NULL, c->pool_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (!c->mapped || c->base == MAP_FAILED) {
+                kvc_disconnect(c);
+                return -ENOMEM;
+        }
+        *ret = c;
+        return 0;
+}
+
+static struct kvc_session *session_free(struct kvc_session *s) {
+        if (!s)
+                return NULL;
+        if (s->layers)
+                for (uint32_t l = 0; l < s->g.n_layers; l++) {
+                        free(s->layers[l].offs);
+                        free(s->layers[l].ptrs);
+                }
+        free(s->layers);
+        free(s->plan_copy);
+        free(s->attn_scratch);
+        free(s);
+        return NULL;
+}
+
+static void unlink_session(struct kvc_session *s) {
+        for (struct kvc_session **p = &s->c->sessions; *p; p = &(*p)->next) {
+                if (*p == s) {
+                        *p = s->next;
+                        return;
+                }
+        }
+}
+
+struct kvc_client *kvc_disconnect(struct kvc_client *c) {
+        if (!c)
+                return NULL;
+        while (c->sessions) {
+                struct kvc_session *s = c->sessions;
+                c->sessions = s->next;
+                session_free(s);
+        }
+        if (c->zsock)
+                zmq_close(c->zsock);
+        if (c->zctx)
+                zmq_ctx_term(c->zctx);
+        if (c->fd >= 0)
+                close(c->fd); /* kvcd frees everything of ours when this closes */
+        if (c->base != MAP_FAILED)
+                munmap(c->base, c->pool_bytes);
+        free(c->mapped);
+        wire_arena_free(c->arena);
+        free(c->sendbuf);
+        free(c->queue);
+        free(c->lengths);
+        free(c);
+        return NULL;
+}
+
+static Kvc__Dtype wire_dtype(enum kvc_dtype d) {
+        switch (d) {
+        case KVC_DTYPE_F16:
+                return KVC__DTYPE__DTYPE_F16;
+        case KVC_DTYPE_BF16:
+                return KVC__DTYPE__DTYPE_BF16;
+        case KVC_DTYPE_F32:
+                return KVC__DTYPE__DTYPE_F32;
+        }
+        return KVC__DTYPE__DTYPE_UNSPECIFIED;
+}
+
+int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg, struct kvc_session **ret) {
+        Kvc__Geometry g = KVC__GEOMETRY__INIT;
+        Kvc__OpenSession os = KVC__OPEN_SESSION__INIT;
+        Kvc__Param params[WIRE_MAX_PARAMS], *pp[WIRE_MAX_PARAMS];
+        if (cfg->n_params > WIRE_MAX_PARAMS)
+                return set_error(c, -EINVAL, "more than %u parameters", WIRE_MAX_PARAMS);
+        g.n_layers = cfg->geometry.n_layers;
+        g.n_heads = cfg->geometry.n_heads;
+        g.n_kv_heads = cfg->geometry.n_kv_heads;
+        g.head_dim = cfg->geometry.head_dim;
+        g.dtype = wire_dtype(cfg->geometry.dtype);
+        g.max_tokens = cfg->geometry.max_tokens;
+        os.geometry = &g;
+        os.policy = (char *)(cfg->policy ? cfg->policy : "full");
+        os.budget_tokens = cfg->budget_tokens;
+        os.tenant = (char *)(cfg->tenant ? cfg->tenant : "");
+        os.params = pp;
+        for (size_t i = 0; i < cfg->n_params; i++) {
+                char *end;
+                double v = strtod(cfg->params[i].value, &end);
+                kvc__param__init(&params[i]);
+                params[i].key = (char *)cfg->params[i].key;
+                if (*cfg->params[i].value && !*end) {
+                        params[i].value_case = KVC__PARAM__VALUE_NUMBER;
+                        params[i].number = v;
+                } else {
+                        params[i].value_case = KVC__PARAM__VALUE_TEXT;
+                        params[i].text = (char *)cfg->params[i].value;
+                }
+                pp[i] = &params[i];
+        }
+        os.n_params = cfg->n_params;
+
+        struct block_layout layout;
+        if (block_layout_init(&layout, c->block_tokens, g.n_kv_heads, g.head_dim, (enum block_dtype)cfg->geometry.dtype) < 0)
+                return set_error(c, -EINVAL, "geometry has a zero or unknown field");
+
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        env.body_case = KVC__ENVELOPE__BODY_OPEN_SESSION;
+        env.open_session = &os;
+        int r = call(c, &env, KVC__ENVELOPE__BODY_SESSION_OPENED, &in);
+        if (r < 0)
+                return r;
+        const Kvc__SessionOpened *o = in->session_opened;
+        if (o->block_bytes != layout.block_bytes || o->block_tokens != c->block_tokens)
+                return set_error(c, -EPROTO, "kvcd's block layout (%llu bytes) differs from ours (%llu)",
+                                 (unsigned long long)o->block_bytes, (unsigned long long)layout.block_bytes);
+        if (o->plan_bytes && (r = check_region(c, o->plan_offset, o->plan_bytes)) < 0)
+                return r;
+
+        struct kvc_session *s = calloc(1, sizeof(*s));
+        if (!s)
+                return -ENOMEM;
+        s->c = c;
+        s->id = o->session_id;
+        memcpy(s->token, o->token.data, sizeof(s->token));
+        s->g = cfg->geometry;
+        s->layout = layout;
+        s->budget = o->budget_tokens;
+        s->max_layer_tokens = o->max_layer_tokens;
+        s->max_layer_blocks = (o->max_layer_tokens + layout.block_tokens - 1) / layout.block_tokens;
+        s->ema_gamma = o->ema_gamma;
+        s->plan_offset = o->plan_offset;
+        s->plan_bytes = o->plan_bytes;
+        s->layers = calloc(g.n_layers, sizeof(*s->layers));
+        s->plan_copy = malloc(o->plan_bytes ? o->plan_bytes : 4);
+        s->attn_scratch = malloc(2 * sizeof(float) * ((size_t)s->max_layer_blocks * layout.block_tokens + 1));
+        bool ok = s->layers && s->plan_copy && s->attn_scratch;
+        for (uint32_t l = 0; ok && l < g.n_layers; l++) {
+                s->layers[l].offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
+                s->layers[l].ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
+                ok = s->layers[l].offs && s->layers[l].ptrs;
+        }
+        s->next = c->sessions;
+        c->sessions = s;
+        if (!ok) {
+                kvc_session_close(s, NULL);
+                return -ENOMEM;
+        }
+        *ret = s;
+        return 0;
+}
+
+int kvc_session_close(struct kvc_session *s, struct kvc_session_stats *ret_stats) {
+        struct kvc_client *c = s->c;
+        Kvc__CloseSession cs = KVC__CLOSE_SESSION__INIT;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        cs.session_id = s->id;
+        env.body_case = KVC__ENVELOPE__BODY_CLOSE_SESSION;
+        env.close_session = &cs;
+        int r = call(c, &env, KVC__ENVELOPE__BODY_SESSION_CLOSED, &in);
+        if (r == 0 && ret_stats) {
+                struct kvc_session_stats st = s->stats;
+                const Kvc__SessionStats *k = in->session_closed->stats;
+                if (k) {
+                        st.steps = k->steps;
+                        st.plans = k->plans;
+                        st.peak_tokens = k->peak_tokens;
+                        st.peak_layer_blocks = k->peak_layer_blocks;
+                        st.peak_bytes = k->peak_bytes;
+                        st.bytes = k->bytes;
+                }
+                *ret_stats = st;
+        }
+        unlink_session(s);
+        session_free(s);
+        return r;
+}
+
+uint64_t kvc_session_id(const struct kvc_session *s) {
+        return s->id;
+}
+
+uint32_t kvc_session_budget(const struct kvc_session *s) {
+        return s->budget;
+}
+
+int kvc_session_reserve(struct kvc_session *s, uint32_t n_tokens) {
+        struct kvc_client *c = s->c;
+        Kvc__Reserve rs = KVC__RESERVE__INIT;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        rs.session_id = s->id;
+        rs.n_tokens = n_tokens;
+        env.body_case = KVC__ENVELOPE__BODY_RESERVE;
+        env.reserve = &rs;
+        int r = call(c, &env, KVC__ENVELOPE__BODY_GRANT, &in);
+        return r < 0 ? r : apply_grant(c, in->grant);
+}
+
+int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *k, const float *v) {
+        if (layer >= s->g.n_layers)
+                return set_error(s->c, -EINVAL, "layer %u of %u", layer, s->g.n_layers);
+        struct layer *L = &s->layers[layer];
+        const struct block_layout *l = &s->layout;
+        uint32_t T = l->block_tokens;
+        if (L->n_tokens >= L->n_blocks * T) {
+                int r = kvc_session_reserve(s, L->n_tokens + 1);
+                if (r < 0)
+                        return r;
+                if (L->n_tokens >= L->n_blocks * T)
+                        return set_error(s->c, -EPROTO, "kvcd granted no room for the next token");
+        }
+        uint32_t slot = L->n_tokens % T, D = s->g.head_dim;
+        uint8_t *b = L->ptrs[L->n_tokens / T];
+        for (uint32_t h = 0; h < s->g.n_kv_heads; h++) {
+                block_store_row(l->dtype, k + (size_t)h * D, block_key(l, b, h, slot), D);
+                block_store_row(l->dtype, v + (size_t)h * D, block_value(l, b, h, slot), D);
+                *(int32_t *)block_side(l, b, l->pos_offset, h, slot) = pos;
+                *(float *)block_side(l, b, l->sum_offset, h, slot) = 0.0f;
+                *(float *)block_side(l, b, l->ema_offset, h, slot) = 0.0f;
+                *(float *)block_side(l, b, l->last_offset, h, slot) = 0.0f;
+                *(float *)block_side(l, b, l->logw_offset, h, slot) = 0.0f;
+        }
+        L->n_tokens++;
+        return 0;
+}
+
+int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out) {
+        if (layer >= s->g.n_layers)
+                return set_error(s->c, -EINVAL, "layer %u of %u", layer, s->g.n_layers);
+        struct block_layer bl = layer_of(s, layer);
+        int r = attn_decode_ref(&bl, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch);
+        return r < 0 ? set_error(s->c, r, "attention over an empty layer %u", layer) : 0;
+}
+
+uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer) {
+        return layer < s->g.n_layers ? s->layers[layer].n_tokens : 0;
+}
+
+int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer_view *ret) {
+        if (layer >= s->g.n_layers)
+                return -EINVAL;
+        const struct layer *L = &s->layers[layer];
+        *ret = (struct kvc_layer_view){ .n_tokens = L->n_tokens, .n_blocks = L->n_blocks,
+                                        .block_tokens = s->layout.block_tokens,
+                                        .block_bytes = s->layout.block_bytes, .blocks = L->ptrs };
+        return 0;
+}
+
+int kvc_summarize(const float *logits, uint32_t vocab, struct kvc_summary *ret) {
+        struct summary sm;
+        int r = summary_logits_ref(logits, vocab, &sm, NULL, 0);
+        if (r < 0)
+                return r;
+        *ret = (struct kvc_summary){ .entropy = sm.entropy, .top1_prob = sm.top1_prob, .margin = sm.margin,
+                                     .top1 = sm.top1 };
+        return 0;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+        if (need <= *cap)
+                return 0;
+        size_t n = *cap ? *cap * 2 : 16;
+        while (n < need)
+                n *= 2;
+        void *q = realloc(*p, n * elem);
+        if (!q)
+                return -ENOMEM;
+        *p = q;
+        *cap = n;
+        return 0;
+}
+
+int kvc_step(struct kvc_session *s, uint64_t step, enum kvc_phase phase, const struct kvc_summary *sum) {
+        struct kvc_client *c = s->c;
+        if (s->stepped && step <= s->last_step)
+                return set_error(c, -EINVAL, "step %llu is not after %llu", (unsigned long long)step,
+                                 (unsigned long long)s->last_step);
+        if (c->n_queue >= WIRE_MAX_STEPS)
+                return set_error(c, -ENOSPC, "%u steps queued: flush first", WIRE_MAX_STEPS);
+        if (grow((void **)&c->queue, &c->cap_queue, c->n_queue + 1, sizeof(*c->queue)) < 0 ||
+            grow((void **)&c->lengths, &c->cap_lengths, c->n_lengths + s->g.n_layers, sizeof(uint32_t)) < 0)
+                return -ENOMEM;
+        c->queue[c->n_queue++] = (struct queued_step){
+                .session_id = s->id, .step = step, .phase = phase, .entropy = sum->entropy,
+                .top1_prob = sum->top1_prob, .margin = sum->margin, .n_layers = s->g.n_layers,
+                .lengths_at = c->n_lengths,
+        };
+        for (uint32_t l = 0; l < s->g.n_layers; l++)
+                c->lengths[c->n_lengths++] = s->layers[l].n_tokens;
+        s->last_step = step;
+        s->stepped = true;
+        s->stats.steps++;
+        return 0;
+}
+
+static int send_steps(struct kvc_client *c) {
+        Kvc__Step *steps = calloc(c->n_queue, sizeof(*steps));
+        Kvc__Step **sp = calloc(c->n_queue, sizeof(*sp));
+        if (!steps || !sp) {
+                free(steps);
+                free(sp);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < c->n_queue; i++) {
+                const struct queued_step *q = &c->queue[i];
+                kvc__step__init(&steps[i]);
+                steps[i].session_id = q->session_id;
+                steps[i].step = q->step;
+                steps[i].phase = q->phase == KVC_PHASE_PREFILL ? KVC__PHASE__PHASE_PREFILL : KVC__PHASE__PHASE_DECODE;
+                steps[i].n_layer_tokens = q->n_layers;
+                steps[i].layer_tokens = c->lengths + q->lengths_at;
+                steps[i].entropy = q->entropy;
+                steps[i].top1_prob = q->top1_prob;
+                steps[i].margin = q->margin;
+                sp[i] = &steps[i];
+        }
+        Kvc__StepBatch sb = KVC__STEP_BATCH__INIT;
+        sb.n_steps = c->n_queue;
+        sb.steps = sp;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT;
+        env.request_id = ++c->next_request_id;
+        env.body_case = KVC__ENVELOPE__BODY_STEP_BATCH;
+        env.step_batch = &sb;
+        int r = send_env(c, &env);
+        free(steps);
+        free(sp);
+        if (r < 0)
+                return r;
+        c->pending[(c->pending_head + c->n_pending) % KVC_MAX_PENDING] = env.request_id;
+        c->n_pending++;
+        c->n_queue = 0;
+        c->n_lengths = 0;
+        return 0;
+}
+
+int kvc_flush(struct kvc_client *c) {
+        int r = 0;
+        c->step_error = 0;
+        if (c->n_queue) {
+                if (c->n_pending >= KVC_MAX_PENDING - 1) /* make room: wait for the oldest answer */
+                        while (c->n_pending >= KVC_MAX_PENDING - 1 && (r = kvc_poll(c, c->timeout_ms)) >= 0)
+                                ;
+                if (r < 0 || (r = send_steps(c)) < 0)
+                        return r;
+        }
+        while (c->n_pending > c->plan_lag) {
+                Kvc__Envelope *in;
+                if ((r = recv_env(c, c->timeout_ms, &in)) < 0)
+                        return r;
+                int q = dispatch(c, in);
+                if (q < 0 && r == 0)
+                        r = q;
+        }
+        return r < 0 ? r : c->step_error;
+}
+
+int kvc_poll(struct kvc_client *c, int timeout_ms) {
+        int handled = 0;
+        for (;;) {
+                Kvc__Envelope *in;
+                int r = recv_env(c, handled ? 0 : timeout_ms, &in);
+                if (r == -ETIMEDOUT)
+                        return handled;
+                if (r < 0)
+                        return r;
+                dispatch(c, in);
+                handled++;
+        }
+}
+
+void kvc_session_get_stats(const struct kvc_session *s, struct kvc_session_stats *ret) {
+        *ret = s->stats;
+}

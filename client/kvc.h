@@ -1,0 +1,158 @@
+/* kvc.h: libkvc, the client library of kvcd.
+ *
+ * An inference process connects once (kvc_connect), opens one session per sequence
+ * (kvc_session_open), and for every token of every sequence:
+ *
+ *   1. per layer: kvc_append() the token's key and value, kvc_attend() its query (the CPU
+ *      attention; it also updates the per-token scores the policy reads);
+ *   2. kvc_summarize() the logits and kvc_step() the summary;
+ *   3. kvc_flush() once per batch: the summaries of all sessions go to kvcd in one message, and the
+ *      plans kvcd answers with are applied (compaction) before the call returns.
+ *
+ * With the default plan_lag of 0 the plan caused by step t is applied before step t + 1, so a run
+ * is deterministic: the same tokens whatever the timing. A larger lag lets the client run ahead
+ * of kvcd by that many steps.
+ *
+ * The pool is mapped into one reserved address range: a block is at the same offset from
+ * kvc_pool_base() in this process as in kvcd. Keys and values are handed over as floats and
+ * stored in the session's dtype.
+ *
+ * Conventions: int returns, 0 or positive on success, -errno on failure (the README lists the
+ * codes); out-parameters are untouched on failure; kvc_last_error() has the reason, including the
+ * daemon's message. The library never prints, exits or aborts, and is not thread-safe: one
+ * client per thread.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVC_VERSION "0.1.0"
+
+enum kvc_dtype {
+        KVC_DTYPE_F32 = 1,
+        KVC_DTYPE_F16 = 2,
+        KVC_DTYPE_BF16 = 3,
+};
+
+enum kvc_phase {
+        KVC_PHASE_DECODE = 0,
+        KVC_PHASE_PREFILL = 1,
+};
+
+struct kvc_client;
+struct kvc_session;
+
+struct kvc_options {
+        const char *socket;  /* kvcd's runtime directory or its kvcd.sock; NULL: $KVC_SOCKET, else
+                                $XDG_RUNTIME_DIR/kvcd, else /tmp/kvcd-$UID */
+        const char *name;    /* shown to operators; at most 64 bytes */
+        int timeout_ms;      /* for every wait on kvcd; 0: 10000 */
+        uint32_t plan_lag;   /* steps the client may run ahead of kvcd's answers (default 0) */
+};
+
+int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret);
+/* Closes every session (kvcd frees their blocks) and the connection. Accepts NULL. */
+struct kvc_client *kvc_disconnect(struct kvc_client *c);
+/* The reason for the last failure, or "". */
+const char *kvc_last_error(const struct kvc_client *c);
+/* The runtime directory a client would use without options (buf gets at most len bytes). */
+int kvc_default_runtime_dir(char *buf, size_t len);
+
+struct kvc_geometry {
+        uint32_t n_layers;
+        uint32_t n_heads;    /* query heads */
+        uint32_t n_kv_heads; /* divides n_heads */
+        uint32_t head_dim;
+        enum kvc_dtype dtype;
+        uint32_t max_tokens; /* the model's context length */
+};
+
+/* A policy parameter: the value is sent as a number when it parses as one, else as a word. */
+struct kvc_param {
+        const char *key;
+        const char *value;
+};
+
+struct kvc_session_config {
+        struct kvc_geometry geometry;
+        const char *policy;       /* "full", "window", ... */
+        uint32_t budget_tokens;   /* per layer; 0: the policy's default */
+        const struct kvc_param *params;
+        size_t n_params;
+        const char *tenant;       /* NULL: the default tenant */
+};
+
+struct kvc_session_stats {
+        uint64_t steps;
+        uint64_t plans;              /* plans kvcd sent */
+        uint64_t plans_applied;      /* plans this client applied */
+        uint32_t peak_tokens;        /* the most tokens a layer held, by kvcd's accounting */
+        uint32_t peak_layer_blocks;  /* the most blocks a layer held, by kvcd's accounting */
+        uint64_t peak_bytes;         /* the most pool bytes the session held */
+        uint64_t bytes;              /* pool bytes held when the stats were taken */
+};
+
+int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg, struct kvc_session **ret);
+/* Closes the session and frees it (also on failure); ret_stats (may be NULL) gets kvcd's final
+ * accounting. */
+int kvc_session_close(struct kvc_session *s, struct kvc_session_stats *ret_stats);
+uint64_t kvc_session_id(const struct kvc_session *s);
+/* The budget kvcd put in force (tokens per layer). */
+uint32_t kvc_session_budget(const struct kvc_session *s);
+
+/* Makes room for n_tokens tokens in every layer (a prompt). -ENOSPC beyond the policy's limit or
+ * the pool's capacity. kvc_append() reserves one more token by itself when it must. */
+int kvc_session_reserve(struct kvc_session *s, uint32_t n_tokens);
+
+/* Stores the key and value ([n_kv_heads * head_dim] floats each) of the token at position pos at
+ * the end of the layer. */
+int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *k, const float *v);
+
+/* Decode attention of q ([n_heads * head_dim]) over the layer's cache into out (same shape), and
+ * the update of the per-token scores (sum, EMA, last) the policies rank by. */
+int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out);
+
+uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer);
+
+/* How a layer lies in the pool, for a kernel of the caller's own (see kernels/block.h). */
+struct kvc_layer_view {
+        uint32_t n_tokens;
+        uint32_t n_blocks;
+        uint32_t block_tokens;
+        uint64_t block_bytes;
+        uint8_t *const *blocks; /* n_blocks block addresses, in slot order */
+};
+int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer_view *ret);
+
+/* The logits summary: normalized entropy, top-1 probability and top-1 minus top-2 margin. */
+struct kvc_summary {
+        float entropy;
+        float top1_prob;
+        float margin;
+        uint32_t top1;
+};
+int kvc_summarize(const float *logits, uint32_t vocab, struct kvc_summary *ret);
+
+/* Queues the summary of step `step` (strictly increasing) for the next kvc_flush(). */
+int kvc_step(struct kvc_session *s, uint64_t step, enum kvc_phase phase, const struct kvc_summary *sum);
+
+/* Sends the queued summaries in one message, then waits until at most plan_lag answers are
+ * outstanding, applying the plans and grants they carry. Errors kvcd reported about single
+ * steps are returned (the first one) after everything else was handled. */
+int kvc_flush(struct kvc_client *c);
+
+/* Handles what kvcd sent, waiting up to timeout_ms for the first message. Returns the number of
+ * messages handled. */
+int kvc_poll(struct kvc_client *c, int timeout_ms);
+
+/* The session's stats as this client knows them (kvcd's peak figures arrive at close). */
+void kvc_session_get_stats(const struct kvc_session *s, struct kvc_session_stats *ret);
+
+#ifdef __cplusplus
+}
+#endif
