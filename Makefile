@@ -54,6 +54,7 @@ INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcar
 HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c)
 
 .PHONY: all deps test check demo cuda install clean tests
+.SECONDARY:
 .DEFAULT_GOAL := all
 
 all: $(PROGRAMS) $(LIB)/libkvc.a $(LIB)/libkvc.so

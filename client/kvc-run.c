@@ -290,9 +290,12 @@ static int generate(struct runner *r, int *ret_steps) {
                                 r->o.local ? (unsigned)pos : kvc_layer_tokens(r->session, 0));
                 if (next == TOKENIZER_BOS && !r->o.no_stop)
                         break;
-                size_t len;
-                if (tokenizer_piece_safe(r->tok, token, next, piece, sizeof(piece), &len) == 0 &&
-                    (e = emit(r, piece, len)) < 0)
+                size_t len = 1;
+                if (next == TOKENIZER_BOS) /* a new story begins: a line break, not "<s>" */
+                        piece[0] = '\n';
+                else if (tokenizer_piece_safe(r->tok, token, next, piece, sizeof(piece), &len) < 0)
+                        len = 0;
+                if ((e = emit(r, piece, len)) < 0)
                         break;
                 token = next;
         }
@@ -343,6 +346,10 @@ int main(int argc, char **argv) {
         }
         if (e < 0)
                 goto out;
+        if (r.o.trace && !r.o.local)
+                fprintf(stderr, "kvcd accounting: %llu steps, %llu plans applied, peak %u tokens and %u blocks per layer, "
+                        "peak %llu bytes\n", (unsigned long long)st.steps, (unsigned long long)st.plans_applied,
+                        st.peak_tokens, st.peak_layer_blocks, (unsigned long long)st.peak_bytes);
         if (r.o.json) {
                 printf("{\"policy\":\"%s\",\"budget\":%u,\"steps\":%d,\"seconds\":%.6f,\"tokens_per_second\":%.1f,"
                        "\"local\":%s,\"text\":\"",

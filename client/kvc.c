@@ -135,7 +135,10 @@ static int socket_paths(const char *hint, char *sock, char *fdp, size_t len) {
         struct stat st;
         int r;
         if (hint && *hint) {
-                if (stat(hint, &st) == 0 && S_ISDIR(st.st_mode)) {
+                size_t n = strlen(hint);
+                bool sock_path = (stat(hint, &st) == 0 && S_ISSOCK(st.st_mode)) ||
+                                 (n > 5 && strcmp(hint + n - 5, ".sock") == 0);
+                if (!sock_path) {
                         r = snprintf(dir, sizeof(dir), "%s", hint);
                 } else {
                         const char *slash = strrchr(hint, '/');

@@ -48,7 +48,11 @@ static void usage(FILE *f) {
 static int admin_path(struct ctl *c) {
         char dir[256];
         struct stat st;
-        if (c->socket && !(stat(c->socket, &st) == 0 && S_ISDIR(st.st_mode))) {
+        /* a socket path names an existing socket or ends in ".sock"; anything else is a directory
+         * (perhaps not created yet: kvcctl waits for kvcd to appear) */
+        size_t n = c->socket ? strlen(c->socket) : 0;
+        if (c->socket && ((stat(c->socket, &st) == 0 && S_ISSOCK(st.st_mode)) ||
+                          (n > 5 && strcmp(c->socket + n - 5, ".sock") == 0))) {
                 snprintf(c->path, sizeof(c->path), "%s", c->socket);
                 return 0;
         }

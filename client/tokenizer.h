@@ -43,7 +43,7 @@ size_t tokenizer_max_piece_bytes(const struct tokenizer *t);
  * with BOS first and/or EOS last when asked. cap >= text_len + 3 always suffices. Writes nothing
  * to tokens and *ret_n on failure.
  * Returns 0, -EINVAL (NULL argument or text_len > 2^28), -ENOBUFS (more than cap tokens),
- * -ENOMEM (the work arrays, about 40 bytes per input byte). */
+ * -ENOMEM (the work arrays, about 90 bytes per input byte, freed before returning). */
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t text_len, bool bos, bool eos,
                      int *tokens, size_t cap, size_t *ret_n);
 

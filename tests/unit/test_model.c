@@ -82,12 +82,15 @@ static int group_setup(void **state)
                 return -1;
         fixture_path(path, sizeof(path), "stories260K.bin");
         if (read_whole_file(path, &fx.model_bytes, &fx.model_len) < 0 || model_load(path, &fx.model) < 0)
-                return -1;
+                goto fail;
         fixture_path(path, sizeof(path), "tok512.bin");
         if (read_whole_file(path, &fx.tok_bytes, &fx.tok_len) < 0 ||
             tokenizer_load(path, model_get_config(fx.model)->vocab_size, &fx.tok) < 0)
-                return -1;
+                goto fail;
         return 0;
+fail:
+        fprintf(stderr, "test_model: cannot load %s (set KVC_MODEL_DIR or run from the project root)\n", path);
+        return -1;
 }
 
 static int group_teardown(void **state)
@@ -384,6 +387,8 @@ static void plain_cache_refuses_positions_it_cannot_hold(void **state)
 
         (void)state;
         assert_int_equal(plain_cache_new(cfg, 0, &c), -EINVAL);
+        assert_int_equal(plain_cache_new(cfg, (1 << 24) + 1, &c), -EINVAL);
+        assert_null(c);
         assert_int_equal(plain_cache_new(cfg, 3, &c), 0);
         /* A gap: position 1 before position 0. */
         assert_int_equal(model_forward(fx.model, 1, 1, &plain_cache_ops, c, &logits), -EINVAL);
@@ -613,6 +618,9 @@ static void tokenizer_encode_handles_empty_text_and_small_capacity(void **state)
         assert_int_equal(tokenizer_encode(fx.tok, text, strlen(text), true, false, tokens, need, &n), 0);
         assert_int_equal(n, need);
         assert_int_equal(tokenizer_encode(fx.tok, NULL, 3, false, false, tokens, 64, &n), -EINVAL);
+        /* The length limit is checked before the text is read. */
+        assert_int_equal(tokenizer_encode(fx.tok, text, ((size_t)1 << 28) + 1, false, false, tokens, 64, &n), -EINVAL);
+        assert_int_equal(n, need);
 }
 
 static void tokenizer_decode_strips_space_after_bos_and_maps_byte_tokens(void **state)

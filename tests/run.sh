@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# tests/run.sh BUILD TEST...: runs each cmocka test program from the project root, prints its
+# output, and ends with one summary line: "N passed, M failed" (tests, not programs). Exits
+# non-zero when anything failed or a program crashed.
+set -u
+build=$1
+shift
+export KVC_BUILD=$build
+passed=0 failed=0 crashed=0
+for t in "$@"; do
+        name=$(basename "$t")
+        out=$("$t" 2>&1)
+        rc=$?
+        printf '%s\n' "$out" | sed "s/^/[$name] /"
+        p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+        f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+        passed=$((passed + ${p:-0}))
+        failed=$((failed + ${f:-0}))
+        if [ "$rc" -ne 0 ] && [ -z "$f" ]; then
+                echo "[$name] exited with status $rc before reporting"
+                crashed=$((crashed + 1))
+        fi
+done
+echo
+echo "$passed passed, $((failed + crashed)) failed"
+[ $((failed + crashed)) -eq 0 ]
