@@ -1,3 +1,0 @@
-build/obj/daemon/policy/basic.o: daemon/policy/basic.c \
- daemon/policy/policy.h
-daemon/policy/policy.h:

@@ -1,3 +1,0 @@
-build/obj/daemon/policy/policy.o: daemon/policy/policy.c \
- daemon/policy/policy.h
-daemon/policy/policy.h:

@@ -1,3 +1,0 @@
-build/obj/daemon/policy/select.o: daemon/policy/select.c \
- daemon/policy/policy.h
-daemon/policy/policy.h:

@@ -1,2 +1,0 @@
-build/obj/kernels/block.o: kernels/block.c kernels/block.h
-kernels/block.h:

@@ -1,2 +1,0 @@
-build/obj/kernels/summary.o: kernels/summary.c kernels/summary.h
-kernels/summary.h:

@@ -1,2 +1,0 @@
-build/obj/proto/fdwire.o: proto/fdwire.c proto/fdwire.h
-proto/fdwire.h:
