@@ -194,7 +194,7 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
 static int locate(const struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes,
                   uint32_t n_units, struct pool_chunk **ret_c, uint32_t *ret_first) {
         uint64_t idx = offset / p->chunk_bytes, in = offset % p->chunk_bytes;
-        if (idx >= p->n_chunks || unit_bytes == 0)
+        if (idx >= p->n_chunks || unit_bytes == 0 || n_units == 0)
                 return -EINVAL;
         struct pool_chunk *c = &p->chunks[idx];
         if (c->owner != owner || c->unit_bytes != unit_bytes || in % unit_bytes)

@@ -44,8 +44,10 @@ struct pool *pool_free(struct pool *p);
 int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
                uint64_t *ret_offset, int64_t *ret_new_chunk);
 
-/* Frees what pool_alloc returned. -EINVAL (and nothing changes) when the range is not an
- * allocation of owner with that unit size. */
+/* Frees what pool_alloc returned. -EINVAL (and nothing changes) when a unit of the range is not
+ * allocated to owner with that unit size. The bitmap does not record where allocations begin, so
+ * part of one allocation, or two neighbours, can be released at once: callers release exactly
+ * what they allocated. */
 int pool_release(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes,
                  uint32_t n_units);
 

@@ -24,6 +24,11 @@ int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_
         size_t eb = block_dtype_bytes(dtype);
         if (!block_tokens || !n_kv_heads || !head_dim || !eb)
                 return -EINVAL;
+        /* each bound alone implies a block over 4 GiB; together they keep the sums below from
+         * wrapping (slots * row_bytes < 2^62) */
+        uint64_t slots = (uint64_t)n_kv_heads * block_tokens;
+        if (slots > (1ull << 30) || (uint64_t)head_dim * eb > (1ull << 32))
+                return -EINVAL;
         struct block_layout t = {
                 .block_tokens = block_tokens,
                 .n_kv_heads = n_kv_heads,
@@ -32,8 +37,8 @@ int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_
                 .elem_bytes = (uint32_t)eb,
                 .row_bytes = (uint64_t)head_dim * eb,
         };
-        uint64_t kv = align64((uint64_t)n_kv_heads * block_tokens * t.row_bytes);
-        uint64_t side = align64((uint64_t)n_kv_heads * block_tokens * 4u);
+        uint64_t kv = align64(slots * t.row_bytes);
+        uint64_t side = align64(slots * 4u);
         t.key_offset = 0;
         t.value_offset = kv;
         t.pos_offset = 2 * kv;

@@ -2,6 +2,7 @@
 #include "summary.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 
 int summary_logits_ref(const float *logits, uint32_t vocab, struct summary *ret, float *topk,
@@ -34,7 +35,9 @@ int summary_logits_ref(const float *logits, uint32_t vocab, struct summary *ret,
         double hn = h / log((double)vocab);
         ret->entropy = (float)(hn < 0 ? 0 : hn > 1 ? 1 : hn);
         ret->top1_prob = (float)exp((double)logits[i1] - lse);
-        ret->margin = logits[i1] - logits[i2];
+        /* finite logits more than FLT_MAX apart: the protocol carries only finite margins */
+        float margin = logits[i1] - logits[i2];
+        ret->margin = isinf(margin) ? FLT_MAX : margin;
         ret->top1 = i1;
 
         /* top-k by repeated selection: k is small (the protocol allows 64) */

@@ -3,7 +3,7 @@
  * From one row of next-token logits z over a vocabulary of V entries, p = softmax(z):
  *   entropy   = H(p) / log V           (normalized, in [0, 1])
  *   top1_prob = p_(1)
- *   margin    = z_(1) - z_(2)          (>= 0)
+ *   margin    = z_(1) - z_(2)          (>= 0; FLT_MAX when the difference overflows)
  *   topk      = log p of the k most likely tokens, descending (optional)
  * These are CONF-KV's confidence features; kvcd combines them into one confidence.
  * Accumulates in double, so it agrees with a double-precision oracle to about 1e-6.

@@ -24,6 +24,7 @@ struct wire_arena {
         ProtobufCAllocator allocator;
         size_t cap;
         size_t used;
+        int exhausted; /* an allocation failed since the last reset */
         uint8_t *buf;
 };
 
@@ -31,8 +32,10 @@ static void *arena_alloc(void *data, size_t size) {
         struct wire_arena *a = data;
         size_t aligned = (size + 15u) & ~(size_t)15u;
 
-        if (aligned < size || aligned > a->cap - a->used)
+        if (aligned < size || aligned > a->cap - a->used) {
+                a->exhausted = 1;
                 return NULL;
+        }
         void *p = a->buf + a->used;
         a->used += aligned;
         return p;
@@ -70,6 +73,7 @@ struct wire_arena *wire_arena_free(struct wire_arena *a) {
 
 void wire_arena_reset(struct wire_arena *a) {
         a->used = 0;
+        a->exhausted = 0;
 }
 
 void *wire_arena_alloc(struct wire_arena *a, size_t bytes) {
@@ -302,6 +306,8 @@ static int v_step_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
                         if (!(lp <= 0.0f) || isinf(lp))
                                 return BAD("step %zu: top-k log-probability %g invalid", i,
                                            (double)lp);
+                        if (k > 0 && lp > s->topk_logprobs[k - 1])
+                                return BAD("step %zu: top-k log-probabilities not descending", i);
                 }
         }
         return 0;
@@ -443,7 +449,7 @@ int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_b
         wire_arena_reset(a);
         Kvc__Envelope *env = kvc__envelope__unpack(&a->allocator, len, data);
         if (!env) {
-                if (a->used + 4096 > a->cap)
+                if (a->exhausted)
                         return fail(-EMSGSIZE, why, why_len, "message needs more than %zu bytes to unpack",
                                     a->cap);
                 return fail(-EPROTO, why, why_len, "not a kvc envelope (%zu bytes)", len);

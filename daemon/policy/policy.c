@@ -54,6 +54,10 @@ int policy_new(const char *name, const struct policy_setup *setup, const struct 
         /* the policy sees its own parameters; ema_gamma is everybody's */
         struct policy_param own[32];
         size_t n_own = 0;
+        if (n_params > 32) {
+                snprintf(why, why_len, "%zu parameters (at most 32)", n_params);
+                r = -EINVAL;
+        }
         for (size_t i = 0; i < n_params && n_own < 32; i++)
                 if (strcmp(params[i].key, "ema_gamma") != 0)
                         own[n_own++] = params[i];

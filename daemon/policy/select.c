@@ -4,15 +4,19 @@
  * order that makes a quickselect quadratic and stall the daemon. Four histogram passes over the
  * bytes of an order-preserving integer key find the k-th largest value exactly in O(n), always.
  */
+#include <math.h>
 #include <string.h>
 
 #include "policy.h"
 
-/* An unsigned key with the same order as the float; NaN below everything. */
+/* An unsigned key with the same order as the float: NaN gets the key of -inf (the contract ranks
+ * them equal), and -0 the key of +0 (equal floats tie). */
 static uint32_t float_key(float f) {
         uint32_t b;
         if (f != f)
-                return 0;
+                f = -INFINITY;
+        else if (f == 0.0f)
+                f = 0.0f;
         memcpy(&b, &f, sizeof(b));
         return (b & 0x80000000u) ? ~b : b | 0x80000000u;
 }
