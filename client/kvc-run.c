@@ -20,9 +20,9 @@
 #include "sampler.h"
 #include "tokenizer.h"
 
-#define DEFAULT_MODEL "../shared/models/stories260K/stories260K.bin"
+#define DEFAULT_MODEL     "../shared/models/stories260K/stories260K.bin"
 #define DEFAULT_TOKENIZER "../shared/models/stories260K/tok512.bin"
-#define MAX_PARAMS 32
+#define MAX_PARAMS        32
 
 struct run_opts {
         const char *model, *tokenizer, *prompt, *policy, *socket, *tenant;
@@ -39,40 +39,40 @@ struct run_opts {
 };
 
 static void usage(FILE *f) {
-        fprintf(f,
-                "Usage: kvc-run [OPTIONS]\n"
-                "Runs a llama2.c model with its KV cache managed by kvcd.\n\n"
-                "  --model FILE        checkpoint (default " DEFAULT_MODEL ")\n"
-                "  --tokenizer FILE    tokenizer (default " DEFAULT_TOKENIZER ")\n"
-                "  -n STEPS            positions to run, prompt included (default 256, at most the model's context)\n"
-                "  -t TEMPERATURE      0 = greedy (default 0)\n"
-                "  -s SEED             sampling seed (default 42)\n"
-                "  -i PROMPT           prompt text (default: start from BOS alone)\n"
-                "  --policy NAME       eviction policy (default full)\n"
-                "  --budget TOKENS     the policy's budget per layer (default: the policy's)\n"
-                "  --param KEY=VALUE   a policy parameter (repeatable)\n"
-                "  --tenant NAME       the tenant to charge\n"
-                "  --dtype f32|f16|bf16  storage type of keys and values (default f32)\n"
-                "  --plan-lag N        steps the runner may run ahead of kvcd (default 0: deterministic)\n"
-                "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
-                "  --local             keep the cache in process (no kvcd)\n"
-                "  --no-stop           keep going past the end-of-story token\n"
-                "  --trace N           print the cache size every N steps on stderr\n"
-                "  --json              print one JSON object with the text and the figures\n"
-                "  -h, --help          this text\n"
-                "  -V, --version       the version\n");
+        fprintf(f, "Usage: kvc-run [OPTIONS]\n"
+                   "Runs a llama2.c model with its KV cache managed by kvcd.\n\n"
+                   "  --model FILE        checkpoint (default " DEFAULT_MODEL ")\n"
+                   "  --tokenizer FILE    tokenizer (default " DEFAULT_TOKENIZER ")\n"
+                   "  -n STEPS            positions to run, prompt included (default 256, at most the "
+                   "model's context)\n"
+                   "  -t TEMPERATURE      0 = greedy (default 0)\n"
+                   "  -s SEED             sampling seed (default 42)\n"
+                   "  -i PROMPT           prompt text (default: start from BOS alone)\n"
+                   "  --policy NAME       eviction policy (default full)\n"
+                   "  --budget TOKENS     the policy's budget per layer (default: the policy's)\n"
+                   "  --param KEY=VALUE   a policy parameter (repeatable)\n"
+                   "  --tenant NAME       the tenant to charge\n"
+                   "  --dtype f32|f16|bf16  storage type of keys and values (default f32)\n"
+                   "  --plan-lag N        steps the runner may run ahead of kvcd (default 0: deterministic)\n"
+                   "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
+                   "  --local             keep the cache in process (no kvcd)\n"
+                   "  --no-stop           keep going past the end-of-story token\n"
+                   "  --trace N           print the cache size every N steps on stderr\n"
+                   "  --json              print one JSON object with the text and the figures\n"
+                   "  -h, --help          this text\n"
+                   "  -V, --version       the version\n");
 }
 
 static int parse_args(int argc, char **argv, struct run_opts *o) {
         static const struct option opts[] = {
-                { "model", required_argument, NULL, 'm' },     { "tokenizer", required_argument, NULL, 'k' },
-                { "policy", required_argument, NULL, 'p' },    { "budget", required_argument, NULL, 'b' },
-                { "param", required_argument, NULL, 'P' },     { "socket", required_argument, NULL, 'S' },
-                { "tenant", required_argument, NULL, 'T' },    { "dtype", required_argument, NULL, 'd' },
-                { "plan-lag", required_argument, NULL, 'L' },  { "trace", required_argument, NULL, 'r' },
-                { "json", no_argument, NULL, 'j' },            { "local", no_argument, NULL, 'l' },
-                { "no-stop", no_argument, NULL, 'N' },         { "help", no_argument, NULL, 'h' },
-                { "version", no_argument, NULL, 'V' },         {},
+                { "model", required_argument, NULL, 'm' },    { "tokenizer", required_argument, NULL, 'k' },
+                { "policy", required_argument, NULL, 'p' },   { "budget", required_argument, NULL, 'b' },
+                { "param", required_argument, NULL, 'P' },    { "socket", required_argument, NULL, 'S' },
+                { "tenant", required_argument, NULL, 'T' },   { "dtype", required_argument, NULL, 'd' },
+                { "plan-lag", required_argument, NULL, 'L' }, { "trace", required_argument, NULL, 'r' },
+                { "json", no_argument, NULL, 'j' },           { "local", no_argument, NULL, 'l' },
+                { "no-stop", no_argument, NULL, 'N' },        { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, 'V' },        {},
         };
         int c;
         char *end;
@@ -135,14 +135,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                         o->params[o->n_params++] = (struct kvc_param){ .key = optarg, .value = eq + 1 };
                         break;
                 }
-                case 'h':
-                        usage(stdout);
-                        exit(0);
-                case 'V':
-                        printf("kvc-run %s\n", KVC_VERSION);
-                        exit(0);
-                default:
-                        return -EINVAL;
+                case 'h': usage(stdout); exit(0);
+                case 'V': printf("kvc-run %s\n", KVC_VERSION); exit(0);
+                default: return -EINVAL;
                 }
         }
         return optind < argc ? -EINVAL : 0;
@@ -222,17 +217,22 @@ static int open_session(struct runner *r) {
         struct kvc_options ko = { .socket = r->o.socket, .name = "kvc-run", .plan_lag = r->o.plan_lag };
         int e = kvc_connect(&ko, &r->client);
         if (e < 0) {
-                fprintf(stderr, "kvc-run: cannot connect to kvcd (%s): %s\n", r->o.socket ? r->o.socket : "default socket",
-                        strerror(-e));
+                fprintf(stderr, "kvc-run: cannot connect to kvcd (%s): %s\n",
+                        r->o.socket ? r->o.socket : "default socket", strerror(-e));
                 return e;
         }
         struct kvc_session_config sc = {
-                .geometry = { .n_layers = (uint32_t)mc->n_layers, .n_heads = (uint32_t)mc->n_heads,
+                .geometry = { .n_layers = (uint32_t)mc->n_layers,
+                              .n_heads = (uint32_t)mc->n_heads,
                               .n_kv_heads = (uint32_t)mc->n_kv_heads,
-                              .head_dim = (uint32_t)(mc->dim / mc->n_heads), .dtype = r->o.dtype,
+                              .head_dim = (uint32_t)(mc->dim / mc->n_heads),
+                              .dtype = r->o.dtype,
                               .max_tokens = (uint32_t)mc->seq_len },
-                .policy = r->o.policy, .budget_tokens = r->o.budget, .params = r->o.params,
-                .n_params = r->o.n_params, .tenant = r->o.tenant,
+                .policy = r->o.policy,
+                .budget_tokens = r->o.budget,
+                .params = r->o.params,
+                .n_params = r->o.n_params,
+                .tenant = r->o.tenant,
         };
         e = kvc_session_open(r->client, &sc, &r->session);
         if (e < 0)
@@ -253,7 +253,8 @@ static int generate(struct runner *r, int *ret_steps) {
                 e = tokenizer_encode(r->tok, r->o.prompt, strlen(r->o.prompt), true, false, prompt,
                                      (size_t)mc->seq_len, &n);
                 if (e < 0) {
-                        fprintf(stderr, "kvc-run: the prompt does not fit the model's %d positions\n", mc->seq_len);
+                        fprintf(stderr, "kvc-run: the prompt does not fit the model's %d positions\n",
+                                mc->seq_len);
                         free(prompt);
                         return e;
                 }
@@ -279,7 +280,8 @@ static int generate(struct runner *r, int *ret_steps) {
                         struct kvc_summary sum;
                         enum kvc_phase ph = pos < n_prompt - 1 ? KVC_PHASE_PREFILL : KVC_PHASE_DECODE;
                         if ((e = kvc_summarize(logits, (uint32_t)mc->vocab_size, &sum)) < 0 ||
-                            (e = kvc_step(r->session, (uint64_t)pos, ph, &sum)) < 0 || (e = kvc_flush(r->client)) < 0) {
+                            (e = kvc_step(r->session, (uint64_t)pos, ph, &sum)) < 0 ||
+                            (e = kvc_flush(r->client)) < 0) {
                                 fail(r, "step", e);
                                 break;
                         }
@@ -305,8 +307,12 @@ static int generate(struct runner *r, int *ret_steps) {
 }
 
 int main(int argc, char **argv) {
-        struct runner r = { .o = { .model = DEFAULT_MODEL, .tokenizer = DEFAULT_TOKENIZER, .policy = "full",
-                                   .steps = 256, .seed = 42, .dtype = KVC_DTYPE_F32 } };
+        struct runner r = { .o = { .model = DEFAULT_MODEL,
+                                   .tokenizer = DEFAULT_TOKENIZER,
+                                   .policy = "full",
+                                   .steps = 256,
+                                   .seed = 42,
+                                   .dtype = KVC_DTYPE_F32 } };
         int e, steps = 0, rc = 1;
 
         if (parse_args(argc, argv, &r.o) < 0) {
@@ -347,18 +353,23 @@ int main(int argc, char **argv) {
         if (e < 0)
                 goto out;
         if (r.o.trace && !r.o.local)
-                fprintf(stderr, "kvcd accounting: %llu steps, %llu plans applied, peak %u tokens and %u blocks per layer, "
-                        "peak %llu bytes\n", (unsigned long long)st.steps, (unsigned long long)st.plans_applied,
-                        st.peak_tokens, st.peak_layer_blocks, (unsigned long long)st.peak_bytes);
+                fprintf(stderr,
+                        "kvcd accounting: %llu steps, %llu plans applied, peak %u tokens and %u blocks per "
+                        "layer, "
+                        "peak %llu bytes\n",
+                        (unsigned long long)st.steps, (unsigned long long)st.plans_applied, st.peak_tokens,
+                        st.peak_layer_blocks, (unsigned long long)st.peak_bytes);
         if (r.o.json) {
-                printf("{\"policy\":\"%s\",\"budget\":%u,\"steps\":%d,\"seconds\":%.6f,\"tokens_per_second\":%.1f,"
+                printf("{\"policy\":\"%s\",\"budget\":%u,\"steps\":%d,\"seconds\":%.6f,\"tokens_per_second\":"
+                       "%.1f,"
                        "\"local\":%s,\"text\":\"",
                        r.o.local ? "local" : r.o.policy, r.o.budget, steps, dt, steps / (dt > 0 ? dt : 1e-9),
                        r.o.local ? "true" : "false");
                 json_escape(stdout, r.text ? r.text : "", r.text_len);
                 printf("\"");
                 if (!r.o.local)
-                        printf(",\"kvcd\":{\"steps\":%llu,\"plans\":%llu,\"plans_applied\":%llu,\"peak_tokens\":%u,"
+                        printf(",\"kvcd\":{\"steps\":%llu,\"plans\":%llu,\"plans_applied\":%llu,\"peak_"
+                               "tokens\":%u,"
                                "\"peak_layer_blocks\":%u,\"peak_bytes\":%llu}",
                                (unsigned long long)st.steps, (unsigned long long)st.plans,
                                (unsigned long long)st.plans_applied, st.peak_tokens, st.peak_layer_blocks,

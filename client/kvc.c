@@ -32,11 +32,11 @@
 #include "wire.h"
 
 #define KVC_DEFAULT_TIMEOUT_MS 10000
-#define KVC_MAX_PENDING 64u /* StepBatches in flight */
+#define KVC_MAX_PENDING        64u /* StepBatches in flight */
 
 struct layer {
-        uint64_t *offs;  /* pool offsets of the blocks */
-        uint8_t **ptrs;  /* their addresses here */
+        uint64_t *offs; /* pool offsets of the blocks */
+        uint8_t **ptrs; /* their addresses here */
         uint32_t n_blocks;
         uint32_t n_tokens;
 };
@@ -103,7 +103,8 @@ struct kvc_client {
         char error[WIRE_MAX_MESSAGE + 64];
 };
 
-static int set_error(struct kvc_client *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int set_error(struct kvc_client *c, int code, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
 
 static int set_error(struct kvc_client *c, int code, const char *fmt, ...) {
         va_list ap;
@@ -145,7 +146,8 @@ static int socket_paths(const char *hint, char *sock, char *fdp, size_t len) {
                         r = slash ? snprintf(dir, sizeof(dir), "%.*s", (int)(slash - hint), hint)
                                   : snprintf(dir, sizeof(dir), ".");
                         if (r >= 0 && (size_t)r < sizeof(dir) && snprintf(sock, len, "%s", hint) < (int)len)
-                                return snprintf(fdp, len, "%s/kvcd.fd.sock", dir) < (int)len ? 0 : -ENAMETOOLONG;
+                                return snprintf(fdp, len, "%s/kvcd.fd.sock", dir) < (int)len ? 0
+                                                                                             : -ENAMETOOLONG;
                 }
                 if (r < 0 || (size_t)r >= sizeof(dir))
                         return -ENAMETOOLONG;
@@ -220,17 +222,19 @@ static int ensure_chunk(struct kvc_client *c, uint64_t idx) {
                 struct fdwire_msg m;
                 int fd, r = fdwire_recv(c->fd, &m, &fd, c->timeout_ms);
                 if (r < 0)
-                        return set_error(c, r, "waiting for chunk %llu: %s", (unsigned long long)idx, strerror(-r));
+                        return set_error(c, r, "waiting for chunk %llu: %s", (unsigned long long)idx,
+                                         strerror(-r));
                 struct stat st;
                 if (m.kind != FDWIRE_CHUNK || fd < 0 || m.chunk_idx >= c->n_chunks ||
-                    m.chunk_bytes != c->chunk_bytes || fstat(fd, &st) < 0 || (uint64_t)st.st_size < c->chunk_bytes) {
+                    m.chunk_bytes != c->chunk_bytes || fstat(fd, &st) < 0 ||
+                    (uint64_t)st.st_size < c->chunk_bytes) {
                         if (fd >= 0)
                                 close(fd);
                         return set_error(c, -EPROTO, "kvcd sent an invalid chunk record");
                 }
                 int prot = PROT_READ | ((m.flags & FDWIRE_READ_ONLY) ? 0 : PROT_WRITE);
-                void *p = mmap(c->base + m.chunk_idx * c->chunk_bytes, c->chunk_bytes, prot, MAP_SHARED | MAP_FIXED,
-                               fd, 0);
+                void *p = mmap(c->base + m.chunk_idx * c->chunk_bytes, c->chunk_bytes, prot,
+                               MAP_SHARED | MAP_FIXED, fd, 0);
                 close(fd);
                 if (p == MAP_FAILED)
                         return set_error(c, -errno, "mapping chunk %llu: %s", (unsigned long long)m.chunk_idx,
@@ -259,11 +263,13 @@ static int check_region(struct kvc_client *c, uint64_t off, uint64_t bytes) {
 static int apply_grant(struct kvc_client *c, const Kvc__Grant *g) {
         struct kvc_session *s = find_session(c, g->session_id);
         if (!s)
-                return set_error(c, -EPROTO, "grant for unknown session %llu", (unsigned long long)g->session_id);
+                return set_error(c, -EPROTO, "grant for unknown session %llu",
+                                 (unsigned long long)g->session_id);
         /* check all, then apply */
         for (size_t i = 0; i < g->n_layers; i++) {
                 const Kvc__LayerBlocks *lb = g->layers[i];
-                if (lb->layer >= s->g.n_layers || s->layers[lb->layer].n_blocks + lb->n_blocks > s->max_layer_blocks)
+                if (lb->layer >= s->g.n_layers ||
+                    s->layers[lb->layer].n_blocks + lb->n_blocks > s->max_layer_blocks)
                         return set_error(c, -EPROTO, "grant beyond the session's layers or limit");
                 for (size_t b = 0; b < lb->n_blocks; b++) {
                         int r = check_region(c, lb->blocks[b], s->layout.block_bytes);
@@ -287,8 +293,9 @@ static int apply_grant(struct kvc_client *c, const Kvc__Grant *g) {
 
 static struct block_layer layer_of(const struct kvc_session *s, uint32_t l) {
         const struct layer *L = &s->layers[l];
-        return (struct block_layer){ .layout = &s->layout, .blocks = L->ptrs, .n_blocks = L->n_blocks,
-                                     .n_tokens = L->n_tokens };
+        return (struct block_layer){
+                .layout = &s->layout, .blocks = L->ptrs, .n_blocks = L->n_blocks, .n_tokens = L->n_tokens
+        };
 }
 
 static int send_plan_applied(struct kvc_client *c, struct kvc_session *s, uint64_t plan_id, int status,
@@ -328,7 +335,8 @@ static int send_plan_applied(struct kvc_client *c, struct kvc_session *s, uint64
 static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
         struct kvc_session *s = find_session(c, p->session_id);
         if (!s)
-                return set_error(c, -EPROTO, "plan for unknown session %llu", (unsigned long long)p->session_id);
+                return set_error(c, -EPROTO, "plan for unknown session %llu",
+                                 (unsigned long long)p->session_id);
         int status = 0;
         uint64_t entries_cap = s->plan_bytes / 4, used = 0;
         bool seen[WIRE_MAX_LAYERS] = { false };
@@ -345,10 +353,12 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
         for (size_t i = 0; status == 0 && i < p->n_layers; i++) {
                 const Kvc__LayerPlan *lp = p->layers[i];
                 uint64_t n = (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
-                if (lp->layer >= s->g.n_layers || seen[lp->layer] || lp->base_tokens > s->layers[lp->layer].n_tokens ||
+                if (lp->layer >= s->g.n_layers || seen[lp->layer] ||
+                    lp->base_tokens > s->layers[lp->layer].n_tokens ||
                     (uint64_t)lp->keep_offset + n > entries_cap || used + n > entries_cap) {
                         status = EPROTO;
-                        set_error(c, -EPROTO, "plan %llu: layer entry %zu out of range", (unsigned long long)p->plan_id, i);
+                        set_error(c, -EPROTO, "plan %llu: layer entry %zu out of range",
+                                  (unsigned long long)p->plan_id, i);
                         break;
                 }
                 seen[lp->layer] = true;
@@ -356,9 +366,11 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                 uint32_t *keep = s->plan_copy + used;
                 memcpy(keep, (uint8_t *)c->base + s->plan_offset + (uint64_t)lp->keep_offset * 4, n * 4);
                 for (uint32_t h = 0; h < (lp->per_head ? s->g.n_kv_heads : 1u); h++) {
-                        if (compact_check_keep(keep + (uint64_t)h * lp->keep_count, lp->keep_count, lp->base_tokens) < 0) {
+                        if (compact_check_keep(keep + (uint64_t)h * lp->keep_count, lp->keep_count,
+                                               lp->base_tokens) < 0) {
                                 status = EPROTO;
-                                set_error(c, -EPROTO, "plan %llu: layer %u keep-set not ascending or past the cache",
+                                set_error(c, -EPROTO,
+                                          "plan %llu: layer %u keep-set not ascending or past the cache",
                                           (unsigned long long)p->plan_id, lp->layer);
                                 break;
                         }
@@ -378,7 +390,8 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                 struct layer *L = &s->layers[lp->layer];
                 struct block_layer bl = layer_of(s, lp->layer);
                 uint32_t new_len;
-                int r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head, lp->base_tokens, &new_len);
+                int r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head, lp->base_tokens,
+                                      &new_len);
                 if (r < 0)
                         return set_error(c, r, "compaction failed on a checked plan");
                 used += (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
@@ -415,7 +428,8 @@ static int dispatch(struct kvc_client *c, const Kvc__Envelope *env) {
                         if (c->step_error == 0) {
                                 c->step_error = -pb->errors[i]->code;
                                 set_error(c, -pb->errors[i]->code, "session %llu: %s",
-                                          (unsigned long long)pb->errors[i]->session_id, pb->errors[i]->message);
+                                          (unsigned long long)pb->errors[i]->session_id,
+                                          pb->errors[i]->message);
                         }
                 }
                 return r;
@@ -423,8 +437,7 @@ static int dispatch(struct kvc_client *c, const Kvc__Envelope *env) {
         case KVC__ENVELOPE__BODY_ERROR:
                 /* an answer to a PlanApplied: kvcd refused our account of a plan */
                 return set_error(c, -env->error->code, "kvcd: %s", env->error->message);
-        default:
-                return set_error(c, -EPROTO, "unexpected %s from kvcd", wire_body_name(env->body_case));
+        default: return set_error(c, -EPROTO, "unexpected %s from kvcd", wire_body_name(env->body_case));
         }
 }
 
@@ -582,12 +595,9 @@ struct kvc_client *kvc_disconnect(struct kvc_client *c) {
 
 static Kvc__Dtype wire_dtype(enum kvc_dtype d) {
         switch (d) {
-        case KVC_DTYPE_F16:
-                return KVC__DTYPE__DTYPE_F16;
-        case KVC_DTYPE_BF16:
-                return KVC__DTYPE__DTYPE_BF16;
-        case KVC_DTYPE_F32:
-                return KVC__DTYPE__DTYPE_F32;
+        case KVC_DTYPE_F16: return KVC__DTYPE__DTYPE_F16;
+        case KVC_DTYPE_BF16: return KVC__DTYPE__DTYPE_BF16;
+        case KVC_DTYPE_F32: return KVC__DTYPE__DTYPE_F32;
         }
         return KVC__DTYPE__DTYPE_UNSPECIFIED;
 }
@@ -626,7 +636,8 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         os.n_params = cfg->n_params;
 
         struct block_layout layout;
-        if (block_layout_init(&layout, c->block_tokens, g.n_kv_heads, g.head_dim, (enum block_dtype)cfg->geometry.dtype) < 0)
+        if (block_layout_init(&layout, c->block_tokens, g.n_kv_heads, g.head_dim,
+                              (enum block_dtype)cfg->geometry.dtype) < 0)
                 return set_error(c, -EINVAL, "geometry has a zero or unknown field");
 
         Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
@@ -765,9 +776,11 @@ int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer
         if (layer >= s->g.n_layers)
                 return -EINVAL;
         const struct layer *L = &s->layers[layer];
-        *ret = (struct kvc_layer_view){ .n_tokens = L->n_tokens, .n_blocks = L->n_blocks,
+        *ret = (struct kvc_layer_view){ .n_tokens = L->n_tokens,
+                                        .n_blocks = L->n_blocks,
                                         .block_tokens = s->layout.block_tokens,
-                                        .block_bytes = s->layout.block_bytes, .blocks = L->ptrs };
+                                        .block_bytes = s->layout.block_bytes,
+                                        .blocks = L->ptrs };
         return 0;
 }
 
@@ -776,8 +789,9 @@ int kvc_summarize(const float *logits, uint32_t vocab, struct kvc_summary *ret) 
         int r = summary_logits_ref(logits, vocab, &sm, NULL, 0);
         if (r < 0)
                 return r;
-        *ret = (struct kvc_summary){ .entropy = sm.entropy, .top1_prob = sm.top1_prob, .margin = sm.margin,
-                                     .top1 = sm.top1 };
+        *ret = (struct kvc_summary){
+                .entropy = sm.entropy, .top1_prob = sm.top1_prob, .margin = sm.margin, .top1 = sm.top1
+        };
         return 0;
 }
 
@@ -806,8 +820,13 @@ int kvc_step(struct kvc_session *s, uint64_t step, enum kvc_phase phase, const s
             grow((void **)&c->lengths, &c->cap_lengths, c->n_lengths + s->g.n_layers, sizeof(uint32_t)) < 0)
                 return -ENOMEM;
         c->queue[c->n_queue++] = (struct queued_step){
-                .session_id = s->id, .step = step, .phase = phase, .entropy = sum->entropy,
-                .top1_prob = sum->top1_prob, .margin = sum->margin, .n_layers = s->g.n_layers,
+                .session_id = s->id,
+                .step = step,
+                .phase = phase,
+                .entropy = sum->entropy,
+                .top1_prob = sum->top1_prob,
+                .margin = sum->margin,
+                .n_layers = s->g.n_layers,
                 .lengths_at = c->n_lengths,
         };
         for (uint32_t l = 0; l < s->g.n_layers; l++)
@@ -831,7 +850,8 @@ static int send_steps(struct kvc_client *c) {
                 kvc__step__init(&steps[i]);
                 steps[i].session_id = q->session_id;
                 steps[i].step = q->step;
-                steps[i].phase = q->phase == KVC_PHASE_PREFILL ? KVC__PHASE__PHASE_PREFILL : KVC__PHASE__PHASE_DECODE;
+                steps[i].phase =
+                        q->phase == KVC_PHASE_PREFILL ? KVC__PHASE__PHASE_PREFILL : KVC__PHASE__PHASE_DECODE;
                 steps[i].n_layer_tokens = q->n_layers;
                 steps[i].layer_tokens = c->lengths + q->lengths_at;
                 steps[i].entropy = q->entropy;

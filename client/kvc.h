@@ -48,11 +48,11 @@ struct kvc_client;
 struct kvc_session;
 
 struct kvc_options {
-        const char *socket;  /* kvcd's runtime directory or its kvcd.sock; NULL: $KVC_SOCKET, else
-                                $XDG_RUNTIME_DIR/kvcd, else /tmp/kvcd-$UID */
-        const char *name;    /* shown to operators; at most 64 bytes */
-        int timeout_ms;      /* for every wait on kvcd; 0: 10000 */
-        uint32_t plan_lag;   /* steps the client may run ahead of kvcd's answers (default 0) */
+        const char *socket; /* kvcd's runtime directory or its kvcd.sock; NULL: $KVC_SOCKET, else
+                               $XDG_RUNTIME_DIR/kvcd, else /tmp/kvcd-$UID */
+        const char *name;   /* shown to operators; at most 64 bytes */
+        int timeout_ms;     /* for every wait on kvcd; 0: 10000 */
+        uint32_t plan_lag;  /* steps the client may run ahead of kvcd's answers (default 0) */
 };
 
 int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret);
@@ -80,21 +80,21 @@ struct kvc_param {
 
 struct kvc_session_config {
         struct kvc_geometry geometry;
-        const char *policy;       /* "full", "window", ... */
-        uint32_t budget_tokens;   /* per layer; 0: the policy's default */
+        const char *policy;     /* "full", "window", ... */
+        uint32_t budget_tokens; /* per layer; 0: the policy's default */
         const struct kvc_param *params;
         size_t n_params;
-        const char *tenant;       /* NULL: the default tenant */
+        const char *tenant; /* NULL: the default tenant */
 };
 
 struct kvc_session_stats {
         uint64_t steps;
-        uint64_t plans;              /* plans kvcd sent */
-        uint64_t plans_applied;      /* plans this client applied */
-        uint32_t peak_tokens;        /* the most tokens a layer held, by kvcd's accounting */
-        uint32_t peak_layer_blocks;  /* the most blocks a layer held, by kvcd's accounting */
-        uint64_t peak_bytes;         /* the most pool bytes the session held */
-        uint64_t bytes;              /* pool bytes held when the stats were taken */
+        uint64_t plans;             /* plans kvcd sent */
+        uint64_t plans_applied;     /* plans this client applied */
+        uint32_t peak_tokens;       /* the most tokens a layer held, by kvcd's accounting */
+        uint32_t peak_layer_blocks; /* the most blocks a layer held, by kvcd's accounting */
+        uint64_t peak_bytes;        /* the most pool bytes the session held */
+        uint64_t bytes;             /* pool bytes held when the stats were taken */
 };
 
 int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg, struct kvc_session **ret);

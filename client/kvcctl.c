@@ -33,16 +33,15 @@ struct ctl {
 };
 
 static void usage(FILE *f) {
-        fprintf(f,
-                "Usage: kvcctl [--socket PATH] [--json] [--timeout MS] VERB\n"
-                "Watches and steers kvcd.\n\n"
-                "Verbs:\n"
-                "  status      the daemon: pool, clients, sessions, counters\n"
-                "  sessions    one row per session\n\n"
-                "  --socket PATH   kvcd's admin socket or its runtime directory\n"
-                "  --json          machine-readable output\n"
-                "  --timeout MS    how long to wait for kvcd (default 5000)\n\n"
-                "Exit codes: 0 done, 1 kvcd refused the request, 2 bad usage, 3 kvcd unreachable.\n");
+        fprintf(f, "Usage: kvcctl [--socket PATH] [--json] [--timeout MS] VERB\n"
+                   "Watches and steers kvcd.\n\n"
+                   "Verbs:\n"
+                   "  status      the daemon: pool, clients, sessions, counters\n"
+                   "  sessions    one row per session\n\n"
+                   "  --socket PATH   kvcd's admin socket or its runtime directory\n"
+                   "  --json          machine-readable output\n"
+                   "  --timeout MS    how long to wait for kvcd (default 5000)\n\n"
+                   "Exit codes: 0 done, 1 kvcd refused the request, 2 bad usage, 3 kvcd unreachable.\n");
 }
 
 static int admin_path(struct ctl *c) {
@@ -97,14 +96,16 @@ static int request(struct ctl *c, Kvc__Envelope *req, Kvc__Envelope__BodyCase wa
                 return EXIT_UNREACHABLE;
         }
         Kvc__Envelope *env;
-        r = wire_decode(c->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES, &env, why, sizeof(why));
+        r = wire_decode(c->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES, &env, why,
+                        sizeof(why));
         zmq_msg_close(&msg);
         if (r < 0) {
                 fprintf(stderr, "kvcctl: bad answer from kvcd: %s\n", why);
                 return EXIT_REFUSED;
         }
         if (env->body_case == KVC__ENVELOPE__BODY_ERROR) {
-                fprintf(stderr, "kvcctl: kvcd refused: %s (%s)\n", env->error->message, wire_errno_name(env->error->code));
+                fprintf(stderr, "kvcctl: kvcd refused: %s (%s)\n", env->error->message,
+                        wire_errno_name(env->error->code));
                 return EXIT_REFUSED;
         }
         if (env->body_case != want) {
@@ -144,21 +145,21 @@ static int verb_status(struct ctl *c) {
                        "\"client_deaths\":%llu,\"errors_total\":%llu}\n",
                        s->version, s->backend, (unsigned long long)s->uptime_usec,
                        (unsigned long long)s->capacity_bytes, (unsigned long long)s->used_bytes,
-                       (unsigned long long)s->chunk_bytes, s->chunks_total, s->chunks_in_use, s->clients, s->sessions,
-                       (unsigned long long)s->steps_total, (unsigned long long)s->plans_total,
+                       (unsigned long long)s->chunk_bytes, s->chunks_total, s->chunks_in_use, s->clients,
+                       s->sessions, (unsigned long long)s->steps_total, (unsigned long long)s->plans_total,
                        (unsigned long long)s->client_deaths, (unsigned long long)s->errors_total);
                 return 0;
         }
         char a[32], b[32];
         printf("kvcd %s  backend %s  up %.1f s\n", s->version, s->backend, (double)s->uptime_usec / 1e6);
-        printf("pool      %s of %s in use (%.1f%%), %u of %u chunks owned\n", human_bytes(s->used_bytes, a, sizeof(a)),
-               human_bytes(s->capacity_bytes, b, sizeof(b)),
-               s->capacity_bytes ? 100.0 * (double)s->used_bytes / (double)s->capacity_bytes : 0.0, s->chunks_in_use,
-               s->chunks_total);
+        printf("pool      %s of %s in use (%.1f%%), %u of %u chunks owned\n",
+               human_bytes(s->used_bytes, a, sizeof(a)), human_bytes(s->capacity_bytes, b, sizeof(b)),
+               s->capacity_bytes ? 100.0 * (double)s->used_bytes / (double)s->capacity_bytes : 0.0,
+               s->chunks_in_use, s->chunks_total);
         printf("clients   %u\nsessions  %u\n", s->clients, s->sessions);
-        printf("steps     %llu   plans %llu   client deaths %llu   errors %llu\n", (unsigned long long)s->steps_total,
-               (unsigned long long)s->plans_total, (unsigned long long)s->client_deaths,
-               (unsigned long long)s->errors_total);
+        printf("steps     %llu   plans %llu   client deaths %llu   errors %llu\n",
+               (unsigned long long)s->steps_total, (unsigned long long)s->plans_total,
+               (unsigned long long)s->client_deaths, (unsigned long long)s->errors_total);
         return 0;
 }
 
@@ -175,26 +176,30 @@ static int verb_sessions(struct ctl *c) {
                 printf("[");
                 for (size_t i = 0; i < l->n_sessions; i++) {
                         const Kvc__SessionInfo *s = l->sessions[i];
-                        printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"tenant\":\"%s\",\"policy\":\"%s\",\"budget\":%u,"
-                               "\"tokens\":%u,\"peak_tokens\":%u,\"blocks\":%u,\"bytes\":%llu,\"confidence\":%.4f,"
+                        printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"tenant\":\"%s\",\"policy\":\"%s\","
+                               "\"budget\":%u,"
+                               "\"tokens\":%u,\"peak_tokens\":%u,\"blocks\":%u,\"bytes\":%llu,\"confidence\":"
+                               "%.4f,"
                                "\"steps\":%llu,\"plans\":%llu,\"age_usec\":%llu,\"layers\":%u}",
-                               i ? "," : "", (unsigned long long)s->session_id, s->pid, s->uid, s->tenant, s->policy,
-                               s->budget_tokens, s->tokens, s->peak_tokens, s->blocks, (unsigned long long)s->bytes,
-                               (double)s->confidence, (unsigned long long)s->steps, (unsigned long long)s->plans,
+                               i ? "," : "", (unsigned long long)s->session_id, s->pid, s->uid, s->tenant,
+                               s->policy, s->budget_tokens, s->tokens, s->peak_tokens, s->blocks,
+                               (unsigned long long)s->bytes, (double)s->confidence,
+                               (unsigned long long)s->steps, (unsigned long long)s->plans,
                                (unsigned long long)s->age_usec, s->n_layers);
                 }
                 printf("]\n");
                 return 0;
         }
-        printf("%6s %8s %6s %-10s %-8s %6s %6s %6s %5s %10s %8s %6s %8s\n", "ID", "PID", "UID", "TENANT", "POLICY",
-               "BUDGET", "TOKENS", "BLOCKS", "CONF", "BYTES", "STEPS", "PLANS", "AGE");
+        printf("%6s %8s %6s %-10s %-8s %6s %6s %6s %5s %10s %8s %6s %8s\n", "ID", "PID", "UID", "TENANT",
+               "POLICY", "BUDGET", "TOKENS", "BLOCKS", "CONF", "BYTES", "STEPS", "PLANS", "AGE");
         for (size_t i = 0; i < l->n_sessions; i++) {
                 const Kvc__SessionInfo *s = l->sessions[i];
                 char b[32];
                 printf("%6llu %8u %6u %-10.10s %-8.8s %6u %6u %6u %5.2f %10s %8llu %6llu %7.1fs\n",
-                       (unsigned long long)s->session_id, s->pid, s->uid, s->tenant, s->policy, s->budget_tokens,
-                       s->tokens, s->blocks, (double)s->confidence, human_bytes(s->bytes, b, sizeof(b)),
-                       (unsigned long long)s->steps, (unsigned long long)s->plans, (double)s->age_usec / 1e6);
+                       (unsigned long long)s->session_id, s->pid, s->uid, s->tenant, s->policy,
+                       s->budget_tokens, s->tokens, s->blocks, (double)s->confidence,
+                       human_bytes(s->bytes, b, sizeof(b)), (unsigned long long)s->steps,
+                       (unsigned long long)s->plans, (double)s->age_usec / 1e6);
         }
         if (l->n_sessions == 0)
                 printf("(no sessions)\n");
@@ -211,9 +216,9 @@ static const struct {
 
 int main(int argc, char **argv) {
         static const struct option opts[] = {
-                { "socket", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
+                { "socket", required_argument, NULL, 's' },  { "json", no_argument, NULL, 'j' },
                 { "timeout", required_argument, NULL, 't' }, { "help", no_argument, NULL, 'h' },
-                { "version", no_argument, NULL, 'V' },      {},
+                { "version", no_argument, NULL, 'V' },       {},
         };
         struct ctl c = { .timeout_ms = 5000 };
         int o;

@@ -31,22 +31,22 @@
 
 /* Upper bounds on header fields: far above any model this project runs, low enough that every size
  * below fits in uint64_t without overflow checks at each step. */
-#define MODEL_MAX_DIM (1 << 14)
-#define MODEL_MAX_HIDDEN_DIM (1 << 16)
-#define MODEL_MAX_LAYERS 512
-#define MODEL_MAX_HEADS 1024
-#define MODEL_MAX_VOCAB (1 << 20)
-#define MODEL_MAX_SEQ_LEN (1 << 20)
-#define MODEL_HEADER_BYTES 28u
+#define MODEL_MAX_DIM          (1 << 14)
+#define MODEL_MAX_HIDDEN_DIM   (1 << 16)
+#define MODEL_MAX_LAYERS       512
+#define MODEL_MAX_HEADS        1024
+#define MODEL_MAX_VOCAB        (1 << 20)
+#define MODEL_MAX_SEQ_LEN      (1 << 20)
+#define MODEL_HEADER_BYTES     28u
 #define PLAIN_CACHE_MAX_TOKENS (1 << 24)
 
 /* Where the tensors sit in a checkpoint file, in floats after the header. */
 struct model_layout {
         struct model_config cfg; /* vocab_size positive */
         int shared_classifier;
-        uint64_t n_base_floats;  /* token embedding .. final rmsnorm */
-        uint64_t cls_offset;     /* first float of the classifier when not shared */
-        uint64_t n_cls_floats;   /* 0 when shared */
+        uint64_t n_base_floats; /* token embedding .. final rmsnorm */
+        uint64_t cls_offset;    /* first float of the classifier when not shared */
+        uint64_t n_cls_floats;  /* 0 when shared */
 };
 
 struct model_weights {
@@ -65,13 +65,13 @@ struct model_weights {
 };
 
 struct model_state {
-        float *x, *xb, *xb2;    /* [dim] */
-        float *hb, *hb2;        /* [hidden] */
-        float *q;               /* [dim] */
-        float *k, *v;           /* [kv_dim] */
-        float *rope_freq;       /* [dim / 2], 1 / 10000^(hd / head_size) */
+        float *x, *xb, *xb2;        /* [dim] */
+        float *hb, *hb2;            /* [hidden] */
+        float *q;                   /* [dim] */
+        float *k, *v;               /* [kv_dim] */
+        float *rope_freq;           /* [dim / 2], 1 / 10000^(hd / head_size) */
         float *rope_cos, *rope_sin; /* [dim / 2] for the current pos */
-        float *logits;          /* [vocab] */
+        float *logits;              /* [vocab] */
 };
 
 struct model {
@@ -83,8 +83,7 @@ struct model {
         struct model_state s;
 };
 
-static int model_header_field(const unsigned char *hdr, int idx)
-{
+static int model_header_field(const unsigned char *hdr, int idx) {
         int32_t v;
 
         memcpy(&v, hdr + 4 * idx, sizeof(v));
@@ -93,9 +92,8 @@ static int model_header_field(const unsigned char *hdr, int idx)
 
 /* Validates the 28-byte header against the total file length and fills *ret. -EINVAL on any
  * out-of-range field or a length that is not one of the accepted layouts. */
-static int model_layout_check(const unsigned char *hdr, uint64_t file_len, struct model_layout *ret)
-{
-        struct model_layout l = {0};
+static int model_layout_check(const unsigned char *hdr, uint64_t file_len, struct model_layout *ret) {
+        struct model_layout l = { 0 };
         struct model_config *c = &l.cfg;
         int vocab;
         uint64_t dim, hidden, layers, kv_dim, vocab_u, rope, body, with_rope;
@@ -111,8 +109,8 @@ static int model_layout_check(const unsigned char *hdr, uint64_t file_len, struc
         if (c->dim <= 0 || c->dim > MODEL_MAX_DIM || c->hidden_dim <= 0 ||
             c->hidden_dim > MODEL_MAX_HIDDEN_DIM || c->n_layers <= 0 || c->n_layers > MODEL_MAX_LAYERS ||
             c->n_heads <= 0 || c->n_heads > MODEL_MAX_HEADS || c->n_kv_heads <= 0 ||
-            c->n_kv_heads > c->n_heads || c->seq_len <= 0 || c->seq_len > MODEL_MAX_SEQ_LEN ||
-            vocab == 0 || vocab < -MODEL_MAX_VOCAB || vocab > MODEL_MAX_VOCAB)
+            c->n_kv_heads > c->n_heads || c->seq_len <= 0 || c->seq_len > MODEL_MAX_SEQ_LEN || vocab == 0 ||
+            vocab < -MODEL_MAX_VOCAB || vocab > MODEL_MAX_VOCAB)
                 return -EINVAL;
         if (c->n_heads % c->n_kv_heads != 0 || c->dim % c->n_heads != 0 || (c->dim / c->n_heads) % 2 != 0)
                 return -EINVAL;
@@ -128,14 +126,14 @@ static int model_layout_check(const unsigned char *hdr, uint64_t file_len, struc
         /* Two tables of seq_len * head_size / 2 floats each. */
         rope = (uint64_t)c->seq_len * (dim / (uint64_t)c->n_heads);
 
-        l.n_base_floats = vocab_u * dim                /* token embedding */
-                          + layers * dim               /* attention rmsnorm */
-                          + layers * dim * dim         /* wq */
-                          + 2 * layers * dim * kv_dim  /* wk, wv */
-                          + layers * dim * dim         /* wo */
-                          + layers * dim               /* ffn rmsnorm */
-                          + 3 * layers * dim * hidden  /* w1, w2, w3 */
-                          + dim;                       /* final rmsnorm */
+        l.n_base_floats = vocab_u * dim               /* token embedding */
+                          + layers * dim              /* attention rmsnorm */
+                          + layers * dim * dim        /* wq */
+                          + 2 * layers * dim * kv_dim /* wk, wv */
+                          + layers * dim * dim        /* wo */
+                          + layers * dim              /* ffn rmsnorm */
+                          + 3 * layers * dim * hidden /* w1, w2, w3 */
+                          + dim;                      /* final rmsnorm */
         l.n_cls_floats = l.shared_classifier ? 0 : vocab_u * dim;
 
         if (file_len < MODEL_HEADER_BYTES || (file_len - MODEL_HEADER_BYTES) % sizeof(float) != 0)
@@ -154,8 +152,7 @@ static int model_layout_check(const unsigned char *hdr, uint64_t file_len, struc
 }
 
 /* Allocates a model for a validated layout, weights uninitialised. */
-static int model_alloc(const struct model_layout *l, struct model **ret)
-{
+static int model_alloc(const struct model_layout *l, struct model **ret) {
         const struct model_config *c = &l->cfg;
         struct model *m;
         size_t dim = (size_t)c->dim, hidden = (size_t)c->hidden_dim, layers = (size_t)c->n_layers;
@@ -216,8 +213,7 @@ static int model_alloc(const struct model_layout *l, struct model **ret)
         return 0;
 }
 
-struct model *model_free(struct model *m)
-{
+struct model *model_free(struct model *m) {
         if (!m)
                 return NULL;
         free(m->weight_data);
@@ -226,8 +222,7 @@ struct model *model_free(struct model *m)
         return NULL;
 }
 
-int model_load_buffer(const void *data, size_t len, struct model **ret)
-{
+int model_load_buffer(const void *data, size_t len, struct model **ret) {
         const unsigned char *bytes = data;
         struct model_layout l;
         struct model *m;
@@ -250,15 +245,13 @@ int model_load_buffer(const void *data, size_t len, struct model **ret)
         return 0;
 }
 
-static int model_read_exact(FILE *f, void *buf, size_t len)
-{
+static int model_read_exact(FILE *f, void *buf, size_t len) {
         if (len && fread(buf, 1, len, f) != len)
                 return -EIO;
         return 0;
 }
 
-int model_load(const char *path, struct model **ret)
-{
+int model_load(const char *path, struct model **ret) {
         unsigned char hdr[MODEL_HEADER_BYTES];
         struct model_layout l;
         struct model *m = NULL;
@@ -306,13 +299,11 @@ out:
         return r;
 }
 
-const struct model_config *model_get_config(const struct model *m)
-{
+const struct model_config *model_get_config(const struct model *m) {
         return m ? &m->cfg : NULL;
 }
 
-static void model_rmsnorm(float *o, const float *x, const float *weight, int size)
-{
+static void model_rmsnorm(float *o, const float *x, const float *weight, int size) {
         float ss = 0.0f;
 
         for (int j = 0; j < size; j++)
@@ -325,8 +316,7 @@ static void model_rmsnorm(float *o, const float *x, const float *weight, int siz
 }
 
 /* xout[d] = W[d][n] @ x[n] */
-static void model_matmul(float *xout, const float *x, const float *w, int n, int d)
-{
+static void model_matmul(float *xout, const float *x, const float *w, int n, int d) {
         for (int i = 0; i < d; i++) {
                 const float *row = w + (size_t)i * (size_t)n;
                 float val = 0.0f;
@@ -338,8 +328,7 @@ static void model_matmul(float *xout, const float *x, const float *w, int n, int
 }
 
 int model_forward(struct model *m, int token, int pos, const struct model_cache_ops *cache, void *ctx,
-                  float **ret_logits)
-{
+                  float **ret_logits) {
         const struct model_config *p;
         struct model_state *s;
         struct model_weights *w;
@@ -421,21 +410,20 @@ int model_forward(struct model *m, int token, int pos, const struct model_cache_
 
 struct plain_cache {
         int n_layers, n_heads, head_size, kv_dim, kv_mul, max_tokens;
-        float *keys;    /* [n_layers][max_tokens][kv_dim] */
-        float *values;  /* same */
-        float *att;     /* [max_tokens], scores of one head */
-        int *n_stored;  /* [n_layers], positions 0..n_stored-1 hold data */
+        float *keys;   /* [n_layers][max_tokens][kv_dim] */
+        float *values; /* same */
+        float *att;    /* [max_tokens], scores of one head */
+        int *n_stored; /* [n_layers], positions 0..n_stored-1 hold data */
 };
 
-int plain_cache_new(const struct model_config *cfg, int max_tokens, struct plain_cache **ret)
-{
+int plain_cache_new(const struct model_config *cfg, int max_tokens, struct plain_cache **ret) {
         struct plain_cache *c;
         size_t n_floats;
 
-        if (!cfg || !ret || cfg->dim <= 0 || cfg->n_layers <= 0 || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 ||
-            cfg->dim > MODEL_MAX_DIM || cfg->n_layers > MODEL_MAX_LAYERS || cfg->n_heads > MODEL_MAX_HEADS ||
-            cfg->dim % cfg->n_heads != 0 || cfg->n_heads % cfg->n_kv_heads != 0 || max_tokens <= 0 ||
-            max_tokens > PLAIN_CACHE_MAX_TOKENS)
+        if (!cfg || !ret || cfg->dim <= 0 || cfg->n_layers <= 0 || cfg->n_heads <= 0 ||
+            cfg->n_kv_heads <= 0 || cfg->dim > MODEL_MAX_DIM || cfg->n_layers > MODEL_MAX_LAYERS ||
+            cfg->n_heads > MODEL_MAX_HEADS || cfg->dim % cfg->n_heads != 0 ||
+            cfg->n_heads % cfg->n_kv_heads != 0 || max_tokens <= 0 || max_tokens > PLAIN_CACHE_MAX_TOKENS)
                 return -EINVAL;
 
         c = calloc(1, sizeof(*c));
@@ -468,8 +456,7 @@ int plain_cache_new(const struct model_config *cfg, int max_tokens, struct plain
         return 0;
 }
 
-struct plain_cache *plain_cache_free(struct plain_cache *c)
-{
+struct plain_cache *plain_cache_free(struct plain_cache *c) {
         if (!c)
                 return NULL;
         free(c->keys);
@@ -480,19 +467,16 @@ struct plain_cache *plain_cache_free(struct plain_cache *c)
         return NULL;
 }
 
-void plain_cache_reset(struct plain_cache *c)
-{
+void plain_cache_reset(struct plain_cache *c) {
         if (c)
                 memset(c->n_stored, 0, (size_t)c->n_layers * sizeof(int));
 }
 
-static size_t plain_cache_index(const struct plain_cache *c, int layer, int pos)
-{
+static size_t plain_cache_index(const struct plain_cache *c, int layer, int pos) {
         return ((size_t)layer * (size_t)c->max_tokens + (size_t)pos) * (size_t)c->kv_dim;
 }
 
-static int plain_cache_store(void *ctx, int layer, int pos, const float *k, const float *v)
-{
+static int plain_cache_store(void *ctx, int layer, int pos, const float *k, const float *v) {
         struct plain_cache *c = ctx;
         size_t at;
 
@@ -509,8 +493,7 @@ static int plain_cache_store(void *ctx, int layer, int pos, const float *k, cons
         return 0;
 }
 
-static void plain_cache_softmax(float *x, int size)
-{
+static void plain_cache_softmax(float *x, int size) {
         float max_val = x[0], sum = 0.0f;
 
         for (int i = 1; i < size; i++)
@@ -524,8 +507,7 @@ static void plain_cache_softmax(float *x, int size)
                 x[i] /= sum;
 }
 
-static int plain_cache_attend(void *ctx, int layer, int pos, const float *q, float *out)
-{
+static int plain_cache_attend(void *ctx, int layer, int pos, const float *q, float *out) {
         struct plain_cache *c = ctx;
         int hs;
         const float *keys, *values;

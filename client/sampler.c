@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define SAMPLER_MAX_VOCAB (1 << 20)
+#define SAMPLER_MAX_VOCAB             (1 << 20)
 #define SAMPLER_ZERO_SEED_REPLACEMENT 0x9E3779B97F4A7C15ull
 
 struct sampler {
@@ -21,8 +21,7 @@ struct sampler {
         float *probs; /* [vocab_size] */
 };
 
-int sampler_new(int vocab_size, float temperature, uint64_t seed, struct sampler **ret)
-{
+int sampler_new(int vocab_size, float temperature, uint64_t seed, struct sampler **ret) {
         struct sampler *s;
 
         if (!ret || vocab_size <= 0 || vocab_size > SAMPLER_MAX_VOCAB || !isfinite(temperature) ||
@@ -43,8 +42,7 @@ int sampler_new(int vocab_size, float temperature, uint64_t seed, struct sampler
         return 0;
 }
 
-struct sampler *sampler_free(struct sampler *s)
-{
+struct sampler *sampler_free(struct sampler *s) {
         if (!s)
                 return NULL;
         free(s->probs);
@@ -52,8 +50,7 @@ struct sampler *sampler_free(struct sampler *s)
         return NULL;
 }
 
-static uint32_t sampler_random_u32(uint64_t *state)
-{
+static uint32_t sampler_random_u32(uint64_t *state) {
         *state ^= *state >> 12;
         *state ^= *state << 25;
         *state ^= *state >> 27;
@@ -61,13 +58,11 @@ static uint32_t sampler_random_u32(uint64_t *state)
 }
 
 /* Uniform in [0, 1). */
-static float sampler_random_f32(uint64_t *state)
-{
+static float sampler_random_f32(uint64_t *state) {
         return (float)(sampler_random_u32(state) >> 8) / 16777216.0f;
 }
 
-int sampler_argmax(const float *values, int n, int *ret_token)
-{
+int sampler_argmax(const float *values, int n, int *ret_token) {
         int max_i = 0;
         float max_p;
 
@@ -84,8 +79,7 @@ int sampler_argmax(const float *values, int n, int *ret_token)
         return 0;
 }
 
-int sampler_sample(struct sampler *s, const float *logits, int *ret_token)
-{
+int sampler_sample(struct sampler *s, const float *logits, int *ret_token) {
         float *p, max_val, sum = 0.0f, coin, cdf = 0.0f;
         int n;
 

@@ -27,11 +27,11 @@
 #error "tokenizer.c reads little-endian files in place and needs a little-endian host"
 #endif
 
-#define TOKENIZER_MIN_VOCAB (TOKENIZER_FIRST_BYTE_TOKEN + 256)
-#define TOKENIZER_MAX_VOCAB (1 << 20)
+#define TOKENIZER_MIN_VOCAB        (TOKENIZER_FIRST_BYTE_TOKEN + 256)
+#define TOKENIZER_MAX_VOCAB        (1 << 20)
 #define TOKENIZER_MAX_TOKEN_LENGTH 4096
-#define TOKENIZER_MAX_FILE_BYTES (64u << 20)
-#define TOKENIZER_MAX_TEXT_BYTES ((size_t)1 << 28)
+#define TOKENIZER_MAX_FILE_BYTES   (64u << 20)
+#define TOKENIZER_MAX_TEXT_BYTES   ((size_t)1 << 28)
 
 struct tokenizer_entry {
         const char *piece;
@@ -42,15 +42,14 @@ struct tokenizer_entry {
 struct tokenizer {
         int vocab_size;
         size_t max_piece_bytes;
-        float *scores;                 /* [vocab_size] */
-        uint32_t *offsets;             /* [vocab_size + 1] into blob */
+        float *scores;     /* [vocab_size] */
+        uint32_t *offsets; /* [vocab_size + 1] into blob */
         char *blob;
         struct tokenizer_entry *sorted; /* [vocab_size], by (bytes, id) */
         unsigned char byte_pieces[256];
 };
 
-static int32_t tokenizer_read_i32(const unsigned char *p)
-{
+static int32_t tokenizer_read_i32(const unsigned char *p) {
         int32_t v;
 
         memcpy(&v, p, sizeof(v));
@@ -58,8 +57,7 @@ static int32_t tokenizer_read_i32(const unsigned char *p)
 }
 
 /* memcmp order, a proper prefix first; a total order on byte strings. */
-static int tokenizer_bytes_cmp(const char *a, size_t alen, const char *b, size_t blen)
-{
+static int tokenizer_bytes_cmp(const char *a, size_t alen, const char *b, size_t blen) {
         int r = memcmp(a, b, alen < blen ? alen : blen);
 
         if (r)
@@ -67,8 +65,7 @@ static int tokenizer_bytes_cmp(const char *a, size_t alen, const char *b, size_t
         return alen < blen ? -1 : alen > blen ? 1 : 0;
 }
 
-static int tokenizer_entry_cmp(const void *pa, const void *pb)
-{
+static int tokenizer_entry_cmp(const void *pa, const void *pb) {
         const struct tokenizer_entry *a = pa, *b = pb;
         int r = tokenizer_bytes_cmp(a->piece, a->len, b->piece, b->len);
 
@@ -79,8 +76,7 @@ static int tokenizer_entry_cmp(const void *pa, const void *pb)
 
 /* Compares the entry with the virtual string a || b. */
 static int tokenizer_entry_cmp_concat(const struct tokenizer_entry *e, const char *a, size_t alen,
-                                      const char *b, size_t blen)
-{
+                                      const char *b, size_t blen) {
         size_t elen = e->len;
         int r = memcmp(e->piece, a, elen < alen ? elen : alen);
 
@@ -92,8 +88,8 @@ static int tokenizer_entry_cmp_concat(const struct tokenizer_entry *e, const cha
 }
 
 /* The lowest id whose piece is a || b, or -1. */
-static int tokenizer_lookup(const struct tokenizer *t, const char *a, size_t alen, const char *b, size_t blen)
-{
+static int tokenizer_lookup(const struct tokenizer *t, const char *a, size_t alen, const char *b,
+                            size_t blen) {
         size_t lo = 0, hi = (size_t)t->vocab_size;
 
         while (lo < hi) {
@@ -109,8 +105,7 @@ static int tokenizer_lookup(const struct tokenizer *t, const char *a, size_t ale
         return -1;
 }
 
-struct tokenizer *tokenizer_free(struct tokenizer *t)
-{
+struct tokenizer *tokenizer_free(struct tokenizer *t) {
         if (!t)
                 return NULL;
         free(t->scores);
@@ -121,15 +116,14 @@ struct tokenizer *tokenizer_free(struct tokenizer *t)
         return NULL;
 }
 
-int tokenizer_load_buffer(const void *data, size_t len, int vocab_size, struct tokenizer **ret)
-{
+int tokenizer_load_buffer(const void *data, size_t len, int vocab_size, struct tokenizer **ret) {
         const unsigned char *p = data;
         struct tokenizer *t;
         size_t at, total = 0;
         int32_t max_len;
 
-        if (!data || !ret || vocab_size < TOKENIZER_MIN_VOCAB || vocab_size > TOKENIZER_MAX_VOCAB || len < 4 ||
-            len > TOKENIZER_MAX_FILE_BYTES)
+        if (!data || !ret || vocab_size < TOKENIZER_MIN_VOCAB || vocab_size > TOKENIZER_MAX_VOCAB ||
+            len < 4 || len > TOKENIZER_MAX_FILE_BYTES)
                 return -EINVAL;
         max_len = tokenizer_read_i32(p);
         if (max_len <= 0 || max_len > TOKENIZER_MAX_TOKEN_LENGTH)
@@ -190,8 +184,7 @@ int tokenizer_load_buffer(const void *data, size_t len, int vocab_size, struct t
         return 0;
 }
 
-int tokenizer_load(const char *path, int vocab_size, struct tokenizer **ret)
-{
+int tokenizer_load(const char *path, int vocab_size, struct tokenizer **ret) {
         struct stat st;
         void *buf = NULL;
         size_t len;
@@ -228,18 +221,15 @@ out:
         return r;
 }
 
-int tokenizer_vocab_size(const struct tokenizer *t)
-{
+int tokenizer_vocab_size(const struct tokenizer *t) {
         return t ? t->vocab_size : 0;
 }
 
-size_t tokenizer_max_piece_bytes(const struct tokenizer *t)
-{
+size_t tokenizer_max_piece_bytes(const struct tokenizer *t) {
         return t ? t->max_piece_bytes : 0;
 }
 
-static const char *tokenizer_piece_of(const struct tokenizer *t, int id, size_t *ret_len)
-{
+static const char *tokenizer_piece_of(const struct tokenizer *t, int id, size_t *ret_len) {
         *ret_len = t->offsets[id + 1] - t->offsets[id];
         return t->blob + t->offsets[id];
 }
@@ -260,15 +250,13 @@ struct tokenizer_work {
 };
 
 /* Heap order: higher score first, then the leftmost pair (indices grow left to right). */
-static bool tokenizer_pair_before(const struct tokenizer_pair *a, const struct tokenizer_pair *b)
-{
+static bool tokenizer_pair_before(const struct tokenizer_pair *a, const struct tokenizer_pair *b) {
         if (a->score != b->score)
                 return a->score > b->score;
         return a->left < b->left;
 }
 
-static void tokenizer_heap_push(struct tokenizer_work *w, const struct tokenizer_pair *e)
-{
+static void tokenizer_heap_push(struct tokenizer_work *w, const struct tokenizer_pair *e) {
         size_t i = w->n_heap++;
 
         while (i > 0) {
@@ -282,8 +270,7 @@ static void tokenizer_heap_push(struct tokenizer_work *w, const struct tokenizer
         w->heap[i] = *e;
 }
 
-static struct tokenizer_pair tokenizer_heap_pop(struct tokenizer_work *w)
-{
+static struct tokenizer_pair tokenizer_heap_pop(struct tokenizer_work *w) {
         struct tokenizer_pair top = w->heap[0], last = w->heap[--w->n_heap];
         size_t i = 0, n = w->n_heap;
 
@@ -305,8 +292,7 @@ static struct tokenizer_pair tokenizer_heap_pop(struct tokenizer_work *w)
 }
 
 /* Queues the merge of left and its successor when llama2.c would consider it. */
-static void tokenizer_consider(const struct tokenizer *t, struct tokenizer_work *w, int left)
-{
+static void tokenizer_consider(const struct tokenizer *t, struct tokenizer_work *w, int left) {
         struct tokenizer_pair e;
         const char *a, *b;
         size_t alen, blen;
@@ -329,8 +315,7 @@ static void tokenizer_consider(const struct tokenizer *t, struct tokenizer_work 
         tokenizer_heap_push(w, &e);
 }
 
-static void tokenizer_work_free(struct tokenizer_work *w)
-{
+static void tokenizer_work_free(struct tokenizer_work *w) {
         free(w->ids);
         free(w->prev);
         free(w->next);
@@ -339,9 +324,8 @@ static void tokenizer_work_free(struct tokenizer_work *w)
 }
 
 int tokenizer_encode(const struct tokenizer *t, const char *text, size_t text_len, bool bos, bool eos,
-                     int *tokens, size_t cap, size_t *ret_n)
-{
-        struct tokenizer_work w = {0};
+                     int *tokens, size_t cap, size_t *ret_n) {
+        struct tokenizer_work w = { 0 };
         size_t n_max, n = 0, n_out;
         unsigned char buf[4];
         size_t buf_len = 0;
@@ -431,8 +415,7 @@ out:
         return r;
 }
 
-static int tokenizer_hex_digit(char c)
-{
+static int tokenizer_hex_digit(char c) {
         if (c >= '0' && c <= '9')
                 return c - '0';
         if (c >= 'A' && c <= 'F')
@@ -443,8 +426,7 @@ static int tokenizer_hex_digit(char c)
 }
 
 /* The byte of a piece spelled exactly "<0xHH>", or -1. */
-static int tokenizer_byte_piece(const char *p, size_t len)
-{
+static int tokenizer_byte_piece(const char *p, size_t len) {
         int hi, lo;
 
         if (len != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>')
@@ -457,8 +439,7 @@ static int tokenizer_byte_piece(const char *p, size_t len)
 }
 
 int tokenizer_decode(const struct tokenizer *t, int prev_token, int token, const char **ret_piece,
-                     size_t *ret_len)
-{
+                     size_t *ret_len) {
         const char *piece;
         size_t len;
         int byte;
@@ -481,14 +462,12 @@ int tokenizer_decode(const struct tokenizer *t, int prev_token, int token, const
 }
 
 /* isprint || isspace in the C locale, without depending on the process's locale. */
-static bool tokenizer_byte_is_safe(unsigned char c)
-{
+static bool tokenizer_byte_is_safe(unsigned char c) {
         return (c >= 0x20 && c <= 0x7E) || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
 }
 
 int tokenizer_piece_safe(const struct tokenizer *t, int prev_token, int token, char *buf, size_t cap,
-                         size_t *ret_len)
-{
+                         size_t *ret_len) {
         const char *piece;
         size_t len;
         int r;

@@ -20,9 +20,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define TOKENIZER_UNK 0
-#define TOKENIZER_BOS 1
-#define TOKENIZER_EOS 2
+#define TOKENIZER_UNK              0
+#define TOKENIZER_BOS              1
+#define TOKENIZER_EOS              2
 #define TOKENIZER_FIRST_BYTE_TOKEN 3
 
 struct tokenizer;

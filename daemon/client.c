@@ -63,7 +63,9 @@ int client_accept(struct kvcd *d) {
         c->gid = cred.gid;
         c->connected_usec = now_usec();
 
-        struct fdwire_msg m = { .magic = FDWIRE_MAGIC, .version = FDWIRE_VERSION, .kind = FDWIRE_WELCOME,
+        struct fdwire_msg m = { .magic = FDWIRE_MAGIC,
+                                .version = FDWIRE_VERSION,
+                                .kind = FDWIRE_WELCOME,
                                 .chunk_bytes = pool_chunk_bytes(d->pool) };
         memcpy(m.token, c->token, sizeof(m.token));
         int r = fdwire_send(fd, &m, -1);
@@ -96,8 +98,11 @@ struct client *client_by_token(struct kvcd *d, const uint8_t *token) {
 }
 
 int client_send_chunk(struct kvcd *d, struct client *c, uint32_t idx) {
-        struct fdwire_msg m = { .magic = FDWIRE_MAGIC, .version = FDWIRE_VERSION, .kind = FDWIRE_CHUNK,
-                                .chunk_idx = idx, .chunk_bytes = pool_chunk_bytes(d->pool) };
+        struct fdwire_msg m = { .magic = FDWIRE_MAGIC,
+                                .version = FDWIRE_VERSION,
+                                .kind = FDWIRE_CHUNK,
+                                .chunk_idx = idx,
+                                .chunk_bytes = pool_chunk_bytes(d->pool) };
         return fdwire_send(c->fd, &m, pool_chunk_fd(d->pool, idx));
 }
 
@@ -121,9 +126,8 @@ void client_destroy(struct kvcd *d, struct client *c, bool died) {
         uint32_t n_chunks = pool_release_owner(d->pool, c->id);
         if (died && n_sessions)
                 d->n.client_deaths++;
-        log_info("client %llu (pid %d) %s: %u sessions closed, %u chunks scrubbed",
-                 (unsigned long long)c->id, (int)c->pid, died ? "gone" : "disconnected", n_sessions,
-                 n_chunks);
+        log_info("client %llu (pid %d) %s: %u sessions closed, %u chunks scrubbed", (unsigned long long)c->id,
+                 (int)c->pid, died ? "gone" : "disconnected", n_sessions, n_chunks);
         for (uint32_t i = 0; i < d->n_clients; i++) {
                 if (d->clients[i] == c) {
                         d->clients[i] = d->clients[--d->n_clients];

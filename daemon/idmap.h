@@ -8,7 +8,7 @@
 struct idmap {
         uint64_t *keys; /* 0 = empty */
         void **values;
-        uint32_t cap;   /* a power of two */
+        uint32_t cap; /* a power of two */
         uint32_t n;
 };
 

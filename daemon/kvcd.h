@@ -22,11 +22,11 @@
 #include "pool.h"
 #include "wire.h"
 
-#define KVCD_VERSION "0.1.0"
-#define KVCD_MAX_CLIENTS 256u
-#define KVCD_MAX_SESSIONS 4096u
+#define KVCD_VERSION                 "0.1.0"
+#define KVCD_MAX_CLIENTS             256u
+#define KVCD_MAX_SESSIONS            4096u
 #define KVCD_MAX_SESSIONS_PER_CLIENT 1024u
-#define KVCD_ROUTING_ID_MAX 255u
+#define KVCD_ROUTING_ID_MAX          255u
 
 struct policy;
 
@@ -163,14 +163,14 @@ void client_destroy(struct kvcd *d, struct client *c, bool died);
 
 /* session.c */
 void plan_scratch_done(struct plan_scratch *sc);
-int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret,
-                 char *why, size_t why_len);
+int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret, char *why,
+                 size_t why_len);
 void session_close(struct kvcd *d, struct session *s);
 /* The session id names, if it is c's: -ENOENT unknown, -EPERM another client's. */
 int session_lookup(struct kvcd *d, struct client *c, uint64_t id, struct session **ret);
 /* Grows every layer to room for n_tokens, all or nothing; the new blocks go into g. */
-int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__Grant **ret_g,
-                    char *why, size_t why_len);
+int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__Grant **ret_g, char *why,
+                    size_t why_len);
 /* Takes one step summary; may build a plan (*ret_plan) and grant blocks (*ret_grant). */
 int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Plan **ret_plan,
                  Kvc__Grant **ret_grant, char *why, size_t why_len);

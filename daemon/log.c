@@ -19,7 +19,7 @@ int log_get_level(void) {
 }
 
 int log_parse_level(const char *name) {
-        static const char *const names[] = { "emerg", "alert", "crit", "error",
+        static const char *const names[] = { "emerg",   "alert",  "crit", "error",
                                              "warning", "notice", "info", "debug" };
         if (name[0] >= '0' && name[0] <= '7' && name[1] == '\0')
                 return name[0] - '0';

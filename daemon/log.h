@@ -13,8 +13,8 @@ int log_parse_level(const char *name);
 
 void log_at(int priority, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-#define log_error(...) log_at(LOG_ERR, __VA_ARGS__)
+#define log_error(...)   log_at(LOG_ERR, __VA_ARGS__)
 #define log_warning(...) log_at(LOG_WARNING, __VA_ARGS__)
-#define log_notice(...) log_at(LOG_NOTICE, __VA_ARGS__)
-#define log_info(...) log_at(LOG_INFO, __VA_ARGS__)
-#define log_debug(...) log_at(LOG_DEBUG, __VA_ARGS__)
+#define log_notice(...)  log_at(LOG_NOTICE, __VA_ARGS__)
+#define log_info(...)    log_at(LOG_INFO, __VA_ARGS__)
+#define log_debug(...)   log_at(LOG_DEBUG, __VA_ARGS__)

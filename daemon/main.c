@@ -35,10 +35,26 @@ static int parse_bytes(const char *s, uint64_t *ret) {
                 return -EINVAL;
         uint64_t mul = 1;
         switch (*end) {
-        case 'K': case 'k': mul = 1ull << 10; end++; break;
-        case 'M': case 'm': mul = 1ull << 20; end++; break;
-        case 'G': case 'g': mul = 1ull << 30; end++; break;
-        case 'T': case 't': mul = 1ull << 40; end++; break;
+        case 'K':
+        case 'k':
+                mul = 1ull << 10;
+                end++;
+                break;
+        case 'M':
+        case 'm':
+                mul = 1ull << 20;
+                end++;
+                break;
+        case 'G':
+        case 'g':
+                mul = 1ull << 30;
+                end++;
+                break;
+        case 'T':
+        case 't':
+                mul = 1ull << 40;
+                end++;
+                break;
         }
         if (*end == 'i')
                 end++;
@@ -61,18 +77,16 @@ int main(int argc, char **argv) {
                 { "version", no_argument, NULL, 'V' },
                 {},
         };
-        struct kvcd d = { .cfg = { .backend = "host", .capacity_bytes = 256ull << 20, .chunk_bytes = 2ull << 20 } };
+        struct kvcd d = {
+                .cfg = { .backend = "host", .capacity_bytes = 256ull << 20, .chunk_bytes = 2ull << 20 }
+        };
         char dir[256];
         int c, r;
 
         while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
                 switch (c) {
-                case 'r':
-                        d.cfg.runtime_dir = optarg;
-                        break;
-                case 'b':
-                        d.cfg.backend = optarg;
-                        break;
+                case 'r': d.cfg.runtime_dir = optarg; break;
+                case 'b': d.cfg.backend = optarg; break;
                 case 'c':
                 case 'k':
                         if (parse_bytes(optarg, c == 'c' ? &d.cfg.capacity_bytes : &d.cfg.chunk_bytes) < 0) {
@@ -87,15 +101,9 @@ int main(int argc, char **argv) {
                         }
                         log_set_level(r);
                         break;
-                case 'h':
-                        usage(stdout);
-                        return 0;
-                case 'V':
-                        printf("kvcd %s\n", KVCD_VERSION);
-                        return 0;
-                default:
-                        usage(stderr);
-                        return 2;
+                case 'h': usage(stdout); return 0;
+                case 'V': printf("kvcd %s\n", KVCD_VERSION); return 0;
+                default: usage(stderr); return 2;
                 }
         }
         if (optind < argc) {

@@ -50,8 +50,8 @@ int pool_new(const struct backend_ops *backend, uint64_t capacity_bytes, uint64_
         if (!p)
                 return -ENOMEM;
         p->chunks = calloc(n, sizeof(*p->chunks));
-        void *base = mmap(NULL, n * chunk_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                          -1, 0);
+        void *base =
+                mmap(NULL, n * chunk_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (!p->chunks || base == MAP_FAILED) {
                 free(p->chunks);
                 free(p);
@@ -138,8 +138,8 @@ static int take_units(struct pool *p, uint32_t idx, uint32_t n, uint64_t *ret_of
         return 0;
 }
 
-int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
-               uint64_t *ret_offset, int64_t *ret_new_chunk) {
+int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units, uint64_t *ret_offset,
+               int64_t *ret_new_chunk) {
         if (owner == 0 || unit_bytes == 0 || unit_bytes % 64 || n_units == 0 ||
             (uint64_t)unit_bytes * n_units > p->chunk_bytes)
                 return -EINVAL;
@@ -172,8 +172,8 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
                 if (c->owner != 0)
                         continue;
                 if (!c->created) {
-                        int r = p->backend->chunk_create(p->chunk_bytes, p->base + (uint64_t)i * p->chunk_bytes,
-                                                         &c->bc);
+                        int r = p->backend->chunk_create(p->chunk_bytes,
+                                                         p->base + (uint64_t)i * p->chunk_bytes, &c->bc);
                         if (r < 0)
                                 return r;
                         c->created = true;
@@ -210,8 +210,7 @@ static int locate(const struct pool *p, uint64_t owner, uint64_t offset, uint32_
         return 0;
 }
 
-int pool_release(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes,
-                 uint32_t n_units) {
+int pool_release(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes, uint32_t n_units) {
         struct pool_chunk *c;
         uint32_t first;
         int r = locate(p, owner, offset, unit_bytes, n_units, &c, &first);
@@ -293,8 +292,8 @@ int pool_audit(const struct pool *p, char *why, size_t why_len) {
                 for (uint32_t u = 0; u < c->n_units; u++)
                         n += bit_get(c->bits, u);
                 if (n != c->n_used) {
-                        snprintf(why, why_len, "chunk %u counts %u units in use, its bitmap %u", i,
-                                 c->n_used, n);
+                        snprintf(why, why_len, "chunk %u counts %u units in use, its bitmap %u", i, c->n_used,
+                                 n);
                         return -EUCLEAN;
                 }
                 if (c->owner == 0 && n) {
@@ -306,8 +305,7 @@ int pool_audit(const struct pool *p, char *why, size_t why_len) {
         }
         if (used != p->used_bytes || owned != p->chunks_owned) {
                 snprintf(why, why_len, "counters say %llu bytes in %u chunks, bitmaps %llu in %u",
-                         (unsigned long long)p->used_bytes, p->chunks_owned,
-                         (unsigned long long)used, owned);
+                         (unsigned long long)p->used_bytes, p->chunks_owned, (unsigned long long)used, owned);
                 return -EUCLEAN;
         }
         if (p->used_bytes > p->capacity_bytes) {

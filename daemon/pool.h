@@ -41,15 +41,14 @@ struct pool *pool_free(struct pool *p);
  * *ret_new_chunk is the index of a chunk newly given to owner (its fd must reach the client
  * before any offset in it does), or -1. -ENOSPC when the capacity or the chunks are exhausted,
  * -EINVAL when the request cannot fit a chunk. */
-int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
-               uint64_t *ret_offset, int64_t *ret_new_chunk);
+int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units, uint64_t *ret_offset,
+               int64_t *ret_new_chunk);
 
 /* Frees what pool_alloc returned. -EINVAL (and nothing changes) when a unit of the range is not
  * allocated to owner with that unit size. The bitmap does not record where allocations begin, so
  * part of one allocation, or two neighbours, can be released at once: callers release exactly
  * what they allocated. */
-int pool_release(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes,
-                 uint32_t n_units);
+int pool_release(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes, uint32_t n_units);
 
 /* Gives back, scrubbed, every chunk of owner (its process ended). Returns the count. */
 uint32_t pool_release_owner(struct pool *p, uint64_t owner);

@@ -34,7 +34,7 @@
 
 /* Frames above this make ZeroMQ drop the connection; frames between WIRE_REQUEST_MAX_BYTES and
  * this get an EMSGSIZE reply. */
-#define KVCD_ZMQ_MAXMSGSIZE (1 << 20)
+#define KVCD_ZMQ_MAXMSGSIZE     (1 << 20)
 #define KVCD_MESSAGES_PER_ROUND 1024
 
 uint64_t now_usec(void) {
@@ -87,8 +87,7 @@ static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode
             zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
             zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
             zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof(ivl)) < 0 ||
-            zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout)) < 0 ||
-            zmq_bind(s, ep) < 0) {
+            zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout)) < 0 || zmq_bind(s, ep) < 0) {
                 int r = -zmq_errno();
                 zmq_close(s);
                 return r;
@@ -202,8 +201,8 @@ static void drain_router(struct kvcd *d, void *zsock, enum channel ch) {
                         zmq_msg_close(&junk);
                 }
                 if (ok && !extra)
-                        handle_frame(d, ch, zsock, zmq_msg_data(&rid), zmq_msg_size(&rid), zmq_msg_data(&body),
-                                     zmq_msg_size(&body));
+                        handle_frame(d, ch, zsock, zmq_msg_data(&rid), zmq_msg_size(&rid),
+                                     zmq_msg_data(&body), zmq_msg_size(&body));
                 else if (ok) /* several frames: answer as to garbage */
                         handle_frame(d, ch, zsock, zmq_msg_data(&rid), zmq_msg_size(&rid), NULL, 0);
                 zmq_msg_close(&body);

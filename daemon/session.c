@@ -111,19 +111,16 @@ static int alloc_units(struct kvcd *d, struct session *s, uint32_t n, uint64_t *
 static void free_units(struct kvcd *d, struct session *s, uint64_t off, uint32_t n) {
         int r = pool_release(d->pool, s->owner->id, off, (uint32_t)s->layout.block_bytes, n);
         if (r < 0) /* a bookkeeping bug of ours: say so loudly, keep serving */
-                log_error("session %llu: releasing %u units at %llu failed: %s",
-                          (unsigned long long)s->id, n, (unsigned long long)off, strerror(-r));
+                log_error("session %llu: releasing %u units at %llu failed: %s", (unsigned long long)s->id, n,
+                          (unsigned long long)off, strerror(-r));
         account_units(s, -(int64_t)n);
 }
 
 static enum block_dtype dtype_of(Kvc__Dtype t) {
         switch (t) {
-        case KVC__DTYPE__DTYPE_F16:
-                return BLOCK_DTYPE_F16;
-        case KVC__DTYPE__DTYPE_BF16:
-                return BLOCK_DTYPE_BF16;
-        default:
-                return BLOCK_DTYPE_F32;
+        case KVC__DTYPE__DTYPE_F16: return BLOCK_DTYPE_F16;
+        case KVC__DTYPE__DTYPE_BF16: return BLOCK_DTYPE_BF16;
+        default: return BLOCK_DTYPE_F32;
         }
 }
 
@@ -131,7 +128,8 @@ static int capacity_error(struct kvcd *d, int r, char *why, size_t why_len, cons
         struct pool_stats ps;
         pool_get_stats(d->pool, &ps);
         if (r == -ENOSPC)
-                snprintf(why, why_len, "%s: pool capacity exhausted (%llu of %llu bytes in use, %u of %u chunks owned)",
+                snprintf(why, why_len,
+                         "%s: pool capacity exhausted (%llu of %llu bytes in use, %u of %u chunks owned)",
                          what, (unsigned long long)ps.used_bytes, (unsigned long long)ps.capacity_bytes,
                          ps.chunks_owned, ps.chunks_total);
         else
@@ -149,8 +147,8 @@ static struct session *session_free(struct session *s) {
         return NULL;
 }
 
-int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret,
-                 char *why, size_t why_len) {
+int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret, char *why,
+                 size_t why_len) {
         const Kvc__Geometry *g = m->geometry;
         int r;
 
@@ -183,15 +181,20 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
         }
 
         struct policy_setup setup = {
-                .n_layers = g->n_layers, .n_heads = g->n_heads, .n_kv_heads = g->n_kv_heads,
-                .head_dim = g->head_dim, .max_tokens = g->max_tokens,
-                .block_tokens = s->layout.block_tokens, .budget_tokens = m->budget_tokens,
+                .n_layers = g->n_layers,
+                .n_heads = g->n_heads,
+                .n_kv_heads = g->n_kv_heads,
+                .head_dim = g->head_dim,
+                .max_tokens = g->max_tokens,
+                .block_tokens = s->layout.block_tokens,
+                .budget_tokens = m->budget_tokens,
         };
         struct policy_param params[WIRE_MAX_PARAMS];
         for (size_t i = 0; i < m->n_params; i++) {
                 const Kvc__Param *p = m->params[i];
                 params[i] = (struct policy_param){
-                        .key = p->key, .is_text = p->value_case == KVC__PARAM__VALUE_TEXT,
+                        .key = p->key,
+                        .is_text = p->value_case == KVC__PARAM__VALUE_TEXT,
                         .number = p->value_case == KVC__PARAM__VALUE_NUMBER ? p->number : 0,
                         .text = p->value_case == KVC__PARAM__VALUE_TEXT ? p->text : NULL,
                 };
@@ -325,8 +328,8 @@ static Kvc__LayerBlocks *grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, 
         return lb;
 }
 
-int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__Grant **ret_g,
-                    char *why, size_t why_len) {
+int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__Grant **ret_g, char *why,
+                    size_t why_len) {
         uint32_t T = s->layout.block_tokens;
         if (n_tokens > s->max_layer_tokens) {
                 snprintf(why, why_len, "room for %u tokens asked; policy %s allows %u per layer", n_tokens,
@@ -375,9 +378,14 @@ static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, st
                         memcpy(sc->logw + at, block_side(lay, blk, lay->logw_offset, h, 0), cnt * 4u);
                 }
         }
-        *out = (struct policy_layer){ .layer = l, .n_tokens = n, .n_kv_heads = s->n_kv_heads,
-                                      .pos = sc->pos, .sum = sc->sum, .ema = sc->ema,
-                                      .last = sc->last, .logw = sc->logw };
+        *out = (struct policy_layer){ .layer = l,
+                                      .n_tokens = n,
+                                      .n_kv_heads = s->n_kv_heads,
+                                      .pos = sc->pos,
+                                      .sum = sc->sum,
+                                      .ema = sc->ema,
+                                      .last = sc->last,
+                                      .logw = sc->logw };
 }
 
 /* Builds the plan for the layers with a target below their length; NULL when none has. */
@@ -440,8 +448,8 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
         uint32_t T = s->layout.block_tokens;
 
         if (s->stepped && st->step <= s->last_step) {
-                snprintf(why, why_len, "step %llu is not after step %llu",
-                         (unsigned long long)st->step, (unsigned long long)s->last_step);
+                snprintf(why, why_len, "step %llu is not after step %llu", (unsigned long long)st->step,
+                         (unsigned long long)s->last_step);
                 return -EPROTO;
         }
         if (st->n_layer_tokens != s->n_layers) {
@@ -474,9 +482,13 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                 targets[l] = POLICY_NO_PLAN;
         if (s->pending_plan_id == 0) {
                 struct policy_step ps = {
-                        .step = st->step, .prefill = st->phase == KVC__PHASE__PHASE_PREFILL,
-                        .entropy = st->entropy, .top1_prob = st->top1_prob, .margin = st->margin,
-                        .confidence = s->confidence, .layer_tokens = st->layer_tokens,
+                        .step = st->step,
+                        .prefill = st->phase == KVC__PHASE__PHASE_PREFILL,
+                        .entropy = st->entropy,
+                        .top1_prob = st->top1_prob,
+                        .margin = st->margin,
+                        .confidence = s->confidence,
+                        .layer_tokens = st->layer_tokens,
                 };
                 s->policy->ops->decide(s->policy->state, &ps, targets);
                 *ret_plan = build_plan(d, s, st->step);
@@ -528,15 +540,17 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
         uint32_t release[WIRE_MAX_LAYERS] = { 0 };
         for (size_t i = 0; i < m->n_released; i++) {
                 const Kvc__LayerBlocks *lb = m->released[i];
-                if (lb->layer >= s->n_layers || release[lb->layer] || lb->n_blocks > s->layers[lb->layer].n_blocks) {
+                if (lb->layer >= s->n_layers || release[lb->layer] ||
+                    lb->n_blocks > s->layers[lb->layer].n_blocks) {
                         snprintf(why, why_len, "release entry %zu (layer %u) is invalid", i, lb->layer);
                         return -EPROTO;
                 }
                 const struct session_layer *L = &s->layers[lb->layer];
                 for (size_t b = 0; b < lb->n_blocks; b++) {
                         if (lb->blocks[b] != L->blocks[L->n_blocks - lb->n_blocks + b]) {
-                                snprintf(why, why_len, "layer %u: released blocks are not the layer's last %zu",
-                                         lb->layer, lb->n_blocks);
+                                snprintf(why, why_len,
+                                         "layer %u: released blocks are not the layer's last %zu", lb->layer,
+                                         lb->n_blocks);
                                 return -EPROTO;
                         }
                 }

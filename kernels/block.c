@@ -6,11 +6,9 @@
 
 size_t block_dtype_bytes(enum block_dtype dtype) {
         switch (dtype) {
-        case BLOCK_DTYPE_F32:
-                return 4;
+        case BLOCK_DTYPE_F32: return 4;
         case BLOCK_DTYPE_F16:
-        case BLOCK_DTYPE_BF16:
-                return 2;
+        case BLOCK_DTYPE_BF16: return 2;
         }
         return 0;
 }
@@ -19,8 +17,8 @@ static uint64_t align64(uint64_t x) {
         return (x + 63u) & ~(uint64_t)63u;
 }
 
-int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_kv_heads,
-                      uint32_t head_dim, enum block_dtype dtype) {
+int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_kv_heads, uint32_t head_dim,
+                      enum block_dtype dtype) {
         size_t eb = block_dtype_bytes(dtype);
         if (!block_tokens || !n_kv_heads || !head_dim || !eb)
                 return -EINVAL;
@@ -120,9 +118,7 @@ static uint16_t float_to_bf16(float f) {
 void block_load_row(enum block_dtype dtype, const void *src, float *dst, uint32_t n) {
         const uint16_t *s16 = src;
         switch (dtype) {
-        case BLOCK_DTYPE_F32:
-                memcpy(dst, src, (size_t)n * 4);
-                return;
+        case BLOCK_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
         case BLOCK_DTYPE_F16:
                 for (uint32_t i = 0; i < n; i++)
                         dst[i] = half_to_float(s16[i]);
@@ -137,9 +133,7 @@ void block_load_row(enum block_dtype dtype, const void *src, float *dst, uint32_
 void block_store_row(enum block_dtype dtype, const float *src, void *dst, uint32_t n) {
         uint16_t *d16 = dst;
         switch (dtype) {
-        case BLOCK_DTYPE_F32:
-                memcpy(dst, src, (size_t)n * 4);
-                return;
+        case BLOCK_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
         case BLOCK_DTYPE_F16:
                 for (uint32_t i = 0; i < n; i++)
                         d16[i] = float_to_half(src[i]);

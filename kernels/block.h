@@ -57,13 +57,12 @@ struct block_layer {
 };
 
 /* Fills l for the geometry. -EINVAL for a zero or unknown field or a block over 4 GiB. */
-int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_kv_heads,
-                      uint32_t head_dim, enum block_dtype dtype);
+int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_kv_heads, uint32_t head_dim,
+                      enum block_dtype dtype);
 
 size_t block_dtype_bytes(enum block_dtype dtype);
 
-static inline uint8_t *block_key(const struct block_layout *l, uint8_t *block, uint32_t head,
-                                 uint32_t slot) {
+static inline uint8_t *block_key(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot) {
         return block + l->key_offset + ((uint64_t)head * l->block_tokens + slot) * l->row_bytes;
 }
 
@@ -73,8 +72,8 @@ static inline uint8_t *block_value(const struct block_layout *l, uint8_t *block,
 }
 
 /* The side array at offset `off` (pos, sum, ema, last, logw), element (head, slot). */
-static inline void *block_side(const struct block_layout *l, uint8_t *block, uint64_t off,
-                               uint32_t head, uint32_t slot) {
+static inline void *block_side(const struct block_layout *l, uint8_t *block, uint64_t off, uint32_t head,
+                               uint32_t slot) {
         return block + off + ((uint64_t)head * l->block_tokens + slot) * 4u;
 }
 

@@ -17,15 +17,14 @@ int compact_check_keep(const uint32_t *keep, uint32_t n, uint32_t base_tokens) {
 
 /* Moves `len` consecutive slots of one head from src to dst (dst < src), all inside one block
  * each. memmove, because a run may overlap itself within a block. */
-static void move_run(const struct block_layer *L, uint32_t head, uint32_t src, uint32_t dst,
-                     uint32_t len) {
+static void move_run(const struct block_layer *L, uint32_t head, uint32_t src, uint32_t dst, uint32_t len) {
         const struct block_layout *l = L->layout;
         uint32_t T = l->block_tokens;
         uint8_t *sb = L->blocks[src / T], *db = L->blocks[dst / T];
         uint32_t ss = src % T, ds = dst % T;
         static const size_t side_offsets[] = {
-                offsetof(struct block_layout, pos_offset), offsetof(struct block_layout, sum_offset),
-                offsetof(struct block_layout, ema_offset), offsetof(struct block_layout, last_offset),
+                offsetof(struct block_layout, pos_offset),  offsetof(struct block_layout, sum_offset),
+                offsetof(struct block_layout, ema_offset),  offsetof(struct block_layout, last_offset),
                 offsetof(struct block_layout, logw_offset),
         };
 
@@ -33,8 +32,7 @@ static void move_run(const struct block_layer *L, uint32_t head, uint32_t src, u
         memmove(block_value(l, db, head, ds), block_value(l, sb, head, ss), len * l->row_bytes);
         for (size_t i = 0; i < sizeof(side_offsets) / sizeof(side_offsets[0]); i++) {
                 uint64_t off = *(const uint64_t *)((const uint8_t *)l + side_offsets[i]);
-                memmove(block_side(l, db, off, head, ds), block_side(l, sb, off, head, ss),
-                        (size_t)len * 4u);
+                memmove(block_side(l, db, off, head, ds), block_side(l, sb, off, head, ss), (size_t)len * 4u);
         }
 }
 
@@ -42,8 +40,8 @@ static uint32_t source_of(const uint32_t *keep, uint32_t kc, uint32_t base, uint
         return i < kc ? keep[i] : base + (i - kc);
 }
 
-static void compact_head(const struct block_layer *L, uint32_t head, const uint32_t *keep,
-                         uint32_t kc, uint32_t base, uint32_t new_len) {
+static void compact_head(const struct block_layer *L, uint32_t head, const uint32_t *keep, uint32_t kc,
+                         uint32_t base, uint32_t new_len) {
         uint32_t T = L->layout->block_tokens;
         uint32_t i = 0;
         while (i < new_len) {
@@ -59,8 +57,8 @@ static void compact_head(const struct block_layer *L, uint32_t head, const uint3
         }
 }
 
-int compact_layer(const struct block_layer *L, const uint32_t *keep, uint32_t keep_count,
-                  int per_head, uint32_t base_tokens, uint32_t *ret_n_tokens) {
+int compact_layer(const struct block_layer *L, const uint32_t *keep, uint32_t keep_count, int per_head,
+                  uint32_t base_tokens, uint32_t *ret_n_tokens) {
         const struct block_layout *l = L->layout;
         uint32_t H = l->n_kv_heads;
 
@@ -72,8 +70,8 @@ int compact_layer(const struct block_layer *L, const uint32_t *keep, uint32_t ke
 
         uint32_t new_len = keep_count + (L->n_tokens - base_tokens);
         for (uint32_t h = 0; h < H; h++)
-                compact_head(L, h, per_head ? keep + (uint64_t)h * keep_count : keep, keep_count,
-                             base_tokens, new_len);
+                compact_head(L, h, per_head ? keep + (uint64_t)h * keep_count : keep, keep_count, base_tokens,
+                             new_len);
         *ret_n_tokens = new_len;
         return 0;
 }

@@ -22,5 +22,5 @@ int compact_check_keep(const uint32_t *keep, uint32_t n, uint32_t base_tokens);
 /* Compacts layer L. keep holds keep_count indices, or n_kv_heads * keep_count (head after head)
  * when per_head. base_tokens <= L->n_tokens. On success *ret_n_tokens is the new length,
  * keep_count + (L->n_tokens - base_tokens); on failure (-EINVAL) nothing was moved. */
-int compact_layer(const struct block_layer *L, const uint32_t *keep, uint32_t keep_count,
-                  int per_head, uint32_t base_tokens, uint32_t *ret_n_tokens);
+int compact_layer(const struct block_layer *L, const uint32_t *keep, uint32_t keep_count, int per_head,
+                  uint32_t base_tokens, uint32_t *ret_n_tokens);

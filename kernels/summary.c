@@ -5,8 +5,7 @@
 #include <float.h>
 #include <math.h>
 
-int summary_logits_ref(const float *logits, uint32_t vocab, struct summary *ret, float *topk,
-                       uint32_t k) {
+int summary_logits_ref(const float *logits, uint32_t vocab, struct summary *ret, float *topk, uint32_t k) {
         if (vocab < 2 || k > vocab)
                 return -EINVAL;
 

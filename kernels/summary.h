@@ -20,5 +20,4 @@ struct summary {
 };
 
 /* -EINVAL for V < 2, k > V, or a non-finite logit. topk may be NULL when k == 0. */
-int summary_logits_ref(const float *logits, uint32_t vocab, struct summary *ret, float *topk,
-                       uint32_t k);
+int summary_logits_ref(const float *logits, uint32_t vocab, struct summary *ret, float *topk, uint32_t k);

@@ -51,8 +51,9 @@ int fdwire_recv(int sock, struct fdwire_msg *m, int *ret_fd, int timeout_ms) {
                 char buf[CMSG_SPACE(sizeof(int) * FDWIRE_MAX_FDS)];
                 struct cmsghdr align;
         } ctl;
-        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
-                             .msg_controllen = sizeof(ctl.buf) };
+        struct msghdr mh = {
+                .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)
+        };
         ssize_t n;
         do
                 n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);

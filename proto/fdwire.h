@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#define FDWIRE_MAGIC 0x4b564346u /* "KVCF" */
+#define FDWIRE_MAGIC   0x4b564346u /* "KVCF" */
 #define FDWIRE_VERSION 1u
 
 enum fdwire_kind {

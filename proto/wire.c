@@ -139,8 +139,8 @@ static int check_unit(float x, const char *what, char *why, size_t why_len) {
         return 0;
 }
 
-static int check_layer_blocks(Kvc__LayerBlocks *const *v, size_t n, size_t *ref_count,
-                              const char *what, char *why, size_t why_len) {
+static int check_layer_blocks(Kvc__LayerBlocks *const *v, size_t n, size_t *ref_count, const char *what,
+                              char *why, size_t why_len) {
         if (n > WIRE_MAX_LAYERS)
                 return BAD("%s lists %zu layers (max %u)", what, n, WIRE_MAX_LAYERS);
         for (size_t i = 0; i < n; i++) {
@@ -296,16 +296,14 @@ static int v_step_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
                     (r = check_unit(s->top1_prob, "top1_prob", why, why_len)) < 0)
                         return r;
                 if (!(s->margin >= 0.0f) || isinf(s->margin))
-                        return BAD("step %zu: margin %g is not a finite number >= 0", i,
-                                   (double)s->margin);
+                        return BAD("step %zu: margin %g is not a finite number >= 0", i, (double)s->margin);
                 if (s->n_topk_logprobs > WIRE_MAX_TOPK)
                         return BAD("step %zu: %zu top-k entries (max %u)", i, s->n_topk_logprobs,
                                    WIRE_MAX_TOPK);
                 for (size_t k = 0; k < s->n_topk_logprobs; k++) {
                         float lp = s->topk_logprobs[k];
                         if (!(lp <= 0.0f) || isinf(lp))
-                                return BAD("step %zu: top-k log-probability %g invalid", i,
-                                           (double)lp);
+                                return BAD("step %zu: top-k log-probability %g invalid", i, (double)lp);
                         if (k > 0 && lp > s->topk_logprobs[k - 1])
                                 return BAD("step %zu: top-k log-probabilities not descending", i);
                 }
@@ -428,8 +426,8 @@ const char *wire_body_name(Kvc__Envelope__BodyCase c) {
 
 int wire_validate(const Kvc__Envelope *env, char *why, size_t why_len) {
         if (env->version != WIRE_VERSION)
-                return fail(-EPROTO, why, why_len, "protocol version %u, this side speaks %u",
-                            env->version, WIRE_VERSION);
+                return fail(-EPROTO, why, why_len, "protocol version %u, this side speaks %u", env->version,
+                            WIRE_VERSION);
         for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
                 if (kinds[i].body != env->body_case)
                         continue;
@@ -442,8 +440,8 @@ int wire_validate(const Kvc__Envelope *env, char *why, size_t why_len) {
         return fail(-EPROTO, why, why_len, "unknown message kind %d", (int)env->body_case);
 }
 
-int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes,
-                Kvc__Envelope **ret, char *why, size_t why_len) {
+int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes, Kvc__Envelope **ret,
+                char *why, size_t why_len) {
         if (len > max_bytes)
                 return fail(-EMSGSIZE, why, why_len, "frame of %zu bytes exceeds %zu", len, max_bytes);
         wire_arena_reset(a);
@@ -474,12 +472,12 @@ const char *wire_errno_name(int code) {
                 int code;
                 const char *name;
         } names[] = {
-                { EPERM, "EPERM" },       { ENOENT, "ENOENT" },       { EIO, "EIO" },
-                { ENOMEM, "ENOMEM" },     { EBUSY, "EBUSY" },         { EEXIST, "EEXIST" },
-                { EINVAL, "EINVAL" },     { ENOSPC, "ENOSPC" },       { EPROTO, "EPROTO" },
-                { EMSGSIZE, "EMSGSIZE" }, { ESTALE, "ESTALE" },       { EALREADY, "EALREADY" },
-                { ETIMEDOUT, "ETIMEDOUT" }, { ENOTCONN, "ENOTCONN" }, { ECONNREFUSED, "ECONNREFUSED" },
-                { EAGAIN, "EAGAIN" },     { ENOTSUP, "ENOTSUP" },     { EMFILE, "EMFILE" },
+                { EPERM, "EPERM" },         { ENOENT, "ENOENT" },       { EIO, "EIO" },
+                { ENOMEM, "ENOMEM" },       { EBUSY, "EBUSY" },         { EEXIST, "EEXIST" },
+                { EINVAL, "EINVAL" },       { ENOSPC, "ENOSPC" },       { EPROTO, "EPROTO" },
+                { EMSGSIZE, "EMSGSIZE" },   { ESTALE, "ESTALE" },       { EALREADY, "EALREADY" },
+                { ETIMEDOUT, "ETIMEDOUT" }, { ENOTCONN, "ENOTCONN" },   { ECONNREFUSED, "ECONNREFUSED" },
+                { EAGAIN, "EAGAIN" },       { ENOTSUP, "ENOTSUP" },     { EMFILE, "EMFILE" },
                 { ESHUTDOWN, "ESHUTDOWN" }, { EOVERFLOW, "EOVERFLOW" }, { ERANGE, "ERANGE" },
         };
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)

@@ -16,7 +16,7 @@
 
 #include "kvc.pb-c.h"
 
-#define WIRE_VERSION 1u
+#define WIRE_VERSION     1u
 #define WIRE_TOKEN_BYTES 16u
 
 /* Frames a peer may send kvcd: larger ones are refused with EMSGSIZE. */
@@ -24,19 +24,19 @@
 /* Frames kvcd may send a client (plan batches, session lists). */
 #define WIRE_REPLY_MAX_BYTES (8u * 1024u * 1024u)
 
-#define WIRE_MAX_LAYERS 256u
-#define WIRE_MAX_HEADS 1024u
-#define WIRE_MAX_KV_HEADS 256u
-#define WIRE_MAX_HEAD_DIM 1024u
-#define WIRE_MAX_TOKENS (1u << 20)
+#define WIRE_MAX_LAYERS       256u
+#define WIRE_MAX_HEADS        1024u
+#define WIRE_MAX_KV_HEADS     256u
+#define WIRE_MAX_HEAD_DIM     1024u
+#define WIRE_MAX_TOKENS       (1u << 20)
 #define WIRE_MAX_BLOCK_TOKENS 1024u
-#define WIRE_MAX_PARAMS 32u
-#define WIRE_MAX_NAME 64u       /* names, tenants, keys, short texts */
-#define WIRE_MAX_MESSAGE 256u   /* error messages */
-#define WIRE_MAX_STEPS 1024u    /* steps in one StepBatch */
-#define WIRE_MAX_TOPK 64u
-#define WIRE_MAX_BLOCK_REFS 65536u /* block offsets in one message */
-#define WIRE_MAX_ERRNO 4095
+#define WIRE_MAX_PARAMS       32u
+#define WIRE_MAX_NAME         64u   /* names, tenants, keys, short texts */
+#define WIRE_MAX_MESSAGE      256u  /* error messages */
+#define WIRE_MAX_STEPS        1024u /* steps in one StepBatch */
+#define WIRE_MAX_TOPK         64u
+#define WIRE_MAX_BLOCK_REFS   65536u /* block offsets in one message */
+#define WIRE_MAX_ERRNO        4095
 
 /* A bump allocator with a hard cap. Unpacking allocates from it; wire_arena_reset() frees all. */
 struct wire_arena;
@@ -53,8 +53,8 @@ char *wire_arena_strdup(struct wire_arena *a, const char *s);
  * (valid until the next reset). On failure returns -EMSGSIZE (frame too large or arena
  * exhausted), -EPROTO (not a protobuf envelope, wrong version, no body) or -EINVAL (a field out
  * of range), and writes a one-line reason into why (if why_len > 0). */
-int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes,
-                Kvc__Envelope **ret, char *why, size_t why_len);
+int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes, Kvc__Envelope **ret,
+                char *why, size_t why_len);
 
 /* Checks the fields of an envelope (wire_decode calls it; exposed for tests). */
 int wire_validate(const Kvc__Envelope *env, char *why, size_t why_len);

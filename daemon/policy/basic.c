@@ -23,8 +23,8 @@ struct full_state {
         uint32_t max_tokens;
 };
 
-static int full_init(void *state, const struct policy_setup *s, const struct policy_param *params,
-                     size_t n, char *why, size_t why_len) {
+static int full_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
+                     char *why, size_t why_len) {
         struct full_state *st = state;
         st->max_tokens = s->max_tokens;
         return no_params(params, n, why, why_len);
@@ -46,8 +46,8 @@ static void full_decide(void *state, const struct policy_step *step, uint32_t *t
         (void)targets; /* kvcd initializes targets to POLICY_NO_PLAN */
 }
 
-static int full_select(void *state, const struct policy_layer *layer, uint32_t target,
-                       uint32_t *keep, void *scratch) {
+static int full_select(void *state, const struct policy_layer *layer, uint32_t target, uint32_t *keep,
+                       void *scratch) {
         (void)state, (void)layer, (void)target, (void)keep, (void)scratch;
         return -EINVAL; /* never asked: decide plans nothing */
 }
@@ -69,8 +69,8 @@ struct window_state {
 
 #define WINDOW_DEFAULT_BUDGET 256u
 
-static int window_init(void *state, const struct policy_setup *s, const struct policy_param *params,
-                       size_t n, char *why, size_t why_len) {
+static int window_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
+                       char *why, size_t why_len) {
         struct window_state *st = state;
         st->budget = s->budget_tokens ? s->budget_tokens : WINDOW_DEFAULT_BUDGET;
         st->slack = s->block_tokens;
@@ -97,8 +97,8 @@ static void window_decide(void *state, const struct policy_step *step, uint32_t 
                         targets[l] = st->budget;
 }
 
-static int window_select(void *state, const struct policy_layer *layer, uint32_t target,
-                         uint32_t *keep, void *scratch) {
+static int window_select(void *state, const struct policy_layer *layer, uint32_t target, uint32_t *keep,
+                         void *scratch) {
         (void)state;
         /* the most recent by original position; all heads hold the same tokens (per-layer plans),
          * so head 0's positions speak for the layer */

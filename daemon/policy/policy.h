@@ -23,8 +23,8 @@ struct policy_setup {
         uint32_t n_heads;
         uint32_t n_kv_heads;
         uint32_t head_dim;
-        uint32_t max_tokens;   /* the model's context */
-        uint32_t block_tokens; /* slots per block: the natural hysteresis */
+        uint32_t max_tokens;    /* the model's context */
+        uint32_t block_tokens;  /* slots per block: the natural hysteresis */
         uint32_t budget_tokens; /* requested; 0 = the policy's default */
 };
 
@@ -38,7 +38,7 @@ struct policy_param {
 struct policy_step {
         uint64_t step;
         bool prefill;
-        float entropy;   /* normalized */
+        float entropy; /* normalized */
         float top1_prob;
         float margin;
         float confidence;

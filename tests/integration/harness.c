@@ -98,7 +98,8 @@ int harness_daemon_start(struct daemon *d, const char *const *extra, int *exit_s
         int pfd = pidfd_of(d->pid);
         int64_t deadline = now_ms() + HARNESS_DEADLINE_MS;
         for (;;) {
-                struct pollfd p[2] = { { .fd = d->notify_fd, .events = POLLIN }, { .fd = pfd, .events = POLLIN } };
+                struct pollfd p[2] = { { .fd = d->notify_fd, .events = POLLIN },
+                                       { .fd = pfd, .events = POLLIN } };
                 int64_t left = deadline - now_ms();
                 if (left <= 0 || poll(p, 2, (int)left) == 0) {
                         close(pfd);

@@ -14,9 +14,9 @@
 struct daemon {
         pid_t pid;
         int notify_fd;
-        char dir[128];  /* the runtime directory */
-        char root[96];  /* the temporary directory that holds it and the notify socket */
-        char log[128];  /* kvcd's stderr */
+        char dir[128]; /* the runtime directory */
+        char root[96]; /* the temporary directory that holds it and the notify socket */
+        char log[128]; /* kvcd's stderr */
 };
 
 struct proc {

@@ -22,8 +22,19 @@ struct fixture {
 };
 
 static char *window_run(const struct daemon *d) {
-        const char *argv[] = { harness_bin("kvc-run"), "--socket", d->dir, "--policy", "window", "--budget", "40",
-                               "-i", "Lily and Ben went to the park", "-n", "300", "--no-stop", NULL };
+        const char *argv[] = { harness_bin("kvc-run"),
+                               "--socket",
+                               d->dir,
+                               "--policy",
+                               "window",
+                               "--budget",
+                               "40",
+                               "-i",
+                               "Lily and Ben went to the park",
+                               "-n",
+                               "300",
+                               "--no-stop",
+                               NULL };
         char *out = NULL;
         int st;
         if (harness_run(argv, &out, &st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {

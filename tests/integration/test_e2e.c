@@ -68,7 +68,8 @@ static void full_policy_reproduces_the_known_greedy_story(void **state) {
 
 static void window_of_64_holds_at_most_one_block_more_than_its_budget(void **state) {
         struct daemon *d = *state;
-        char *out = kvc_run(d, "--policy", "window", "--budget", "64", "-n", "512", "--no-stop", "--json", NULL);
+        char *out =
+                kvc_run(d, "--policy", "window", "--budget", "64", "-n", "512", "--no-stop", "--json", NULL);
         assert_int_equal(harness_json_int(out, "steps"), 512);
         /* kvcd's own accounting, reported when the session closed */
         long long peak_tokens = harness_json_int(out, "peak_tokens");
@@ -101,10 +102,22 @@ static void window_run_differs_from_full_once_the_window_bites(void **state) {
 
 static void concurrent_clients_produce_their_solo_output(void **state) {
         struct daemon *d = *state;
-        const char *a_args[] = { harness_bin("kvc-run"), "--socket", d->dir, "-i", "Once upon a time, a cat",
-                                 "-t", "0.9", "-s", "7", "-n", "400", NULL };
-        const char *b_args[] = { harness_bin("kvc-run"), "--socket", d->dir, "--policy", "window", "--budget",
-                                 "48", "-i", "Tim had a red ball", "-n", "400", "--no-stop", NULL };
+        const char *a_args[] = { harness_bin("kvc-run"),
+                                 "--socket",
+                                 d->dir,
+                                 "-i",
+                                 "Once upon a time, a cat",
+                                 "-t",
+                                 "0.9",
+                                 "-s",
+                                 "7",
+                                 "-n",
+                                 "400",
+                                 NULL };
+        const char *b_args[] = {
+                harness_bin("kvc-run"), "--socket", d->dir, "--policy",  "window", "--budget", "48", "-i",
+                "Tim had a red ball",   "-n",       "400",  "--no-stop", NULL
+        };
         char *solo_a, *solo_b, *duo_a, *duo_b;
         int st;
         assert_int_equal(harness_run(a_args, &solo_a, &st), 0);
@@ -197,8 +210,9 @@ static void every_binary_answers_help_and_version(void **state) {
 
 static void kvcctl_exits_3_when_no_kvcd_answers(void **state) {
         (void)state;
-        const char *argv[] = { harness_bin("kvcctl"), "--socket", "/nonexistent-kvcd-dir", "--timeout", "300",
-                               "status", NULL };
+        const char *argv[] = {
+                harness_bin("kvcctl"), "--socket", "/nonexistent-kvcd-dir", "--timeout", "300", "status", NULL
+        };
         char *out;
         int st;
         assert_int_equal(harness_run(argv, &out, &st), 0);

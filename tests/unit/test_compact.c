@@ -27,37 +27,24 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "block.h"
 #include "compact.h"
 
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-        uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
-
-static uint32_t rng_below(uint32_t n)
-{
-        return (uint32_t)(rng_next() % n);
-}
 
 /* ---- a layer in separately allocated blocks ---- */
 
 struct test_layer {
         struct block_layout layout;
         struct block_layer L;
-        uint8_t **blocks;  /* in slot order, allocated in shuffled order */
-        uint8_t **saved;   /* a snapshot of each block */
+        uint8_t **blocks; /* in slot order, allocated in shuffled order */
+        uint8_t **saved;  /* a snapshot of each block */
         uint32_t n_blocks;
 };
 
 static void layer_make(struct test_layer *t, uint32_t block_tokens, uint32_t n_kv_heads, uint32_t head_dim,
-                       enum block_dtype dtype, uint32_t n_tokens, uint32_t spare_blocks)
-{
+                       enum block_dtype dtype, uint32_t n_tokens, uint32_t spare_blocks) {
         memset(t, 0, sizeof(*t));
         assert_int_equal(block_layout_init(&t->layout, block_tokens, n_kv_heads, head_dim, dtype), 0);
         t->n_blocks = (n_tokens + block_tokens - 1) / block_tokens + spare_blocks;
@@ -85,12 +72,12 @@ static void layer_make(struct test_layer *t, uint32_t block_tokens, uint32_t n_k
         }
         for (uint32_t b = 0; b < t->n_blocks; b++)
                 memcpy(t->saved[b], t->blocks[b], t->layout.block_bytes);
-        t->L = (struct block_layer){ .layout = &t->layout, .blocks = t->blocks, .n_blocks = t->n_blocks,
-                                     .n_tokens = n_tokens };
+        t->L = (struct block_layer){
+                .layout = &t->layout, .blocks = t->blocks, .n_blocks = t->n_blocks, .n_tokens = n_tokens
+        };
 }
 
-static void layer_done(struct test_layer *t)
-{
+static void layer_done(struct test_layer *t) {
         for (uint32_t b = 0; b < t->n_blocks; b++) {
                 free(t->blocks[b]);
                 free(t->saved[b]);
@@ -99,8 +86,7 @@ static void layer_done(struct test_layer *t)
         free(t->saved);
 }
 
-static void assert_layer_unchanged(const struct test_layer *t)
-{
+static void assert_layer_unchanged(const struct test_layer *t) {
         for (uint32_t b = 0; b < t->n_blocks; b++)
                 assert_memory_equal(t->blocks[b], t->saved[b], t->layout.block_bytes);
 }
@@ -110,11 +96,11 @@ static const char *const array_names[] = { "key", "value", "pos", "sum", "ema", 
 /* The bytes of array a (0 key, 1 value, 2.. side arrays) for (head, slot) of a layer whose block
  * table is blocks. */
 static const uint8_t *slot_bytes(const struct block_layout *l, uint8_t *const *blocks, int a, uint32_t head,
-                                 uint32_t slot, size_t *ret_len)
-{
+                                 uint32_t slot, size_t *ret_len) {
         uint8_t *b = blocks[slot / l->block_tokens];
         uint32_t s = slot % l->block_tokens;
-        const uint64_t side[] = { l->pos_offset, l->sum_offset, l->ema_offset, l->last_offset, l->logw_offset };
+        const uint64_t side[] = { l->pos_offset, l->sum_offset, l->ema_offset, l->last_offset,
+                                  l->logw_offset };
 
         if (a < 2) {
                 *ret_len = l->row_bytes;
@@ -126,8 +112,7 @@ static const uint8_t *slot_bytes(const struct block_layout *l, uint8_t *const *b
 
 /* Compacts t with keep (per layer, or per head) and compares with the out-of-place oracle. */
 static void check_compaction(struct test_layer *t, const uint32_t *keep, uint32_t keep_count, int per_head,
-                             uint32_t base_tokens, const char *what)
-{
+                             uint32_t base_tokens, const char *what) {
         const struct block_layout *l = &t->layout;
         uint32_t H = l->n_kv_heads, n_tokens = t->L.n_tokens;
         uint32_t new_len = keep_count + (n_tokens - base_tokens);
@@ -167,9 +152,9 @@ static void check_compaction(struct test_layer *t, const uint32_t *keep, uint32_
                                 if (memcmp(got, want, len) != 0)
                                         fail_msg("%s (T=%u H=%u D=%u dtype %d, n %u base %u keep %u%s): "
                                                  "%s of head %u slot %u differs",
-                                                 what, l->block_tokens, H, l->head_dim, (int)l->dtype, n_tokens,
-                                                 base_tokens, keep_count, per_head ? " per head" : "",
-                                                 array_names[a], h, i);
+                                                 what, l->block_tokens, H, l->head_dim, (int)l->dtype,
+                                                 n_tokens, base_tokens, keep_count,
+                                                 per_head ? " per head" : "", array_names[a], h, i);
                         }
                 }
         }
@@ -181,8 +166,7 @@ static void check_compaction(struct test_layer *t, const uint32_t *keep, uint32_
 /* Runs one keep-set on a fresh layer of the given geometry: per layer, then (the same set
  * shifted per head where it fits) per head. */
 static void run_case(uint32_t T, uint32_t H, uint32_t D, enum block_dtype dtype, uint32_t n_tokens,
-                     uint32_t base, const uint32_t *keep, uint32_t kc, const char *what)
-{
+                     uint32_t base, const uint32_t *keep, uint32_t kc, const char *what) {
         struct test_layer t;
 
         layer_make(&t, T, H, D, dtype, n_tokens, 0);
@@ -216,23 +200,20 @@ static const enum block_dtype dtypes[] = { BLOCK_DTYPE_F32, BLOCK_DTYPE_F16, BLO
 
 /* keep-set builders: each writes into keep and returns the count */
 
-static uint32_t keep_shift_by_one(uint32_t base, uint32_t *keep)
-{
+static uint32_t keep_shift_by_one(uint32_t base, uint32_t *keep) {
         for (uint32_t i = 1; i < base; i++)
                 keep[i - 1] = i;
         return base ? base - 1 : 0;
 }
 
-static uint32_t keep_every_other(uint32_t base, uint32_t first, uint32_t *keep)
-{
+static uint32_t keep_every_other(uint32_t base, uint32_t first, uint32_t *keep) {
         uint32_t n = 0;
         for (uint32_t i = first; i < base; i += 2)
                 keep[n++] = i;
         return n;
 }
 
-static uint32_t keep_last(uint32_t base, uint32_t B, uint32_t *keep)
-{
+static uint32_t keep_last(uint32_t base, uint32_t B, uint32_t *keep) {
         uint32_t n = 0;
         for (uint32_t i = base > B ? base - B : 0; i < base; i++)
                 keep[n++] = i;
@@ -241,8 +222,7 @@ static uint32_t keep_last(uint32_t base, uint32_t B, uint32_t *keep)
 
 /* Runs of length run_len that start run_len/2 before each block boundary, so each one
  * straddles two blocks, and a gap between runs. */
-static uint32_t keep_straddling(uint32_t base, uint32_t T, uint32_t run_len, uint32_t *keep)
-{
+static uint32_t keep_straddling(uint32_t base, uint32_t T, uint32_t run_len, uint32_t *keep) {
         uint32_t n = 0;
         for (uint32_t edge = T; edge < base + run_len; edge += T) {
                 uint32_t from = edge >= run_len / 2 ? edge - run_len / 2 : 0;
@@ -253,8 +233,7 @@ static uint32_t keep_straddling(uint32_t base, uint32_t T, uint32_t run_len, uin
         return n;
 }
 
-static uint32_t keep_random(uint32_t base, uint32_t per_mille, uint32_t *keep)
-{
+static uint32_t keep_random(uint32_t base, uint32_t per_mille, uint32_t *keep) {
         uint32_t n = 0;
         for (uint32_t i = 0; i < base; i++)
                 if (rng_below(1000) < per_mille)
@@ -262,8 +241,7 @@ static uint32_t keep_random(uint32_t base, uint32_t per_mille, uint32_t *keep)
         return n;
 }
 
-static uint32_t keep_all(uint32_t base, uint32_t *keep)
-{
+static uint32_t keep_all(uint32_t base, uint32_t *keep) {
         for (uint32_t i = 0; i < base; i++)
                 keep[i] = i;
         return base;
@@ -271,8 +249,7 @@ static uint32_t keep_all(uint32_t base, uint32_t *keep)
 
 /* The shapes of keep-set that break a careless in-place gather, on small and 16-token blocks,
  * with and without tail tokens. */
-static void compact_matches_oracle_on_race_prone_keep_sets(void **state)
-{
+static void compact_matches_oracle_on_race_prone_keep_sets(void **state) {
         static const uint32_t Ts[] = { 1, 3, 4, 16 };
         static const uint32_t tails[] = { 0, 1, 5 };
         (void)state;
@@ -313,8 +290,7 @@ static void compact_matches_oracle_on_race_prone_keep_sets(void **state)
         }
 }
 
-static void compact_matches_oracle_on_random_geometries(void **state)
-{
+static void compact_matches_oracle_on_random_geometries(void **state) {
         (void)state;
         rng_state = 0xabcdef01;
         for (int iter = 0; iter < 300; iter++) {
@@ -334,8 +310,7 @@ static void compact_matches_oracle_on_random_geometries(void **state)
 }
 
 /* Spare blocks past the live ones are allowed, and compaction leaves them alone. */
-static void compact_leaves_blocks_past_the_length_alone(void **state)
-{
+static void compact_leaves_blocks_past_the_length_alone(void **state) {
         struct test_layer t;
         uint32_t keep[] = { 2, 3, 9 };
         uint32_t n;
@@ -350,8 +325,7 @@ static void compact_leaves_blocks_past_the_length_alone(void **state)
 }
 
 /* Refusals move nothing and leave *ret_n_tokens alone. */
-static void compact_rejects_bad_keep_sets(void **state)
-{
+static void compact_rejects_bad_keep_sets(void **state) {
         static const struct {
                 uint32_t keep[4];
                 uint32_t count;
@@ -400,8 +374,7 @@ static void compact_rejects_bad_keep_sets(void **state)
         layer_done(&t);
 }
 
-static void compact_check_keep_accepts_only_strictly_ascending_sets(void **state)
-{
+static void compact_check_keep_accepts_only_strictly_ascending_sets(void **state) {
         uint32_t ok[] = { 0, 1, 5, 9 }, dup[] = { 0, 5, 5 }, down[] = { 3, 2 };
         (void)state;
         assert_int_equal(compact_check_keep(ok, 4, 10), 0);
@@ -415,8 +388,7 @@ static void compact_check_keep_accepts_only_strictly_ascending_sets(void **state
 
 /* ---- block layout ---- */
 
-static void block_layout_aligns_and_separates_every_array(void **state)
-{
+static void block_layout_aligns_and_separates_every_array(void **state) {
         (void)state;
         for (uint32_t T = 1; T <= 33; T += 4) {
                 for (uint32_t H = 1; H <= 9; H += 2) {
@@ -430,13 +402,15 @@ static void block_layout_aligns_and_separates_every_array(void **state)
                                         assert_int_equal(l.block_tokens, T);
                                         assert_int_equal(l.n_kv_heads, H);
                                         assert_int_equal(l.head_dim, D);
-                                        const uint64_t off[] = { l.key_offset, l.value_offset, l.pos_offset,
-                                                                 l.sum_offset, l.ema_offset, l.last_offset,
+                                        const uint64_t off[] = { l.key_offset,  l.value_offset, l.pos_offset,
+                                                                 l.sum_offset,  l.ema_offset,   l.last_offset,
                                                                  l.logw_offset, l.block_bytes };
-                                        const uint64_t size[] = { (uint64_t)H * T * D * eb, (uint64_t)H * T * D * eb,
-                                                                  (uint64_t)H * T * 4, (uint64_t)H * T * 4,
-                                                                  (uint64_t)H * T * 4, (uint64_t)H * T * 4,
-                                                                  (uint64_t)H * T * 4 };
+                                        const uint64_t size[] = {
+                                                (uint64_t)H * T * D * eb, (uint64_t)H * T * D * eb,
+                                                (uint64_t)H * T * 4,      (uint64_t)H * T * 4,
+                                                (uint64_t)H * T * 4,      (uint64_t)H * T * 4,
+                                                (uint64_t)H * T * 4
+                                        };
                                         assert_int_equal(l.key_offset, 0);
                                         for (int a = 0; a < 8; a++)
                                                 assert_int_equal(off[a] % 64, 0);
@@ -459,8 +433,7 @@ static void block_layout_aligns_and_separates_every_array(void **state)
         }
 }
 
-static void block_layout_rejects_zero_and_unknown_fields(void **state)
-{
+static void block_layout_rejects_zero_and_unknown_fields(void **state) {
         struct block_layout l, before;
         (void)state;
         memset(&l, 0x7e, sizeof(l));
@@ -478,8 +451,7 @@ static void block_layout_rejects_zero_and_unknown_fields(void **state)
 }
 
 /* Blocks over 4 GiB are refused, including sizes whose product does not fit 64 bits. */
-static void block_layout_rejects_blocks_over_4_gib(void **state)
-{
+static void block_layout_rejects_blocks_over_4_gib(void **state) {
         struct block_layout l;
         (void)state;
         assert_int_equal(block_layout_init(&l, 2048, 256, 1024, BLOCK_DTYPE_F32), -EINVAL);
@@ -496,51 +468,44 @@ static void block_layout_rejects_blocks_over_4_gib(void **state)
 
 /* ---- f16 and bf16 ---- */
 
-static uint32_t bits_of(float f)
-{
+static uint32_t bits_of(float f) {
         uint32_t b;
         memcpy(&b, &f, 4);
         return b;
 }
 
-static float float_of(uint32_t b)
-{
+static float float_of(uint32_t b) {
         float f;
         memcpy(&f, &b, 4);
         return f;
 }
 
-static float load16(enum block_dtype dt, uint16_t h)
-{
+static float load16(enum block_dtype dt, uint16_t h) {
         float f;
         block_load_row(dt, &h, &f, 1);
         return f;
 }
 
-static uint16_t store16(enum block_dtype dt, float f)
-{
+static uint16_t store16(enum block_dtype dt, float f) {
         uint16_t h;
         block_store_row(dt, &f, &h, 1);
         return h;
 }
 
-static int is_nan16(enum block_dtype dt, uint16_t h)
-{
+static int is_nan16(enum block_dtype dt, uint16_t h) {
         return dt == BLOCK_DTYPE_F16 ? (h & 0x7c00) == 0x7c00 && (h & 0x3ff)
                                      : (h & 0x7f80) == 0x7f80 && (h & 0x7f);
 }
 
 /* The value of a half, computed independently of block.c. */
-static double half_value(uint16_t h)
-{
+static double half_value(uint16_t h) {
         int e = (h >> 10) & 0x1f, m = h & 0x3ff;
         double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
         return (h & 0x8000) ? -v : v;
 }
 
 /* Every non-NaN pattern loads to its value and stores back to itself; NaNs stay NaN. */
-static void f16_and_bf16_round_trip_every_pattern(void **state)
-{
+static void f16_and_bf16_round_trip_every_pattern(void **state) {
         (void)state;
         for (uint32_t i = 0; i < 65536; i++) {
                 uint16_t h = (uint16_t)i;
@@ -565,8 +530,7 @@ static void f16_and_bf16_round_trip_every_pattern(void **state)
 
 /* Exactly half-way between two neighbours rounds to the even one; a hair either side rounds to
  * the nearer one. Over every pair of adjacent finite values of both types. */
-static void f16_and_bf16_round_to_nearest_even(void **state)
-{
+static void f16_and_bf16_round_to_nearest_even(void **state) {
         (void)state;
         for (int di = 1; di < 3; di++) {
                 enum block_dtype dt = dtypes[di];
@@ -581,8 +545,9 @@ static void f16_and_bf16_round_to_nearest_even(void **state)
                                 assert_true((double)mid == ((double)a + (double)b) / 2);
                                 uint16_t even = (lo & 1) ? hi : lo;
                                 if (store16(dt, mid) != even)
-                                        fail_msg("dtype %d: midpoint %a of 0x%04x and 0x%04x stored as 0x%04x",
-                                                 (int)dt, (double)mid, lo, hi, store16(dt, mid));
+                                        fail_msg(
+                                                "dtype %d: midpoint %a of 0x%04x and 0x%04x stored as 0x%04x",
+                                                (int)dt, (double)mid, lo, hi, store16(dt, mid));
                                 float above = nextafterf(mid, sign ? -INFINITY : INFINITY);
                                 float below = nextafterf(mid, sign ? INFINITY : -INFINITY);
                                 assert_int_equal(store16(dt, above), hi);
@@ -593,8 +558,7 @@ static void f16_and_bf16_round_to_nearest_even(void **state)
 }
 
 /* Random floats over the whole range go to a nearest half. */
-static void f16_store_picks_a_nearest_value(void **state)
-{
+static void f16_store_picks_a_nearest_value(void **state) {
         (void)state;
         rng_state = 0x16;
         for (int i = 0; i < 200000; i++) {
@@ -615,14 +579,13 @@ static void f16_store_picks_a_nearest_value(void **state)
                         if ((n & 0x7fff) > 0x7c00 || (n ^ h) & 0x8000)
                                 continue; /* NaN, or across zero */
                         if (fabs((double)x - w) < err)
-                                fail_msg("%a stored as 0x%04x (%a), but 0x%04x (%a) is nearer", (double)x, h, v,
-                                         n, w);
+                                fail_msg("%a stored as 0x%04x (%a), but 0x%04x (%a) is nearer", (double)x, h,
+                                         v, n, w);
                 }
         }
 }
 
-static void f16_and_bf16_keep_inf_nan_zero_and_handle_the_extremes(void **state)
-{
+static void f16_and_bf16_keep_inf_nan_zero_and_handle_the_extremes(void **state) {
         (void)state;
         /* infinities and signed zeros */
         assert_int_equal(store16(BLOCK_DTYPE_F16, INFINITY), 0x7c00);
@@ -634,7 +597,9 @@ static void f16_and_bf16_keep_inf_nan_zero_and_handle_the_extremes(void **state)
         assert_int_equal(store16(BLOCK_DTYPE_BF16, -0.0f), 0x8000);
         assert_true(isinf(load16(BLOCK_DTYPE_F16, 0xfc00)) && load16(BLOCK_DTYPE_F16, 0xfc00) < 0);
         /* NaNs of every kind stay NaN, including payloads only in the low float bits */
-        const uint32_t nans[] = { 0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0x7f802000u };
+        const uint32_t nans[] = {
+                0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0x7f802000u
+        };
         for (size_t i = 0; i < sizeof(nans) / sizeof(nans[0]); i++) {
                 assert_true(is_nan16(BLOCK_DTYPE_F16, store16(BLOCK_DTYPE_F16, float_of(nans[i]))));
                 assert_true(is_nan16(BLOCK_DTYPE_BF16, store16(BLOCK_DTYPE_BF16, float_of(nans[i]))));
@@ -671,8 +636,7 @@ static void f16_and_bf16_keep_inf_nan_zero_and_handle_the_extremes(void **state)
         assert_memory_equal(in, out, sizeof(in));
 }
 
-int main(void)
-{
+int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(compact_matches_oracle_on_race_prone_keep_sets),
                 cmocka_unit_test(compact_matches_oracle_on_random_geometries),

@@ -24,28 +24,15 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "attention.h"
 #include "block.h"
 #include "summary.h"
 
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-        uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
-
-static uint32_t rng_below(uint32_t n)
-{
-        return (uint32_t)(rng_next() % n);
-}
 
 /* Uniform in [lo, hi). */
-static float rng_uniform(float lo, float hi)
-{
+static float rng_uniform(float lo, float hi) {
         return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
 }
 
@@ -63,15 +50,13 @@ enum logw_mode {
         LOGW_RANDOM, /* in [-3, 0] */
 };
 
-static float *side(struct test_layer *t, uint64_t off, uint32_t head, uint32_t slot)
-{
+static float *side(struct test_layer *t, uint64_t off, uint32_t head, uint32_t slot) {
         const struct block_layout *l = &t->layout;
         return block_side(l, t->blocks[slot / l->block_tokens], off, head, slot % l->block_tokens);
 }
 
 static void layer_make(struct test_layer *t, uint32_t T, uint32_t H, uint32_t D, enum block_dtype dtype,
-                       uint32_t n_tokens, enum logw_mode logw)
-{
+                       uint32_t n_tokens, enum logw_mode logw) {
         const struct block_layout *l = &t->layout;
         float row[1024];
 
@@ -101,19 +86,18 @@ static void layer_make(struct test_layer *t, uint32_t T, uint32_t H, uint32_t D,
                         *side(t, l->logw_offset, h, s) = logw == LOGW_ZERO ? 0.0f : rng_uniform(-3, 0);
                 }
         }
-        t->L = (struct block_layer){ .layout = &t->layout, .blocks = t->blocks, .n_blocks = t->n_blocks,
-                                     .n_tokens = n_tokens };
+        t->L = (struct block_layer){
+                .layout = &t->layout, .blocks = t->blocks, .n_blocks = t->n_blocks, .n_tokens = n_tokens
+        };
 }
 
-static void layer_done(struct test_layer *t)
-{
+static void layer_done(struct test_layer *t) {
         for (uint32_t b = 0; b < t->n_blocks; b++)
                 free(t->blocks[b]);
         free(t->blocks);
 }
 
-static uint8_t **layer_snapshot(const struct test_layer *t)
-{
+static uint8_t **layer_snapshot(const struct test_layer *t) {
         uint8_t **s = calloc(t->n_blocks, sizeof(*s));
         assert_non_null(s);
         for (uint32_t b = 0; b < t->n_blocks; b++) {
@@ -124,8 +108,7 @@ static uint8_t **layer_snapshot(const struct test_layer *t)
         return s;
 }
 
-static void snapshot_free(const struct test_layer *t, uint8_t **s)
-{
+static void snapshot_free(const struct test_layer *t, uint8_t **s) {
         for (uint32_t b = 0; b < t->n_blocks; b++)
                 free(s[b]);
         free(s);
@@ -133,8 +116,7 @@ static void snapshot_free(const struct test_layer *t, uint8_t **s)
 
 /* Bytes [from, to) of every block equal the snapshot's. */
 static void assert_region_unchanged(const struct test_layer *t, uint8_t **snap, uint64_t from, uint64_t to,
-                                    const char *what)
-{
+                                    const char *what) {
         for (uint32_t b = 0; b < t->n_blocks; b++)
                 if (memcmp(t->blocks[b] + from, snap[b] + from, to - from) != 0)
                         fail_msg("%s of block %u changed", what, b);
@@ -149,8 +131,7 @@ struct oracle {
         double *wsum;  /* [n_heads]: sum_j a_j */
 };
 
-static void oracle_run(struct test_layer *t, const float *q, uint32_t n_heads, struct oracle *o)
-{
+static void oracle_run(struct test_layer *t, const float *q, uint32_t n_heads, struct oracle *o) {
         const struct block_layout *l = &t->layout;
         uint32_t H = l->n_kv_heads, D = l->head_dim, T = l->block_tokens, n = t->L.n_tokens;
         uint32_t group = n_heads / H;
@@ -193,16 +174,14 @@ static void oracle_run(struct test_layer *t, const float *q, uint32_t n_heads, s
         free(s);
 }
 
-static void oracle_free(struct oracle *o)
-{
+static void oracle_free(struct oracle *o) {
         free(o->out);
         free(o->scale);
         free(o->acc);
         free(o->wsum);
 }
 
-static float *random_q(uint32_t n_heads, uint32_t D, float amp)
-{
+static float *random_q(uint32_t n_heads, uint32_t D, float amp) {
         float *q = malloc((size_t)n_heads * D * sizeof(*q));
         assert_non_null(q);
         for (size_t i = 0; i < (size_t)n_heads * D; i++)
@@ -214,8 +193,8 @@ static double max_rel_err;
 
 /* Runs attn_decode_ref with score updates on t and checks output and side arrays against the
  * oracle (computed on the state before the call). */
-static void check_attention(struct test_layer *t, uint32_t n_heads, float gamma, float q_amp, const char *what)
-{
+static void check_attention(struct test_layer *t, uint32_t n_heads, float gamma, float q_amp,
+                            const char *what) {
         const struct block_layout *l = &t->layout;
         uint32_t H = l->n_kv_heads, D = l->head_dim, n = t->L.n_tokens;
         float *q = random_q(n_heads, D, q_amp);
@@ -232,8 +211,10 @@ static void check_attention(struct test_layer *t, uint32_t n_heads, float gamma,
         for (size_t i = 0; i < (size_t)n_heads * D; i++) {
                 double err = fabs((double)out[i] - o.out[i]);
                 if (!(err <= 1e-5 * o.scale[i]))
-                        fail_msg("%s: out[%zu] = %.9g, oracle %.9g (scale %.3g, T=%u H=%u heads=%u D=%u n=%u)", what,
-                                 i, (double)out[i], o.out[i], o.scale[i], l->block_tokens, H, n_heads, D, n);
+                        fail_msg(
+                                "%s: out[%zu] = %.9g, oracle %.9g (scale %.3g, T=%u H=%u heads=%u D=%u n=%u)",
+                                what, i, (double)out[i], o.out[i], o.scale[i], l->block_tokens, H, n_heads, D,
+                                n);
                 if (o.scale[i] > 0 && err / o.scale[i] > max_rel_err)
                         max_rel_err = err / o.scale[i];
         }
@@ -251,8 +232,10 @@ static void check_attention(struct test_layer *t, uint32_t n_heads, float gamma,
                         for (int k = 0; k < 3; k++)
                                 if (!(fabs(got[k] - want[k]) <= 1e-5 * fabs(want[k]) + 1e-12))
                                         fail_msg("%s: %s of head %u slot %u = %.9g, oracle %.9g", what,
-                                                 k == 0 ? "sum" : k == 1 ? "ema" : "last", g, j, (double)got[k],
-                                                 want[k]);
+                                                 k == 0   ? "sum"
+                                                 : k == 1 ? "ema"
+                                                          : "last",
+                                                 g, j, (double)got[k], want[k]);
                         total += got[2];
                 }
                 /* the averaged weights of a KV head sum to one, like each query head's */
@@ -269,8 +252,7 @@ static void check_attention(struct test_layer *t, uint32_t n_heads, float gamma,
         free(scratch);
 }
 
-static void attn_matches_double_oracle_for_f32(void **state)
-{
+static void attn_matches_double_oracle_for_f32(void **state) {
         static const uint32_t gqa[][2] = { { 1, 1 }, { 4, 4 }, { 8, 2 }, { 8, 1 }, { 12, 3 }, { 32, 4 } };
         static const uint32_t dims[] = { 8, 64, 128 };
         static const uint32_t lens[] = { 1, 2, 15, 16, 17, 33, 100, 255, 300 };
@@ -294,8 +276,7 @@ static void attn_matches_double_oracle_for_f32(void **state)
 
 /* Half and bfloat16 storage: the oracle reads the same stored values, so only the arithmetic
  * differs. */
-static void attn_matches_double_oracle_for_f16_and_bf16(void **state)
-{
+static void attn_matches_double_oracle_for_f16_and_bf16(void **state) {
         (void)state;
         rng_state = 0x16bf;
         for (int dt = BLOCK_DTYPE_F16; dt <= BLOCK_DTYPE_BF16; dt++) {
@@ -308,8 +289,7 @@ static void attn_matches_double_oracle_for_f16_and_bf16(void **state)
         }
 }
 
-static void attn_applies_ema_gamma_at_its_extremes(void **state)
-{
+static void attn_applies_ema_gamma_at_its_extremes(void **state) {
         (void)state;
         rng_state = 0x9a;
         for (int g = 0; g <= 1; g++) {
@@ -322,8 +302,7 @@ static void attn_applies_ema_gamma_at_its_extremes(void **state)
 }
 
 /* Two calls accumulate: sum gains the attention twice, ema decays twice. */
-static void attn_accumulates_scores_over_calls(void **state)
-{
+static void attn_accumulates_scores_over_calls(void **state) {
         struct test_layer t;
         const float gamma = 0.75f;
         float out[4 * 16], scratch[2 * 40];
@@ -352,8 +331,7 @@ static void attn_accumulates_scores_over_calls(void **state)
         layer_done(&t);
 }
 
-static void attn_leaves_side_arrays_alone_without_update_scores(void **state)
-{
+static void attn_leaves_side_arrays_alone_without_update_scores(void **state) {
         (void)state;
         rng_state = 0x50;
         for (uint32_t n = 1; n <= 70; n += 23) {
@@ -374,22 +352,24 @@ static void attn_leaves_side_arrays_alone_without_update_scores(void **state)
 }
 
 /* A layer equal to src without token `drop`. */
-static void layer_without(struct test_layer *dst, struct test_layer *src, uint32_t drop)
-{
+static void layer_without(struct test_layer *dst, struct test_layer *src, uint32_t drop) {
         const struct block_layout *l = &src->layout;
         uint32_t n = src->L.n_tokens;
         layer_make(dst, l->block_tokens, l->n_kv_heads, l->head_dim, l->dtype, n - 1, LOGW_ZERO);
-        const uint64_t offs[] = { l->pos_offset, l->sum_offset, l->ema_offset, l->last_offset, l->logw_offset };
+        const uint64_t offs[] = { l->pos_offset, l->sum_offset, l->ema_offset, l->last_offset,
+                                  l->logw_offset };
         for (uint32_t h = 0; h < l->n_kv_heads; h++) {
                 for (uint32_t j = 0, k = 0; j < n; j++) {
                         if (j == drop)
                                 continue;
-                        uint8_t *sb = src->blocks[j / l->block_tokens], *db = dst->blocks[k / l->block_tokens];
+                        uint8_t *sb = src->blocks[j / l->block_tokens],
+                                *db = dst->blocks[k / l->block_tokens];
                         uint32_t ss = j % l->block_tokens, ds = k % l->block_tokens;
                         memcpy(block_key(l, db, h, ds), block_key(l, sb, h, ss), l->row_bytes);
                         memcpy(block_value(l, db, h, ds), block_value(l, sb, h, ss), l->row_bytes);
                         for (int a = 0; a < 5; a++)
-                                memcpy(block_side(l, db, offs[a], h, ds), block_side(l, sb, offs[a], h, ss), 4);
+                                memcpy(block_side(l, db, offs[a], h, ds), block_side(l, sb, offs[a], h, ss),
+                                       4);
                         k++;
                 }
         }
@@ -397,8 +377,7 @@ static void layer_without(struct test_layer *dst, struct test_layer *src, uint32
 
 /* A -inf log-weight removes a token exactly: the output equals attention without it, the
  * token's score gets zero attention, and every other token's score is as without it. */
-static void attn_masks_a_token_with_minus_inf_logweight(void **state)
-{
+static void attn_masks_a_token_with_minus_inf_logweight(void **state) {
         (void)state;
         rng_state = 0x3a5c;
         for (int iter = 0; iter < 40; iter++) {
@@ -452,8 +431,7 @@ static void attn_masks_a_token_with_minus_inf_logweight(void **state)
 }
 
 /* Every token masked: zero output and zero attention, never NaN. */
-static void attn_gives_zeros_when_every_token_is_masked(void **state)
-{
+static void attn_gives_zeros_when_every_token_is_masked(void **state) {
         struct test_layer t;
         float out[8 * 16], scratch[2 * 37];
         (void)state;
@@ -482,8 +460,7 @@ static void attn_gives_zeros_when_every_token_is_masked(void **state)
         layer_done(&t);
 }
 
-static void attn_rejects_bad_arguments(void **state)
-{
+static void attn_rejects_bad_arguments(void **state) {
         struct test_layer t;
         float q[4 * 8] = { 0 }, out[4 * 8], scratch[2 * 20];
         (void)state;
@@ -516,14 +493,12 @@ struct summary_oracle {
         double *logp_sorted; /* descending */
 };
 
-static int cmp_desc(const void *a, const void *b)
-{
+static int cmp_desc(const void *a, const void *b) {
         double x = *(const double *)a, y = *(const double *)b;
         return x < y ? 1 : x > y ? -1 : 0;
 }
 
-static void summary_oracle_run(const float *z, uint32_t V, struct summary_oracle *o)
-{
+static void summary_oracle_run(const float *z, uint32_t V, struct summary_oracle *o) {
         double max = -INFINITY, sum = 0, h = 0, second = -INFINITY;
         uint32_t top1 = 0;
         for (uint32_t i = 0; i < V; i++)
@@ -552,8 +527,7 @@ static void summary_oracle_run(const float *z, uint32_t V, struct summary_oracle
         o->top1 = top1;
 }
 
-static void check_summary(const float *z, uint32_t V, uint32_t k, const char *what)
-{
+static void check_summary(const float *z, uint32_t V, uint32_t k, const char *what) {
         struct summary_oracle o;
         struct summary s;
         float *topk = malloc((k ? k : 1) * sizeof(float));
@@ -571,7 +545,8 @@ static void check_summary(const float *z, uint32_t V, uint32_t k, const char *wh
                 fail_msg("%s: top1 %u, oracle %u", what, s.top1, o.top1);
         for (uint32_t j = 0; j < k; j++) {
                 if (!(fabs(topk[j] - o.logp_sorted[j]) <= 1e-6 * fmax(1, fabs(o.logp_sorted[j]))))
-                        fail_msg("%s: topk[%u] %.9g, oracle %.9g", what, j, (double)topk[j], o.logp_sorted[j]);
+                        fail_msg("%s: topk[%u] %.9g, oracle %.9g", what, j, (double)topk[j],
+                                 o.logp_sorted[j]);
                 assert_true(topk[j] <= 0);
                 if (j > 0)
                         assert_true(topk[j] <= topk[j - 1]);
@@ -580,8 +555,7 @@ static void check_summary(const float *z, uint32_t V, uint32_t k, const char *wh
         free(topk);
 }
 
-static void summary_matches_double_oracle(void **state)
-{
+static void summary_matches_double_oracle(void **state) {
         static const uint32_t vocabs[] = { 2, 3, 7, 64, 100, 1000, 32000 };
         static const float scales[] = { 0.01f, 1.0f, 10.0f, 100.0f };
         (void)state;
@@ -596,7 +570,8 @@ static void summary_matches_double_oracle(void **state)
                                         z[i] = scales[si] * rng_uniform(-1, 1) + (rep == 2 ? 50.0f : 0.0f);
                                 uint32_t k = V < 64 ? V : 64;
                                 char what[64];
-                                snprintf(what, sizeof(what), "V=%u scale %g rep %d", V, (double)scales[si], rep);
+                                snprintf(what, sizeof(what), "V=%u scale %g rep %d", V, (double)scales[si],
+                                         rep);
                                 check_summary(z, V, rep == 1 ? 0 : k, what);
                         }
                 }
@@ -605,8 +580,7 @@ static void summary_matches_double_oracle(void **state)
 }
 
 /* Integer logits from a small range: many ties, at the top too. */
-static void summary_handles_ties(void **state)
-{
+static void summary_handles_ties(void **state) {
         (void)state;
         rng_state = 0x7135;
         for (int iter = 0; iter < 200; iter++) {
@@ -635,8 +609,7 @@ static void summary_handles_ties(void **state)
         assert_true(s.margin == 3.0f);
 }
 
-static void summary_rejects_bad_input(void **state)
-{
+static void summary_rejects_bad_input(void **state) {
         float z[8] = { 0.5f, 1, 2, 3, 4, 5, 6, 7 }, topk[9];
         struct summary s = { .entropy = 42 };
         (void)state;
@@ -656,8 +629,7 @@ static void summary_rejects_bad_input(void **state)
         assert_int_equal(summary_logits_ref(z, 8, &s, topk, 8), 0);
 }
 
-static void summary_of_one_huge_logit_has_no_entropy(void **state)
-{
+static void summary_of_one_huge_logit_has_no_entropy(void **state) {
         enum { V = 1000 };
         float z[V] = { 0 }, topk[3];
         struct summary s;
@@ -676,8 +648,7 @@ static void summary_of_one_huge_logit_has_no_entropy(void **state)
         check_summary(z, V, 3, "one dominant logit");
 }
 
-static void summary_of_equal_logits_has_entropy_one_and_no_margin(void **state)
-{
+static void summary_of_equal_logits_has_entropy_one_and_no_margin(void **state) {
         static const uint32_t vocabs[] = { 2, 3, 1000, 32000 };
         float *z = malloc(32000 * sizeof(float)), topk[64];
         (void)state;
@@ -699,8 +670,7 @@ static void summary_of_equal_logits_has_entropy_one_and_no_margin(void **state)
 }
 
 /* Finite logits far apart still give a finite margin: the protocol refuses an infinite one. */
-static void summary_margin_stays_finite_for_extreme_logits(void **state)
-{
+static void summary_margin_stays_finite_for_extreme_logits(void **state) {
         const float z[] = { FLT_MAX, -FLT_MAX, 0 };
         const float w[] = { -FLT_MAX, FLT_MAX };
         struct summary s;
@@ -716,8 +686,7 @@ static void summary_margin_stays_finite_for_extreme_logits(void **state)
         assert_true(s.entropy >= 0 && s.entropy <= 1);
 }
 
-int main(void)
-{
+int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(attn_matches_double_oracle_for_f32),
                 cmocka_unit_test(attn_matches_double_oracle_for_f16_and_bf16),

@@ -39,8 +39,7 @@ struct fixture {
 
 static struct fixture fx;
 
-static int read_whole_file(const char *path, unsigned char **ret, size_t *ret_len)
-{
+static int read_whole_file(const char *path, unsigned char **ret, size_t *ret_len) {
         FILE *f = fopen(path, "rb");
         unsigned char *buf;
         long len;
@@ -63,15 +62,13 @@ static int read_whole_file(const char *path, unsigned char **ret, size_t *ret_le
         return 0;
 }
 
-static void fixture_path(char *buf, size_t cap, const char *name)
-{
+static void fixture_path(char *buf, size_t cap, const char *name) {
         int n = snprintf(buf, cap, "%s/%s", fx.dir, name);
 
         assert_true(n > 0 && (size_t)n < cap);
 }
 
-static int group_setup(void **state)
-{
+static int group_setup(void **state) {
         const char *dir = getenv("KVC_MODEL_DIR");
         char path[4200];
 
@@ -89,12 +86,12 @@ static int group_setup(void **state)
                 goto fail;
         return 0;
 fail:
-        fprintf(stderr, "test_model: cannot load %s (set KVC_MODEL_DIR or run from the project root)\n", path);
+        fprintf(stderr, "test_model: cannot load %s (set KVC_MODEL_DIR or run from the project root)\n",
+                path);
         return -1;
 }
 
-static int group_teardown(void **state)
-{
+static int group_teardown(void **state) {
         (void)state;
         fx.model = model_free(fx.model);
         fx.tok = tokenizer_free(fx.tok);
@@ -104,8 +101,7 @@ static int group_teardown(void **state)
 }
 
 /* A private copy of the checkpoint with header field idx (0..6) replaced. */
-static unsigned char *model_copy_with_field(int idx, int32_t value)
-{
+static unsigned char *model_copy_with_field(int idx, int32_t value) {
         unsigned char *copy = malloc(fx.model_len);
 
         assert_non_null(copy);
@@ -114,16 +110,14 @@ static unsigned char *model_copy_with_field(int idx, int32_t value)
         return copy;
 }
 
-static void assert_model_buffer_rejected(const void *data, size_t len)
-{
+static void assert_model_buffer_rejected(const void *data, size_t len) {
         struct model *m = (struct model *)0x1;
 
         assert_int_equal(model_load_buffer(data, len, &m), -EINVAL);
         assert_ptr_equal(m, (struct model *)0x1);
 }
 
-static void assert_field_rejected(int idx, int32_t value)
-{
+static void assert_field_rejected(int idx, int32_t value) {
         unsigned char *copy = model_copy_with_field(idx, value);
 
         assert_model_buffer_rejected(copy, fx.model_len);
@@ -131,8 +125,7 @@ static void assert_field_rejected(int idx, int32_t value)
 }
 
 /* Writes data to a fresh temporary file; the caller unlinks path. */
-static void write_temp_file(const void *data, size_t len, char *path, size_t cap)
-{
+static void write_temp_file(const void *data, size_t len, char *path, size_t cap) {
         const char *tmp = getenv("TMPDIR");
         int fd;
 
@@ -143,14 +136,12 @@ static void write_temp_file(const void *data, size_t len, char *path, size_t cap
         assert_int_equal(close(fd), 0);
 }
 
-static size_t rope_tables_bytes(const struct model_config *c)
-{
+static size_t rope_tables_bytes(const struct model_config *c) {
         return (size_t)c->seq_len * (size_t)(c->dim / c->n_heads) * sizeof(float);
 }
 
 /* Runs tokens through a fresh plain cache and returns a copy of the last logits. */
-static float *logits_after(struct model *m, const int *tokens, int n)
-{
+static float *logits_after(struct model *m, const int *tokens, int n) {
         const struct model_config *cfg = model_get_config(m);
         struct plain_cache *c = NULL;
         float *logits = NULL, *copy;
@@ -165,8 +156,7 @@ static float *logits_after(struct model *m, const int *tokens, int n)
         return copy;
 }
 
-static void model_greedy_decoding_reproduces_golden_text(void **state)
-{
+static void model_greedy_decoding_reproduces_golden_text(void **state) {
         const struct model_config *cfg = model_get_config(fx.model);
         struct plain_cache *c = NULL;
         unsigned char *golden;
@@ -204,11 +194,10 @@ static void model_greedy_decoding_reproduces_golden_text(void **state)
         free(out);
 }
 
-static void model_load_buffer_matches_model_load(void **state)
-{
+static void model_load_buffer_matches_model_load(void **state) {
         const struct model_config *cfg = model_get_config(fx.model);
         struct model *m = NULL;
-        int tokens[] = {TOKENIZER_BOS, 300, 42, 317};
+        int tokens[] = { TOKENIZER_BOS, 300, 42, 317 };
         float *a, *b;
 
         (void)state;
@@ -229,11 +218,10 @@ static void model_load_buffer_matches_model_load(void **state)
         model_free(m);
 }
 
-static void model_accepts_checkpoint_without_rope_tables(void **state)
-{
+static void model_accepts_checkpoint_without_rope_tables(void **state) {
         const struct model_config *cfg = model_get_config(fx.model);
         size_t len = fx.model_len - rope_tables_bytes(cfg);
-        int tokens[] = {TOKENIZER_BOS, 259, 260};
+        int tokens[] = { TOKENIZER_BOS, 259, 260 };
         struct model *m = NULL;
         float *a, *b;
 
@@ -247,14 +235,13 @@ static void model_accepts_checkpoint_without_rope_tables(void **state)
         model_free(m);
 }
 
-static void model_accepts_separate_classifier_when_vocab_is_negative(void **state)
-{
+static void model_accepts_separate_classifier_when_vocab_is_negative(void **state) {
         const struct model_config *cfg = model_get_config(fx.model);
         size_t cls_bytes = (size_t)cfg->vocab_size * (size_t)cfg->dim * sizeof(float);
         size_t len = fx.model_len + cls_bytes;
         unsigned char *copy = malloc(len);
         int32_t neg = -cfg->vocab_size;
-        int tokens[] = {TOKENIZER_BOS, 400};
+        int tokens[] = { TOKENIZER_BOS, 400 };
         struct model *m = NULL;
         float *a, *b;
 
@@ -275,9 +262,8 @@ static void model_accepts_separate_classifier_when_vocab_is_negative(void **stat
         free(copy);
 }
 
-static void model_rejects_truncated_file(void **state)
-{
-        size_t cuts[] = {0, 1, 27, 28, 32, 4096, fx.model_len / 2, fx.model_len - 4, fx.model_len - 1};
+static void model_rejects_truncated_file(void **state) {
+        size_t cuts[] = { 0, 1, 27, 28, 32, 4096, fx.model_len / 2, fx.model_len - 4, fx.model_len - 1 };
         char path[4200];
         struct model *m = (struct model *)0x1;
 
@@ -298,8 +284,7 @@ static void model_rejects_truncated_file(void **state)
         unlink(path);
 }
 
-static void model_rejects_trailing_garbage(void **state)
-{
+static void model_rejects_trailing_garbage(void **state) {
         unsigned char *copy = malloc(fx.model_len + 8);
         char path[4200];
         struct model *m = (struct model *)0x1;
@@ -319,15 +304,13 @@ static void model_rejects_trailing_garbage(void **state)
         free(copy);
 }
 
-static void model_rejects_zero_layers(void **state)
-{
+static void model_rejects_zero_layers(void **state) {
         (void)state;
         assert_field_rejected(2, 0);
         assert_field_rejected(2, -5);
 }
 
-static void model_rejects_heads_not_divisible_by_kv_heads(void **state)
-{
+static void model_rejects_heads_not_divisible_by_kv_heads(void **state) {
         (void)state;
         assert_field_rejected(4, 3);  /* 8 % 3 */
         assert_field_rejected(4, 16); /* more KV heads than heads */
@@ -335,9 +318,8 @@ static void model_rejects_heads_not_divisible_by_kv_heads(void **state)
         assert_field_rejected(3, 64); /* head_dim 1: odd, RoPE needs pairs */
 }
 
-static void model_rejects_huge_or_nonpositive_dims(void **state)
-{
-        int32_t bad[] = {0, -1, INT32_MIN, INT32_MAX, 1 << 30};
+static void model_rejects_huge_or_nonpositive_dims(void **state) {
+        int32_t bad[] = { 0, -1, INT32_MIN, INT32_MAX, 1 << 30 };
 
         (void)state;
         for (int idx = 0; idx < 7; idx++)
@@ -350,8 +332,7 @@ static void model_rejects_huge_or_nonpositive_dims(void **state)
         assert_field_rejected(6, 1024);
 }
 
-static void model_load_reports_missing_file(void **state)
-{
+static void model_load_reports_missing_file(void **state) {
         struct model *m = (struct model *)0x1;
         char path[4200];
 
@@ -363,8 +344,7 @@ static void model_load_reports_missing_file(void **state)
         assert_null(model_free(NULL));
 }
 
-static void model_forward_rejects_bad_token_and_position(void **state)
-{
+static void model_forward_rejects_bad_token_and_position(void **state) {
         const struct model_config *cfg = model_get_config(fx.model);
         struct plain_cache *c = NULL;
         float *logits = (float *)0x1;
@@ -379,8 +359,7 @@ static void model_forward_rejects_bad_token_and_position(void **state)
         plain_cache_free(c);
 }
 
-static void plain_cache_refuses_positions_it_cannot_hold(void **state)
-{
+static void plain_cache_refuses_positions_it_cannot_hold(void **state) {
         const struct model_config *cfg = model_get_config(fx.model);
         struct plain_cache *c = NULL;
         float *logits;
@@ -399,18 +378,18 @@ static void plain_cache_refuses_positions_it_cannot_hold(void **state)
         assert_null(plain_cache_free(NULL));
 }
 
-static void plain_cache_rewind_recomputes_the_same_logits(void **state)
-{
+static void plain_cache_rewind_recomputes_the_same_logits(void **state) {
         const struct model_config *cfg = model_get_config(fx.model);
-        int tokens[] = {TOKENIZER_BOS, 317, 300, 280};
+        int tokens[] = { TOKENIZER_BOS, 317, 300, 280 };
         struct plain_cache *c = NULL;
         float *logits, *expected = logits_after(fx.model, tokens, 4);
 
         (void)state;
         assert_int_equal(plain_cache_new(cfg, 16, &c), 0);
         for (int pos = 0; pos < 4; pos++)
-                assert_int_equal(model_forward(fx.model, pos == 3 ? 500 : tokens[pos], pos, &plain_cache_ops, c,
-                                               &logits), 0);
+                assert_int_equal(model_forward(fx.model, pos == 3 ? 500 : tokens[pos], pos, &plain_cache_ops,
+                                               c, &logits),
+                                 0);
         /* Rewind to position 3 with the intended token. */
         assert_int_equal(model_forward(fx.model, tokens[3], 3, &plain_cache_ops, c, &logits), 0);
         assert_memory_equal(logits, expected, (size_t)cfg->vocab_size * sizeof(float));
@@ -424,8 +403,7 @@ static void plain_cache_rewind_recomputes_the_same_logits(void **state)
 
 /* --- tokenizer --- */
 
-static void assert_tokenizer_buffer_rejected(const void *data, size_t len, int vocab_size)
-{
+static void assert_tokenizer_buffer_rejected(const void *data, size_t len, int vocab_size) {
         struct tokenizer *t = (struct tokenizer *)0x1;
 
         assert_int_equal(tokenizer_load_buffer(data, len, vocab_size, &t), -EINVAL);
@@ -433,8 +411,7 @@ static void assert_tokenizer_buffer_rejected(const void *data, size_t len, int v
 }
 
 /* Offset of token idx's (score, length) record in tok512.bin. */
-static size_t tok_record_offset(int idx)
-{
+static size_t tok_record_offset(int idx) {
         size_t at = 4;
 
         for (int i = 0; i < idx; i++) {
@@ -446,8 +423,7 @@ static size_t tok_record_offset(int idx)
         return at;
 }
 
-static void tokenizer_rejects_truncated_file(void **state)
-{
+static void tokenizer_rejects_truncated_file(void **state) {
         struct tokenizer *t = (struct tokenizer *)0x1;
         char path[4200];
 
@@ -460,10 +436,9 @@ static void tokenizer_rejects_truncated_file(void **state)
         unlink(path);
 }
 
-static void tokenizer_rejects_absurd_lengths(void **state)
-{
-        int32_t bad_max[] = {0, -1, INT32_MIN, INT32_MAX, 1 << 20};
-        int32_t bad_len[] = {-1, INT32_MIN, INT32_MAX, 8, 1 << 20};
+static void tokenizer_rejects_absurd_lengths(void **state) {
+        int32_t bad_max[] = { 0, -1, INT32_MIN, INT32_MAX, 1 << 20 };
+        int32_t bad_len[] = { -1, INT32_MIN, INT32_MAX, 8, 1 << 20 };
         unsigned char *copy = malloc(fx.tok_len + 4);
         size_t rec = tok_record_offset(100);
 
@@ -495,8 +470,7 @@ static void tokenizer_rejects_absurd_lengths(void **state)
         free(copy);
 }
 
-static void tokenizer_load_reports_missing_file(void **state)
-{
+static void tokenizer_load_reports_missing_file(void **state) {
         struct tokenizer *t = (struct tokenizer *)0x1;
         char path[4200];
 
@@ -509,8 +483,7 @@ static void tokenizer_load_reports_missing_file(void **state)
 
 /* The llama2.c decoding of tokens[1..n) (each piece after its predecessor, tokens[0] only as the
  * first predecessor, as in generation after BOS), written to out. */
-static size_t decode_all(const int *tokens, size_t n, char *out, size_t cap)
-{
+static size_t decode_all(const int *tokens, size_t n, char *out, size_t cap) {
         size_t len = 0;
 
         for (size_t i = 1; i < n; i++) {
@@ -536,8 +509,7 @@ static const char *const sentences[] = {
         "alll pppp oooooo, it was sooo goood and the hill was tallll.",
 };
 
-static void tokenizer_round_trips_sentences(void **state)
-{
+static void tokenizer_round_trips_sentences(void **state) {
         int tokens[512];
         char out[1024];
 
@@ -545,7 +517,8 @@ static void tokenizer_round_trips_sentences(void **state)
         for (size_t s = 0; s < sizeof(sentences) / sizeof(sentences[0]); s++) {
                 size_t len = strlen(sentences[s]), n = 0, out_len;
 
-                assert_int_equal(tokenizer_encode(fx.tok, sentences[s], len, true, false, tokens, 512, &n), 0);
+                assert_int_equal(tokenizer_encode(fx.tok, sentences[s], len, true, false, tokens, 512, &n),
+                                 0);
                 assert_true(n >= 2 && n <= len + 2);
                 assert_int_equal(tokens[0], TOKENIZER_BOS);
                 out_len = decode_all(tokens, n, out, sizeof(out));
@@ -554,16 +527,14 @@ static void tokenizer_round_trips_sentences(void **state)
         }
 }
 
-static bool contains(const int *tokens, size_t n, int id)
-{
+static bool contains(const int *tokens, size_t n, int id) {
         for (size_t i = 0; i < n; i++)
                 if (tokens[i] == id)
                         return true;
         return false;
 }
 
-static void tokenizer_encodes_lily_as_token_317(void **state)
-{
+static void tokenizer_encodes_lily_as_token_317(void **state) {
         const char *text = "Once upon a time, there was a little girl named Lily.";
         int tokens[64];
         size_t n = 0;
@@ -579,8 +550,7 @@ static void tokenizer_encodes_lily_as_token_317(void **state)
         assert_int_equal(tokens[n - 1], TOKENIZER_EOS);
 }
 
-static void tokenizer_encodes_newline_as_byte_token(void **state)
-{
+static void tokenizer_encodes_newline_as_byte_token(void **state) {
         int tokens[64];
         size_t n = 0;
 
@@ -595,10 +565,9 @@ static void tokenizer_encodes_newline_as_byte_token(void **state)
         assert_int_equal(tokens[1], 13);
 }
 
-static void tokenizer_encode_handles_empty_text_and_small_capacity(void **state)
-{
+static void tokenizer_encode_handles_empty_text_and_small_capacity(void **state) {
         const char *text = "Once upon a time";
-        int tokens[64] = {0};
+        int tokens[64] = { 0 };
         size_t n = 77, need;
 
         (void)state;
@@ -612,19 +581,20 @@ static void tokenizer_encode_handles_empty_text_and_small_capacity(void **state)
         assert_int_equal(tokenizer_encode(fx.tok, text, strlen(text), true, false, tokens, 64, &need), 0);
         memset(tokens, 0, sizeof(tokens));
         n = 77;
-        assert_int_equal(tokenizer_encode(fx.tok, text, strlen(text), true, false, tokens, need - 1, &n), -ENOBUFS);
+        assert_int_equal(tokenizer_encode(fx.tok, text, strlen(text), true, false, tokens, need - 1, &n),
+                         -ENOBUFS);
         assert_int_equal(n, 77);
         assert_int_equal(tokens[0], 0);
         assert_int_equal(tokenizer_encode(fx.tok, text, strlen(text), true, false, tokens, need, &n), 0);
         assert_int_equal(n, need);
         assert_int_equal(tokenizer_encode(fx.tok, NULL, 3, false, false, tokens, 64, &n), -EINVAL);
         /* The length limit is checked before the text is read. */
-        assert_int_equal(tokenizer_encode(fx.tok, text, ((size_t)1 << 28) + 1, false, false, tokens, 64, &n), -EINVAL);
+        assert_int_equal(tokenizer_encode(fx.tok, text, ((size_t)1 << 28) + 1, false, false, tokens, 64, &n),
+                         -EINVAL);
         assert_int_equal(n, need);
 }
 
-static void tokenizer_decode_strips_space_after_bos_and_maps_byte_tokens(void **state)
-{
+static void tokenizer_decode_strips_space_after_bos_and_maps_byte_tokens(void **state) {
         const char *piece;
         size_t len;
 
@@ -648,8 +618,7 @@ static void tokenizer_decode_strips_space_after_bos_and_maps_byte_tokens(void **
         assert_int_equal(tokenizer_decode(fx.tok, 5, -1, &piece, &len), -EINVAL);
 }
 
-static void tokenizer_piece_safe_drops_control_bytes(void **state)
-{
+static void tokenizer_piece_safe_drops_control_bytes(void **state) {
         char buf[16];
         size_t len = 99;
 
@@ -657,7 +626,8 @@ static void tokenizer_piece_safe_drops_control_bytes(void **state)
         assert_int_equal(tokenizer_piece_safe(fx.tok, 5, 3 + 0x07, buf, sizeof(buf), &len), 0); /* BEL */
         assert_int_equal(len, 0);
         assert_string_equal(buf, "");
-        assert_int_equal(tokenizer_piece_safe(fx.tok, 5, 3 + 0xc3, buf, sizeof(buf), &len), 0); /* lone byte */
+        assert_int_equal(tokenizer_piece_safe(fx.tok, 5, 3 + 0xc3, buf, sizeof(buf), &len),
+                         0); /* lone byte */
         assert_int_equal(len, 0);
         assert_int_equal(tokenizer_piece_safe(fx.tok, 5, 3 + '\t', buf, sizeof(buf), &len), 0);
         assert_int_equal(len, 1);
@@ -683,8 +653,7 @@ struct naive_vocab {
         int lens[512];
 };
 
-static void naive_vocab_load(struct naive_vocab *v)
-{
+static void naive_vocab_load(struct naive_vocab *v) {
         size_t at = 4;
 
         v->n = 512;
@@ -697,16 +666,14 @@ static void naive_vocab_load(struct naive_vocab *v)
         }
 }
 
-static int naive_lookup(const struct naive_vocab *v, const char *s, int len)
-{
+static int naive_lookup(const struct naive_vocab *v, const char *s, int len) {
         for (int i = 0; i < v->n; i++)
                 if (v->lens[i] == len && memcmp(v->pieces[i], s, (size_t)len) == 0)
                         return i;
         return -1;
 }
 
-static size_t naive_encode(const struct naive_vocab *v, const char *text, size_t text_len, int *tokens)
-{
+static size_t naive_encode(const struct naive_vocab *v, const char *text, size_t text_len, int *tokens) {
         size_t n = 0;
         char buf[16];
         int buf_len = 0;
@@ -756,8 +723,7 @@ static size_t naive_encode(const struct naive_vocab *v, const char *text, size_t
         return n;
 }
 
-static void tokenizer_encode_matches_llama2c_quadratic_encoder(void **state)
-{
+static void tokenizer_encode_matches_llama2c_quadratic_encoder(void **state) {
         struct naive_vocab *v = malloc(sizeof(*v));
         const char *texts[sizeof(sentences) / sizeof(sentences[0]) + 1];
         size_t lens[sizeof(sentences) / sizeof(sentences[0]) + 1];
@@ -776,8 +742,8 @@ static void tokenizer_encode_matches_llama2c_quadratic_encoder(void **state)
                 lens[n_texts++] = strlen(sentences[s]);
         }
         /* A stretch of real text with blank lines and mis-encoded quotes, when it is present. */
-        assert_true((size_t)snprintf(path, sizeof(path), "%s/../../data/tinystories/validation-sample.txt", fx.dir) <
-                    sizeof(path));
+        assert_true((size_t)snprintf(path, sizeof(path), "%s/../../data/tinystories/validation-sample.txt",
+                                     fx.dir) < sizeof(path));
         if (read_whole_file(path, &sample, &sample_len) == 0) {
                 texts[n_texts] = (const char *)sample;
                 lens[n_texts++] = sample_len < 1500 ? sample_len : 1500;
@@ -797,8 +763,7 @@ static void tokenizer_encode_matches_llama2c_quadratic_encoder(void **state)
 
 /* --- sampler --- */
 
-static void sampler_at_temperature_zero_is_argmax(void **state)
-{
+static void sampler_at_temperature_zero_is_argmax(void **state) {
         float logits[512];
         struct sampler *s = NULL;
         uint64_t x = 88172645463325252ull;
@@ -819,9 +784,8 @@ static void sampler_at_temperature_zero_is_argmax(void **state)
         sampler_free(s);
 }
 
-static void sampler_argmax_takes_first_of_ties(void **state)
-{
-        float v[] = {1.0f, 3.0f, 2.0f, 3.0f};
+static void sampler_argmax_takes_first_of_ties(void **state) {
+        float v[] = { 1.0f, 3.0f, 2.0f, 3.0f };
         int got = -1;
 
         (void)state;
@@ -832,11 +796,10 @@ static void sampler_argmax_takes_first_of_ties(void **state)
         assert_int_equal(got, -1);
 }
 
-static void sampler_same_seed_gives_same_sequence(void **state)
-{
+static void sampler_same_seed_gives_same_sequence(void **state) {
         const struct model_config *cfg = model_get_config(fx.model);
         struct sampler *a = NULL, *b = NULL, *c = NULL;
-        int tokens[] = {TOKENIZER_BOS, 317};
+        int tokens[] = { TOKENIZER_BOS, 317 };
         float *logits = logits_after(fx.model, tokens, 2);
         bool differs = false;
 
@@ -861,10 +824,9 @@ static void sampler_same_seed_gives_same_sequence(void **state)
         free(logits);
 }
 
-static void sampler_follows_the_softmax_distribution(void **state)
-{
-        float logits[3] = {logf(0.5f), logf(0.25f), logf(0.25f)};
-        int counts[3] = {0};
+static void sampler_follows_the_softmax_distribution(void **state) {
+        float logits[3] = { logf(0.5f), logf(0.25f), logf(0.25f) };
+        int counts[3] = { 0 };
         struct sampler *s = NULL;
 
         (void)state;
@@ -881,8 +843,7 @@ static void sampler_follows_the_softmax_distribution(void **state)
         sampler_free(s);
 }
 
-static void sampler_rejects_bad_arguments(void **state)
-{
+static void sampler_rejects_bad_arguments(void **state) {
         struct sampler *s = (struct sampler *)0x1;
 
         (void)state;
@@ -894,8 +855,7 @@ static void sampler_rejects_bad_arguments(void **state)
         assert_null(sampler_free(NULL));
 }
 
-int main(void)
-{
+int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(model_greedy_decoding_reproduces_golden_text),
                 cmocka_unit_test(model_load_buffer_matches_model_load),

@@ -23,25 +23,12 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "policy/policy.h"
 
-static uint64_t rng_state;
 
-static uint64_t rng_next(void)
-{
-        uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
-
-static uint32_t rng_below(uint32_t n)
-{
-        return (uint32_t)(rng_next() % n);
-}
-
-static float float_of(uint32_t b)
-{
+static float float_of(uint32_t b) {
         float f;
         memcpy(&f, &b, 4);
         return f;
@@ -52,14 +39,12 @@ static float float_of(uint32_t b)
 static const float *oracle_score;
 
 /* NaN is -inf; -0 == +0 falls out of float comparison. */
-static float ranked(float f)
-{
+static float ranked(float f) {
         return isnan(f) ? -INFINITY : f;
 }
 
 /* Descending by score, ties by descending index: the first k are the ones to keep. */
-static int oracle_cmp(const void *pa, const void *pb)
-{
+static int oracle_cmp(const void *pa, const void *pb) {
         uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
         float x = ranked(oracle_score[a]), y = ranked(oracle_score[b]);
         if (x != y)
@@ -67,21 +52,18 @@ static int oracle_cmp(const void *pa, const void *pb)
         return a > b ? -1 : a < b ? 1 : 0;
 }
 
-static int cmp_u32(const void *pa, const void *pb)
-{
+static int cmp_u32(const void *pa, const void *pb) {
         uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
         return a < b ? -1 : a > b;
 }
 
-static int cmp_i32(const void *pa, const void *pb)
-{
+static int cmp_i32(const void *pa, const void *pb) {
         int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
         return a < b ? -1 : a > b;
 }
 
 /* The oracle's keep-set, ascending, in a new array of min(k, n) entries. */
-static uint32_t *oracle_topk(const float *score, uint32_t n, uint32_t k)
-{
+static uint32_t *oracle_topk(const float *score, uint32_t n, uint32_t k) {
         uint32_t m = k < n ? k : n;
         uint32_t *idx = malloc((n ? n : 1) * sizeof(*idx));
         assert_non_null(idx);
@@ -94,8 +76,7 @@ static uint32_t *oracle_topk(const float *score, uint32_t n, uint32_t k)
 }
 
 /* Runs select_topk with exactly sized buffers and compares with the oracle. */
-static void check_topk(const float *score, uint32_t n, uint32_t k, const char *what)
-{
+static void check_topk(const float *score, uint32_t n, uint32_t k, const char *what) {
         uint32_t m = k < n ? k : n;
         uint32_t *out = malloc((m ? m : 1) * sizeof(*out));
         uint32_t *scratch = malloc((n ? n : 1) * sizeof(*scratch));
@@ -106,8 +87,8 @@ static void check_topk(const float *score, uint32_t n, uint32_t k, const char *w
         select_topk(score, n, k, m ? out : NULL, scratch);
         for (uint32_t i = 0; i < m; i++) {
                 if (out[i] != want[i])
-                        fail_msg("%s (n %u, k %u): out[%u] = %u (score %a), want %u (score %a)", what, n, k, i,
-                                 out[i], out[i] < n ? (double)score[out[i]] : 0.0, want[i],
+                        fail_msg("%s (n %u, k %u): out[%u] = %u (score %a), want %u (score %a)", what, n, k,
+                                 i, out[i], out[i] < n ? (double)score[out[i]] : 0.0, want[i],
                                  (double)score[want[i]]);
         }
         free(want);
@@ -116,17 +97,14 @@ static void check_topk(const float *score, uint32_t n, uint32_t k, const char *w
 }
 
 /* A score drawn from a distribution heavy in ties and special values. */
-static float nasty_float(uint32_t kind)
-{
-        static const float specials[] = { 0.0f, -0.0f, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX, FLT_MIN,
-                                          -FLT_MIN, 1.0f, -1.0f, 1e-45f, -1e-45f };
+static float nasty_float(uint32_t kind) {
+        static const float specials[] = { 0.0f,    -0.0f,    INFINITY, -INFINITY, FLT_MAX, -FLT_MAX,
+                                          FLT_MIN, -FLT_MIN, 1.0f,     -1.0f,     1e-45f,  -1e-45f };
         switch (kind % 6) {
-        case 0:
-                return specials[rng_below(sizeof(specials) / sizeof(specials[0]))];
+        case 0: return specials[rng_below(sizeof(specials) / sizeof(specials[0]))];
         case 1: /* NaNs of both signs and several payloads */
                 return float_of((rng_below(2) ? 0xff800000u : 0x7f800000u) | (1 + rng_below(0x7fffff)));
-        case 2: /* a handful of values: many exact ties */
-                return (float)rng_below(4) - 1.5f;
+        case 2: /* a handful of values: many exact ties */ return (float)rng_below(4) - 1.5f;
         case 3: /* neighbours that differ only in the lowest byte */
                 return float_of(0x3f800000u + rng_below(4));
         case 4: /* any bits but NaN */
@@ -134,13 +112,11 @@ static float nasty_float(uint32_t kind)
                 float f = float_of((uint32_t)rng_next());
                 return isnan(f) ? 2.0f : f;
         }
-        default:
-                return (float)(rng_next() >> 40) / (float)(1u << 24) - 0.5f;
+        default: return (float)(rng_next() >> 40) / (float)(1u << 24) - 0.5f;
         }
 }
 
-static void select_topk_matches_sort_oracle_on_random_scores(void **state)
-{
+static void select_topk_matches_sort_oracle_on_random_scores(void **state) {
         (void)state;
         rng_state = 0x70b4;
         for (int iter = 0; iter < 3000; iter++) {
@@ -162,8 +138,7 @@ static void select_topk_matches_sort_oracle_on_random_scores(void **state)
         }
 }
 
-static void select_topk_handles_the_edges_of_k_and_n(void **state)
-{
+static void select_topk_handles_the_edges_of_k_and_n(void **state) {
         const float one[] = { NAN };
         const float s[] = { 3, 1, 2 };
         uint32_t out[3] = { 77, 77, 77 }, scratch[3];
@@ -194,8 +169,7 @@ static void select_topk_handles_the_edges_of_k_and_n(void **state)
 }
 
 /* The contract's special cases, one by one. */
-static void select_topk_ranks_nan_as_minus_inf_and_ties_to_the_larger_index(void **state)
-{
+static void select_topk_ranks_nan_as_minus_inf_and_ties_to_the_larger_index(void **state) {
         uint32_t out[2], scratch[4];
         (void)state;
 
@@ -227,8 +201,7 @@ static void select_topk_ranks_nan_as_minus_inf_and_ties_to_the_larger_index(void
 
 /* Inputs that make a naive quickselect quadratic, or stress one radix bucket: correct and
  * linear (no time is measured; a quadratic pass over 200000 entries would be felt). */
-static void select_topk_handles_adversarial_orders(void **state)
-{
+static void select_topk_handles_adversarial_orders(void **state) {
         enum { N = 200000 };
         float *score = malloc(N * sizeof(*score));
         (void)state;
@@ -267,15 +240,18 @@ static void select_topk_handles_adversarial_orders(void **state)
 
 /* ---- policy_new ---- */
 
-static struct policy_setup setup_default(void)
-{
-        return (struct policy_setup){ .n_layers = 4, .n_heads = 8, .n_kv_heads = 2, .head_dim = 64,
-                                      .max_tokens = 4096, .block_tokens = 16, .budget_tokens = 256 };
+static struct policy_setup setup_default(void) {
+        return (struct policy_setup){ .n_layers = 4,
+                                      .n_heads = 8,
+                                      .n_kv_heads = 2,
+                                      .head_dim = 64,
+                                      .max_tokens = 4096,
+                                      .block_tokens = 16,
+                                      .budget_tokens = 256 };
 }
 
-static struct policy *policy_make(const char *name, const struct policy_setup *s, const struct policy_param *params,
-                                  size_t n)
-{
+static struct policy *policy_make(const char *name, const struct policy_setup *s,
+                                  const struct policy_param *params, size_t n) {
         struct policy *p = NULL;
         char why[128] = "";
         int r = policy_new(name, s, params, n, &p, why, sizeof(why));
@@ -285,23 +261,21 @@ static struct policy *policy_make(const char *name, const struct policy_setup *s
         return p;
 }
 
-#define EXPECT_POLICY_ERROR(name, params, n, code, word) \
+#define EXPECT_POLICY_ERROR(name, params, n, code, word)                                                     \
         expect_policy_error((name), (params), (n), (code), (word), __LINE__)
 
 static void expect_policy_error(const char *name, const struct policy_param *params, size_t n, int code,
-                                const char *word, int line)
-{
+                                const char *word, int line) {
         struct policy_setup s = setup_default();
         struct policy *sentinel = (struct policy *)&s, *p = sentinel;
         char why[128] = "";
         int r = policy_new(name, &s, params, n, &p, why, sizeof(why));
         if (r != code || !strstr(why, word) || p != sentinel)
-                fail_msg("line %d: policy_new(%s) = %d (%s), want %d mentioning '%s'%s", line, name, r, why, code,
-                         word, p != sentinel ? ", and *ret was written" : "");
+                fail_msg("line %d: policy_new(%s) = %d (%s), want %d mentioning '%s'%s", line, name, r, why,
+                         code, word, p != sentinel ? ", and *ret was written" : "");
 }
 
-static void policy_new_rejects_unknown_names(void **state)
-{
+static void policy_new_rejects_unknown_names(void **state) {
         (void)state;
         EXPECT_POLICY_ERROR("lru", NULL, 0, -ENOENT, "unknown policy 'lru'");
         EXPECT_POLICY_ERROR("", NULL, 0, -ENOENT, "unknown policy");
@@ -309,19 +283,17 @@ static void policy_new_rejects_unknown_names(void **state)
         EXPECT_POLICY_ERROR("window ", NULL, 0, -ENOENT, "unknown policy");
 }
 
-static void policy_new_rejects_unknown_parameters(void **state)
-{
+static void policy_new_rejects_unknown_parameters(void **state) {
         const struct policy_param foo[] = { { .key = "foo", .number = 1 } };
         const struct policy_param gamma_then_foo[] = { { .key = "ema_gamma", .number = 0.5 },
-                                                        { .key = "bar", .is_text = true, .text = "x" } };
+                                                       { .key = "bar", .is_text = true, .text = "x" } };
         (void)state;
         EXPECT_POLICY_ERROR("window", foo, 1, -EINVAL, "unknown parameter 'foo'");
         EXPECT_POLICY_ERROR("full", foo, 1, -EINVAL, "unknown parameter 'foo'");
         EXPECT_POLICY_ERROR("window", gamma_then_foo, 2, -EINVAL, "unknown parameter 'bar'");
 }
 
-static void policy_new_checks_ema_gamma(void **state)
-{
+static void policy_new_checks_ema_gamma(void **state) {
         const double bad[] = { -0.001, 1.001, -1, 2, NAN, INFINITY, -INFINITY };
         const double good[] = { 0, 0.5, 0.95, 1 };
         const struct policy_param text[] = { { .key = "ema_gamma", .is_text = true, .text = "high" } };
@@ -350,8 +322,7 @@ static void policy_new_checks_ema_gamma(void **state)
         assert_null(policy_free(NULL));
 }
 
-static void policy_param_number_finds_numbers_only(void **state)
-{
+static void policy_param_number_finds_numbers_only(void **state) {
         const struct policy_param p[] = { { .key = "a", .number = 1.5 },
                                           { .key = "b", .is_text = true, .text = "x" },
                                           { .key = "a", .number = 2.5 } };
@@ -369,8 +340,7 @@ static void policy_param_number_finds_numbers_only(void **state)
 
 /* ---- full and window ---- */
 
-static void policy_full_keeps_everything_and_never_plans(void **state)
-{
+static void policy_full_keeps_everything_and_never_plans(void **state) {
         struct policy_setup s = setup_default();
         struct policy *p = policy_make("full", &s, NULL, 0);
         uint32_t budget, max_layer, max_keep, targets[5];
@@ -392,22 +362,19 @@ static void policy_full_keeps_everything_and_never_plans(void **state)
                         assert_int_equal(targets[l], POLICY_NO_PLAN);
         }
         uint32_t keep[1];
-        assert_int_equal(p->ops->select(p->state, &(struct policy_layer){ .n_tokens = 1, .n_kv_heads = 2 }, 1, keep,
-                                        NULL),
+        assert_int_equal(p->ops->select(p->state, &(struct policy_layer){ .n_tokens = 1, .n_kv_heads = 2 }, 1,
+                                        keep, NULL),
                          -EINVAL);
         policy_free(p);
 }
 
-static void policy_window_states_its_limits(void **state)
-{
+static void policy_window_states_its_limits(void **state) {
         const struct {
                 uint32_t budget, max_tokens, want_budget;
         } rows[] = {
-                { 256, 4096, 256 },
-                { 0, 4096, 256 },    /* the default */
-                { 0, 100, 100 },     /* the default, clamped to the context */
-                { 10000, 4096, 4096 },
-                { 1, 4096, 1 },
+                { 256, 4096, 256 },    { 0, 4096, 256 }, /* the default */
+                { 0, 100, 100 },                         /* the default, clamped to the context */
+                { 10000, 4096, 4096 }, { 1, 4096, 1 },
         };
         (void)state;
         for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
@@ -427,8 +394,7 @@ static void policy_window_states_its_limits(void **state)
 }
 
 /* A plan is due for exactly the layers that reached budget + block_tokens. */
-static void policy_window_plans_only_at_budget_plus_a_block(void **state)
-{
+static void policy_window_plans_only_at_budget_plus_a_block(void **state) {
         struct policy_setup s = setup_default();
         struct policy *p = policy_make("window", &s, NULL, 0);
         uint32_t targets[5];
@@ -468,8 +434,7 @@ static void policy_window_plans_only_at_budget_plus_a_block(void **state)
 }
 
 /* The keep-set is the slots of the `budget` largest original positions, ascending. */
-static void policy_window_keeps_the_most_recent_positions(void **state)
-{
+static void policy_window_keeps_the_most_recent_positions(void **state) {
         struct policy_setup s = setup_default();
         struct policy *p = policy_make("window", &s, NULL, 0);
         (void)state;
@@ -515,15 +480,14 @@ static void policy_window_keeps_the_most_recent_positions(void **state)
 
 /* ---- confidence ---- */
 
-static void policy_confidence_matches_hand_computed_values(void **state)
-{
+static void policy_confidence_matches_hand_computed_values(void **state) {
         const struct {
                 float entropy, top1, margin;
                 double want;
         } rows[] = {
-                { 0, 1, 0, 0.4 + 0.15 + 0.3 },                 /* 0.85 */
-                { 1, 0, 0, 0.15 },                             /* the floor */
-                { 0, 1, 100, 1.0 },                            /* sigmoid saturates */
+                { 0, 1, 0, 0.4 + 0.15 + 0.3 },                   /* 0.85 */
+                { 1, 0, 0, 0.15 },                               /* the floor */
+                { 0, 1, 100, 1.0 },                              /* sigmoid saturates */
                 { 0.25f, 0.5f, 1.0986123f, 0.3 + 0.225 + 0.15 }, /* sigmoid(ln 3) = 3/4 */
                 { 0.5f, 0.6f, 2, 0.2 + 0.3 * 0.8807970779778823 + 0.18 },
                 { 0.5f, 0.5f, 1e30f, 0.2 + 0.3 + 0.15 },
@@ -545,8 +509,7 @@ static void policy_confidence_matches_hand_computed_values(void **state)
         }
 }
 
-int main(void)
-{
+int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(select_topk_matches_sort_oracle_on_random_scores),
                 cmocka_unit_test(select_topk_handles_the_edges_of_k_and_n),

@@ -23,61 +23,43 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "backend.h"
 #include "idmap.h"
 #include "pool.h"
 
-#define MIB (1ull << 20)
+#define MIB   (1ull << 20)
 #define CHUNK (2 * MIB)
 
-static uint64_t rng_state;
 
-static uint64_t rng_next(void)
-{
-        /* splitmix64: seeded, so every run makes the same sequence */
-        uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-}
-
-static uint32_t rng_below(uint32_t n)
-{
-        return (uint32_t)(rng_next() % n);
-}
-
-static const struct backend_ops *host(void)
-{
+static const struct backend_ops *host(void) {
         const struct backend_ops *ops = NULL;
         assert_int_equal(backend_find("host", &ops), 0);
         assert_non_null(ops);
         return ops;
 }
 
-static struct pool *pool_make(uint64_t capacity_bytes)
-{
+static struct pool *pool_make(uint64_t capacity_bytes) {
         struct pool *p = NULL;
         assert_int_equal(pool_new(host(), capacity_bytes, CHUNK, &p), 0);
         assert_non_null(p);
         return p;
 }
 
-static uint64_t used_bytes(const struct pool *p)
-{
+static uint64_t used_bytes(const struct pool *p) {
         struct pool_stats st;
         pool_get_stats(p, &st);
         return st.used_bytes;
 }
 
-static uint32_t chunks_owned(const struct pool *p)
-{
+static uint32_t chunks_owned(const struct pool *p) {
         struct pool_stats st;
         pool_get_stats(p, &st);
         return st.chunks_owned;
 }
 
-static void assert_audit_clean(const struct pool *p)
-{
+static void assert_audit_clean(const struct pool *p) {
         char why[256] = "";
         int r = pool_audit(p, why, sizeof(why));
         if (r != 0)
@@ -85,8 +67,7 @@ static void assert_audit_clean(const struct pool *p)
 }
 
 static uint64_t alloc_ok(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
-                         int64_t *ret_new_chunk)
-{
+                         int64_t *ret_new_chunk) {
         uint64_t off = UINT64_MAX;
         int64_t nc = -2;
         int r = pool_alloc(p, owner, unit_bytes, n_units, &off, &nc);
@@ -103,8 +84,7 @@ static uint64_t alloc_ok(struct pool *p, uint64_t owner, uint32_t unit_bytes, ui
 
 /* ---- pool ---- */
 
-static void backend_find_knows_host_and_refuses_the_rest(void **state)
-{
+static void backend_find_knows_host_and_refuses_the_rest(void **state) {
         const struct backend_ops *ops = NULL;
         (void)state;
         assert_int_equal(backend_find("host", &ops), 0);
@@ -113,8 +93,7 @@ static void backend_find_knows_host_and_refuses_the_rest(void **state)
         assert_int_equal(backend_find("cuda", &ops), -ENOTSUP);
 }
 
-static void pool_new_rejects_sizes_that_hold_no_chunk(void **state)
-{
+static void pool_new_rejects_sizes_that_hold_no_chunk(void **state) {
         struct pool *p = NULL;
         (void)state;
         assert_int_equal(pool_new(host(), 8 * MIB, 0, &p), -EINVAL);
@@ -126,8 +105,7 @@ static void pool_new_rejects_sizes_that_hold_no_chunk(void **state)
         assert_null(pool_free(NULL));
 }
 
-static void pool_counts_used_bytes_across_alloc_and_release(void **state)
-{
+static void pool_counts_used_bytes_across_alloc_and_release(void **state) {
         struct pool *p = pool_make(8 * MIB);
         struct pool_stats st;
         (void)state;
@@ -163,8 +141,7 @@ static void pool_counts_used_bytes_across_alloc_and_release(void **state)
         pool_free(p);
 }
 
-static void pool_rejects_bad_alloc_arguments(void **state)
-{
+static void pool_rejects_bad_alloc_arguments(void **state) {
         struct pool *p = pool_make(8 * MIB);
         uint64_t off = 12345;
         int64_t nc = 12345;
@@ -187,8 +164,7 @@ static void pool_rejects_bad_alloc_arguments(void **state)
 }
 
 /* Used bytes reach the capacity exactly, and not one unit more. */
-static void pool_refuses_allocation_past_capacity(void **state)
-{
+static void pool_refuses_allocation_past_capacity(void **state) {
         struct pool *p = pool_make(2 * CHUNK);
         uint64_t offs[4], off = 777;
         int64_t nc = 777;
@@ -213,8 +189,7 @@ static void pool_refuses_allocation_past_capacity(void **state)
 }
 
 /* A capacity between two chunk multiples: the pool has the whole chunks that fit, never more. */
-static void pool_never_passes_a_capacity_that_is_not_a_chunk_multiple(void **state)
-{
+static void pool_never_passes_a_capacity_that_is_not_a_chunk_multiple(void **state) {
         struct pool *p = pool_make(2 * CHUNK + MIB);
         struct pool_stats st;
         uint64_t off;
@@ -233,8 +208,7 @@ static void pool_never_passes_a_capacity_that_is_not_a_chunk_multiple(void **sta
         pool_free(p);
 }
 
-static void pool_reports_each_new_chunk_once(void **state)
-{
+static void pool_reports_each_new_chunk_once(void **state) {
         struct pool *p = pool_make(8 * MIB);
         struct pool_stats st;
         int64_t nc;
@@ -267,8 +241,7 @@ static void pool_reports_each_new_chunk_once(void **state)
         pool_free(p);
 }
 
-static void pool_never_shares_a_chunk_between_owners(void **state)
-{
+static void pool_never_shares_a_chunk_between_owners(void **state) {
         struct pool *p = pool_make(8 * MIB);
         uint64_t chunk_owner[4] = { 0 };
         (void)state;
@@ -300,8 +273,7 @@ static void pool_never_shares_a_chunk_between_owners(void **state)
 }
 
 /* Every way to name a range that is not one of owner's allocations of that unit size. */
-static void pool_rejects_release_of_what_is_not_an_allocation(void **state)
-{
+static void pool_rejects_release_of_what_is_not_an_allocation(void **state) {
         struct pool *p = pool_make(8 * MIB);
         struct pool_stats before, after;
         (void)state;
@@ -315,18 +287,18 @@ static void pool_rejects_release_of_what_is_not_an_allocation(void **state)
                 uint64_t owner, offset;
                 uint32_t unit_bytes, n_units;
         } bad[] = {
-                { 2, a, 4096, 4 },                /* another owner's */
-                { 0, a, 4096, 4 },                /* owner 0 */
-                { 1, a, 8192, 2 },                /* same bytes, other unit size */
+                { 2, a, 4096, 4 }, /* another owner's */
+                { 0, a, 4096, 4 }, /* owner 0 */
+                { 1, a, 8192, 2 }, /* same bytes, other unit size */
                 { 1, a, 2048, 8 },
-                { 1, a, 0, 4 },                   /* no unit size */
-                { 1, a + 64, 4096, 1 },           /* not on a unit boundary */
-                { 1, a, 4096, 5 },                /* runs past the allocation */
-                { 1, a + 4 * 4096, 4096, 1 },     /* never allocated */
-                { 1, b, 4096, 1 },                /* owner 2's chunk */
+                { 1, a, 0, 4 },                                   /* no unit size */
+                { 1, a + 64, 4096, 1 },                           /* not on a unit boundary */
+                { 1, a, 4096, 5 },                                /* runs past the allocation */
+                { 1, a + 4 * 4096, 4096, 1 },                     /* never allocated */
+                { 1, b, 4096, 1 },                                /* owner 2's chunk */
                 { 1, last + 8192 * (CHUNK / 8192 - 1), 8192, 2 }, /* past the chunk's end */
-                { 1, 3 * CHUNK, 4096, 1 },        /* a free chunk */
-                { 1, 4 * CHUNK, 4096, 1 },        /* past the pool */
+                { 1, 3 * CHUNK, 4096, 1 },                        /* a free chunk */
+                { 1, 4 * CHUNK, 4096, 1 },                        /* past the pool */
                 { 1, UINT64_MAX - 4095, 4096, 1 },
                 { 1, a, 4096, UINT32_MAX },
         };
@@ -352,8 +324,7 @@ static void pool_rejects_release_of_what_is_not_an_allocation(void **state)
 }
 
 /* Releasing zero units releases nothing, so it names no allocation. */
-static void pool_rejects_release_of_zero_units(void **state)
-{
+static void pool_rejects_release_of_zero_units(void **state) {
         struct pool *p = pool_make(8 * MIB);
         (void)state;
         uint64_t a = alloc_ok(p, 1, 4096, 1, NULL);
@@ -363,13 +334,12 @@ static void pool_rejects_release_of_zero_units(void **state)
         pool_free(p);
 }
 
-static void pool_scrubs_the_chunks_of_an_owner_that_goes(void **state)
-{
+static void pool_scrubs_the_chunks_of_an_owner_that_goes(void **state) {
         struct pool *p = pool_make(2 * CHUNK);
         (void)state;
 
-        uint64_t a = alloc_ok(p, 1, 65536, 32, NULL);  /* the whole first chunk */
-        uint64_t b = alloc_ok(p, 1, 4096, 3, NULL);    /* part of the second */
+        uint64_t a = alloc_ok(p, 1, 65536, 32, NULL); /* the whole first chunk */
+        uint64_t b = alloc_ok(p, 1, 4096, 3, NULL);   /* part of the second */
         memset(pool_ptr(p, a), 0xa5, CHUNK);
         memset(pool_ptr(p, b), 0x5a, 3 * 4096);
         assert_int_equal(chunks_owned(p), 2);
@@ -394,8 +364,7 @@ static void pool_scrubs_the_chunks_of_an_owner_that_goes(void **state)
         pool_free(p);
 }
 
-static void pool_disowns_a_chunk_whose_fd_did_not_arrive(void **state)
-{
+static void pool_disowns_a_chunk_whose_fd_did_not_arrive(void **state) {
         struct pool *p = pool_make(8 * MIB);
         int64_t nc;
         (void)state;
@@ -415,8 +384,7 @@ static void pool_disowns_a_chunk_whose_fd_did_not_arrive(void **state)
         pool_free(p);
 }
 
-static void pool_recarves_an_empty_chunk_for_another_unit_size(void **state)
-{
+static void pool_recarves_an_empty_chunk_for_another_unit_size(void **state) {
         struct pool *p = pool_make(CHUNK);
         uint64_t off;
         int64_t nc;
@@ -442,8 +410,7 @@ static void pool_recarves_an_empty_chunk_for_another_unit_size(void **state)
 
 /* Runs of several units are contiguous, do not overlap anything live, and skip holes that are too
  * small. */
-static void pool_allocates_contiguous_runs(void **state)
-{
+static void pool_allocates_contiguous_runs(void **state) {
         struct pool *p = pool_make(CHUNK);
         uint64_t single[10];
         (void)state;
@@ -477,8 +444,7 @@ static void pool_allocates_contiguous_runs(void **state)
 /* Runs of 7 units straddle the 64-unit words of the bitmap; they fill a chunk to the last run
  * that fits, and single units fill the rest. Owner 2 holds the other chunk, so a failure is the
  * chunk's, not the capacity's. */
-static void pool_fills_a_chunk_with_runs_exactly(void **state)
-{
+static void pool_fills_a_chunk_with_runs_exactly(void **state) {
         struct pool *p = pool_make(2 * CHUNK);
         uint32_t units = CHUNK / 1024, taken = 0;
         uint64_t off;
@@ -509,8 +475,7 @@ struct live {
 /* A seeded sequence of allocations, releases, bad releases and owner departures, checked after
  * every operation against a shadow list of what is live. The memory of each allocation carries
  * its index; a clash between two allocations would overwrite it. */
-static void pool_stays_consistent_under_random_operations(void **state)
-{
+static void pool_stays_consistent_under_random_operations(void **state) {
         enum { N_OPS = 4000, MAX_LIVE = 4096, N_OWNERS = 5 };
         static const uint32_t sizes[] = { 64, 192, 4096, 65536, 133632 };
         struct pool *p = pool_make(4 * CHUNK);
@@ -543,7 +508,8 @@ static void pool_stays_consistent_under_random_operations(void **state)
                                                 assert_int_equal(o->owner, l.owner);
                                 }
                                 for (uint32_t u = 0; u < l.n_units; u++)
-                                        memcpy(pool_ptr(p, l.offset + (uint64_t)u * l.unit_bytes), &n_live, 4);
+                                        memcpy(pool_ptr(p, l.offset + (uint64_t)u * l.unit_bytes), &n_live,
+                                               4);
                                 live[n_live++] = l;
                                 model_used += (uint64_t)l.unit_bytes * l.n_units;
                         }
@@ -556,15 +522,16 @@ static void pool_stays_consistent_under_random_operations(void **state)
                                 assert_int_equal(tag, i);
                         }
                         /* a wrong owner first: refused */
-                        assert_int_equal(pool_release(p, l.owner % N_OWNERS + 1, l.offset, l.unit_bytes,
-                                                      l.n_units),
-                                         -EINVAL);
+                        assert_int_equal(
+                                pool_release(p, l.owner % N_OWNERS + 1, l.offset, l.unit_bytes, l.n_units),
+                                -EINVAL);
                         assert_int_equal(pool_release(p, l.owner, l.offset, l.unit_bytes, l.n_units), 0);
                         model_used -= (uint64_t)l.unit_bytes * l.n_units;
                         live[i] = live[--n_live];
                         if (i < n_live) /* the moved one carries its new index */
                                 for (uint32_t u = 0; u < live[i].n_units; u++)
-                                        memcpy(pool_ptr(p, live[i].offset + (uint64_t)u * live[i].unit_bytes), &i, 4);
+                                        memcpy(pool_ptr(p, live[i].offset + (uint64_t)u * live[i].unit_bytes),
+                                               &i, 4);
                 } else if (what < 93) {
                         uint64_t owner = 1 + rng_below(N_OWNERS);
                         pool_release_owner(p, owner);
@@ -578,14 +545,15 @@ static void pool_stays_consistent_under_random_operations(void **state)
                                 live[i] = live[--n_live];
                                 if (i < n_live)
                                         for (uint32_t u = 0; u < live[i].n_units; u++)
-                                                memcpy(pool_ptr(p, live[i].offset + (uint64_t)u * live[i].unit_bytes),
+                                                memcpy(pool_ptr(p, live[i].offset +
+                                                                           (uint64_t)u * live[i].unit_bytes),
                                                        &i, 4);
                         }
                 } else if (n_live > 0) {
                         /* a release that overlaps a live allocation but is not one */
                         const struct live *l = &live[rng_below(n_live)];
-                        assert_int_equal(pool_release(p, l->owner, l->offset, l->unit_bytes, l->n_units + 1 +
-                                                      (uint32_t)(CHUNK / l->unit_bytes)),
+                        assert_int_equal(pool_release(p, l->owner, l->offset, l->unit_bytes,
+                                                      l->n_units + 1 + (uint32_t)(CHUNK / l->unit_bytes)),
                                          -EINVAL);
                 }
                 assert_int_equal(used_bytes(p), model_used);
@@ -608,8 +576,7 @@ static void pool_stays_consistent_under_random_operations(void **state)
 
 /* The probe start of idmap.c, copied to build keys that collide on purpose. If idmap.c changes
  * its hash the tests stay correct, only less pointed. */
-static uint32_t home_slot(uint64_t key, uint32_t cap)
-{
+static uint32_t home_slot(uint64_t key, uint32_t cap) {
         key ^= key >> 33;
         key *= 0xff51afd7ed558ccdull;
         key ^= key >> 33;
@@ -617,8 +584,7 @@ static uint32_t home_slot(uint64_t key, uint32_t cap)
 }
 
 /* The n smallest keys >= from whose home slot in a table of cap is `slot`. */
-static void keys_with_home(uint32_t slot, uint32_t cap, uint64_t from, uint64_t *out, uint32_t n)
-{
+static void keys_with_home(uint32_t slot, uint32_t cap, uint64_t from, uint64_t *out, uint32_t n) {
         for (uint64_t k = from; n > 0; k++) {
                 if (home_slot(k, cap) == slot) {
                         *out++ = k;
@@ -627,13 +593,11 @@ static void keys_with_home(uint32_t slot, uint32_t cap, uint64_t from, uint64_t 
         }
 }
 
-static void *val(uint64_t key)
-{
+static void *val(uint64_t key) {
         return (void *)(uintptr_t)(key * 16 + 8);
 }
 
-static void idmap_puts_gets_and_deletes(void **state)
-{
+static void idmap_puts_gets_and_deletes(void **state) {
         struct idmap m;
         (void)state;
         assert_int_equal(idmap_init(&m, 4), 0);
@@ -658,8 +622,7 @@ static void idmap_puts_gets_and_deletes(void **state)
         assert_int_equal(m.cap, 0);
 }
 
-static void idmap_rejects_duplicate_keys(void **state)
-{
+static void idmap_rejects_duplicate_keys(void **state) {
         struct idmap m;
         (void)state;
         assert_int_equal(idmap_init(&m, 0), 0);
@@ -680,8 +643,7 @@ static void idmap_rejects_duplicate_keys(void **state)
 
 /* Keys that share a home slot, including the last slot of the table (their probe wraps to slot
  * 0), deleted in every order: each remaining key stays reachable. */
-static void idmap_keeps_colliding_keys_reachable(void **state)
-{
+static void idmap_keeps_colliding_keys_reachable(void **state) {
         enum { CAP = 16, N = 7 };
         (void)state;
         for (uint32_t home = CAP - 3; home < CAP; home++) {
@@ -710,7 +672,8 @@ static void idmap_keeps_colliding_keys_reachable(void **state)
                                                 if (gone[j])
                                                         assert_null(idmap_get(&m, keys[j]));
                                                 else
-                                                        assert_ptr_equal(idmap_get(&m, keys[j]), val(keys[j]));
+                                                        assert_ptr_equal(idmap_get(&m, keys[j]),
+                                                                         val(keys[j]));
                                         }
                                 }
                                 idmap_done(&m);
@@ -719,8 +682,7 @@ static void idmap_keeps_colliding_keys_reachable(void **state)
         }
 }
 
-static void idmap_grows_and_keeps_every_entry(void **state)
-{
+static void idmap_grows_and_keeps_every_entry(void **state) {
         enum { N = 20000 };
         struct idmap m;
         (void)state;
@@ -746,8 +708,7 @@ static void idmap_grows_and_keeps_every_entry(void **state)
 
 /* Keys from a small range, so that puts of present keys, deletes of absent ones and long probe
  * chains are all frequent. */
-static void idmap_matches_a_shadow_array_under_random_operations(void **state)
-{
+static void idmap_matches_a_shadow_array_under_random_operations(void **state) {
         enum { KEYS = 600, N_OPS = 60000 };
         struct idmap m;
         void **shadow = calloc(KEYS + 1, sizeof(*shadow));
@@ -796,8 +757,7 @@ static void idmap_matches_a_shadow_array_under_random_operations(void **state)
         free(shadow);
 }
 
-int main(void)
-{
+int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(backend_find_knows_host_and_refuses_the_rest),
                 cmocka_unit_test(pool_new_rejects_sizes_that_hold_no_chunk),

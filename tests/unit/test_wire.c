@@ -29,21 +29,18 @@
 
 static struct wire_arena *arena;
 
-static int group_setup(void **state)
-{
+static int group_setup(void **state) {
         (void)state;
         return wire_arena_new(TEST_ARENA_BYTES, &arena) < 0 ? -1 : 0;
 }
 
-static int group_teardown(void **state)
-{
+static int group_teardown(void **state) {
         (void)state;
         arena = wire_arena_free(arena);
         return 0;
 }
 
-static uint8_t *pack_env(const Kvc__Envelope *env, size_t *ret_len)
-{
+static uint8_t *pack_env(const Kvc__Envelope *env, size_t *ret_len) {
         size_t n = wire_packed_size(env);
         uint8_t *buf = malloc(n ? n : 1);
 
@@ -54,8 +51,7 @@ static uint8_t *pack_env(const Kvc__Envelope *env, size_t *ret_len)
 }
 
 /* Packs env and decodes it again; fails the test when decoding does. */
-static Kvc__Envelope *round_trip(const Kvc__Envelope *env)
-{
+static Kvc__Envelope *round_trip(const Kvc__Envelope *env) {
         char why[WIRE_MAX_MESSAGE] = "";
         Kvc__Envelope *out = NULL;
         size_t len;
@@ -76,8 +72,7 @@ static Kvc__Envelope *round_trip(const Kvc__Envelope *env)
  * with a text containing `word`, and leave *ret alone. */
 #define EXPECT_REJECT(env, code, word) expect_reject((env), (code), (word), __LINE__)
 
-static void expect_reject(const Kvc__Envelope *env, int code, const char *word, int line)
-{
+static void expect_reject(const Kvc__Envelope *env, int code, const char *word, int line) {
         char why[WIRE_MAX_MESSAGE] = "";
         Kvc__Envelope sentinel = KVC__ENVELOPE__INIT;
         Kvc__Envelope *out = &sentinel;
@@ -87,24 +82,23 @@ static void expect_reject(const Kvc__Envelope *env, int code, const char *word, 
 
         r = wire_validate(env, why, sizeof(why));
         if (r != code || why[0] == '\0' || !strstr(why, word))
-                fail_msg("line %d: wire_validate gave %d (%s), want %d mentioning '%s'", line, r, why,
-                         code, word);
+                fail_msg("line %d: wire_validate gave %d (%s), want %d mentioning '%s'", line, r, why, code,
+                         word);
 
         buf = pack_env(env, &len);
         why[0] = '\0';
         r = wire_decode(arena, buf, len, WIRE_REPLY_MAX_BYTES, &out, why, sizeof(why));
         free(buf);
         if (r != code || why[0] == '\0' || !strstr(why, word))
-                fail_msg("line %d: wire_decode gave %d (%s), want %d mentioning '%s'", line, r, why,
-                         code, word);
+                fail_msg("line %d: wire_decode gave %d (%s), want %d mentioning '%s'", line, r, why, code,
+                         word);
         if (out != &sentinel)
                 fail_msg("line %d: wire_decode wrote *ret on failure", line);
 }
 
 #define EXPECT_VALID(env) expect_valid((env), __LINE__)
 
-static void expect_valid(const Kvc__Envelope *env, int line)
-{
+static void expect_valid(const Kvc__Envelope *env, int line) {
         char why[WIRE_MAX_MESSAGE] = "";
         int r = wire_validate(env, why, sizeof(why));
 
@@ -117,8 +111,7 @@ static uint8_t token_bytes[WIRE_TOKEN_BYTES + 1] = { 0x5a, 0x01, 0x02, 0x03, 0x0
                                                      0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0xa5 };
 
 /* A string of n copies of c, in a static buffer (one at a time). */
-static char *repeat(char c, size_t n)
-{
+static char *repeat(char c, size_t n) {
         static char buf[4096];
 
         assert_true(n < sizeof(buf));
@@ -127,8 +120,7 @@ static char *repeat(char c, size_t n)
         return buf;
 }
 
-static void env_init(Kvc__Envelope *env, Kvc__Envelope__BodyCase body, void *msg)
-{
+static void env_init(Kvc__Envelope *env, Kvc__Envelope__BodyCase body, void *msg) {
         *env = (Kvc__Envelope)KVC__ENVELOPE__INIT;
         env->version = WIRE_VERSION;
         env->request_id = 0x1234567890abcdefull;
@@ -143,8 +135,7 @@ struct hello_fx {
         Kvc__Hello m;
 };
 
-static void hello_fx_init(struct hello_fx *f)
-{
+static void hello_fx_init(struct hello_fx *f) {
         f->m = (Kvc__Hello)KVC__HELLO__INIT;
         f->m.token.data = token_bytes;
         f->m.token.len = WIRE_TOKEN_BYTES;
@@ -157,8 +148,7 @@ struct welcome_fx {
         Kvc__Welcome m;
 };
 
-static void welcome_fx_init(struct welcome_fx *f)
-{
+static void welcome_fx_init(struct welcome_fx *f) {
         f->m = (Kvc__Welcome)KVC__WELCOME__INIT;
         f->m.client_id = 7;
         f->m.chunk_bytes = 2u << 20;
@@ -177,8 +167,7 @@ struct open_fx {
         Kvc__Param *pp[WIRE_MAX_PARAMS + 1];
 };
 
-static void open_fx_init(struct open_fx *f)
-{
+static void open_fx_init(struct open_fx *f) {
         f->g = (Kvc__Geometry)KVC__GEOMETRY__INIT;
         f->g.n_layers = 32;
         f->g.n_heads = 32;
@@ -213,8 +202,7 @@ struct opened_fx {
         Kvc__SessionOpened m;
 };
 
-static void opened_fx_init(struct opened_fx *f)
-{
+static void opened_fx_init(struct opened_fx *f) {
         f->m = (Kvc__SessionOpened)KVC__SESSION_OPENED__INIT;
         f->m.session_id = 99;
         f->m.token.data = token_bytes;
@@ -235,8 +223,7 @@ struct reserve_fx {
         Kvc__Reserve m;
 };
 
-static void reserve_fx_init(struct reserve_fx *f)
-{
+static void reserve_fx_init(struct reserve_fx *f) {
         f->m = (Kvc__Reserve)KVC__RESERVE__INIT;
         f->m.session_id = 99;
         f->m.n_tokens = 517;
@@ -253,8 +240,7 @@ struct blocks_fx {
         uint64_t offs[WIRE_MAX_LAYERS + 1][FX_BLOCKS];
 };
 
-static void blocks_fx_init(struct blocks_fx *b)
-{
+static void blocks_fx_init(struct blocks_fx *b) {
         for (uint32_t l = 0; l < WIRE_MAX_LAYERS + 1; l++) {
                 b->lb[l] = (Kvc__LayerBlocks)KVC__LAYER_BLOCKS__INIT;
                 b->lb[l].layer = l % WIRE_MAX_LAYERS;
@@ -272,8 +258,7 @@ struct grant_fx {
         struct blocks_fx b;
 };
 
-static void grant_fx_init(struct grant_fx *f)
-{
+static void grant_fx_init(struct grant_fx *f) {
         blocks_fx_init(&f->b);
         f->m = (Kvc__Grant)KVC__GRANT__INIT;
         f->m.session_id = 99;
@@ -293,8 +278,7 @@ struct steps_fx {
         float topk[WIRE_MAX_TOPK + 1];
 };
 
-static void steps_fx_init(struct steps_fx *f)
-{
+static void steps_fx_init(struct steps_fx *f) {
         for (uint32_t l = 0; l < WIRE_MAX_LAYERS + 1; l++)
                 f->layer_tokens[l] = 300 + l;
         for (uint32_t k = 0; k < WIRE_MAX_TOPK + 1; k++)
@@ -336,8 +320,7 @@ struct plans_fx {
         struct blocks_fx b;
 };
 
-static void plans_fx_init(struct plans_fx *f)
-{
+static void plans_fx_init(struct plans_fx *f) {
         blocks_fx_init(&f->b);
         for (uint32_t l = 0; l < WIRE_MAX_LAYERS + 1; l++) {
                 f->lp[l] = (Kvc__LayerPlan)KVC__LAYER_PLAN__INIT;
@@ -384,8 +367,7 @@ struct applied_fx {
         struct blocks_fx b;
 };
 
-static void applied_fx_init(struct applied_fx *f)
-{
+static void applied_fx_init(struct applied_fx *f) {
         blocks_fx_init(&f->b);
         for (uint32_t l = 0; l < WIRE_MAX_LAYERS + 1; l++)
                 f->layer_tokens[l] = 257;
@@ -405,8 +387,7 @@ struct error_fx {
         Kvc__Error m;
 };
 
-static void error_fx_init(struct error_fx *f)
-{
+static void error_fx_init(struct error_fx *f) {
         f->m = (Kvc__Error)KVC__ERROR__INIT;
         f->m.code = ESTALE;
         f->m.message = "plan 500 of session 99 is stale: the layer grew since";
@@ -419,8 +400,7 @@ struct status_fx {
         Kvc__Status m;
 };
 
-static void status_fx_init(struct status_fx *f)
-{
+static void status_fx_init(struct status_fx *f) {
         f->m = (Kvc__Status)KVC__STATUS__INIT;
         f->m.version = "kvcd 0.1.0";
         f->m.backend = "host";
@@ -448,8 +428,7 @@ struct list_fx {
         Kvc__SessionInfo *pi[FX_SESSIONS];
 };
 
-static void list_fx_init(struct list_fx *f)
-{
+static void list_fx_init(struct list_fx *f) {
         for (uint32_t i = 0; i < FX_SESSIONS; i++) {
                 Kvc__SessionInfo *s = &f->info[i];
                 *s = (Kvc__SessionInfo)KVC__SESSION_INFO__INIT;
@@ -478,8 +457,7 @@ static void list_fx_init(struct list_fx *f)
 
 /* ---- round trips ---- */
 
-static void wire_round_trips_hello(void **state)
-{
+static void wire_round_trips_hello(void **state) {
         struct hello_fx f;
         (void)state;
         hello_fx_init(&f);
@@ -489,8 +467,7 @@ static void wire_round_trips_hello(void **state)
         assert_string_equal(e->hello->client_name, f.m.client_name);
 }
 
-static void wire_round_trips_welcome(void **state)
-{
+static void wire_round_trips_welcome(void **state) {
         struct welcome_fx f;
         (void)state;
         welcome_fx_init(&f);
@@ -503,8 +480,7 @@ static void wire_round_trips_welcome(void **state)
         assert_string_equal(m->daemon_version, "kvcd 0.1.0");
 }
 
-static void wire_round_trips_open_session(void **state)
-{
+static void wire_round_trips_open_session(void **state) {
         struct open_fx f;
         (void)state;
         open_fx_init(&f);
@@ -528,8 +504,7 @@ static void wire_round_trips_open_session(void **state)
         assert_string_equal(m->tenant, "team-a");
 }
 
-static void wire_round_trips_session_opened(void **state)
-{
+static void wire_round_trips_session_opened(void **state) {
         struct opened_fx f;
         (void)state;
         opened_fx_init(&f);
@@ -547,8 +522,7 @@ static void wire_round_trips_session_opened(void **state)
         assert_int_equal(m->budget_tokens, 1024);
 }
 
-static void wire_round_trips_reserve(void **state)
-{
+static void wire_round_trips_reserve(void **state) {
         struct reserve_fx f;
         (void)state;
         reserve_fx_init(&f);
@@ -557,8 +531,7 @@ static void wire_round_trips_reserve(void **state)
         assert_int_equal(m->n_tokens, 517);
 }
 
-static void assert_layer_blocks_equal(Kvc__LayerBlocks *const *got, Kvc__LayerBlocks *const *want, size_t n)
-{
+static void assert_layer_blocks_equal(Kvc__LayerBlocks *const *got, Kvc__LayerBlocks *const *want, size_t n) {
         for (size_t l = 0; l < n; l++) {
                 assert_int_equal(got[l]->layer, want[l]->layer);
                 assert_int_equal(got[l]->n_blocks, want[l]->n_blocks);
@@ -566,8 +539,7 @@ static void assert_layer_blocks_equal(Kvc__LayerBlocks *const *got, Kvc__LayerBl
         }
 }
 
-static void wire_round_trips_grant(void **state)
-{
+static void wire_round_trips_grant(void **state) {
         struct grant_fx f;
         (void)state;
         grant_fx_init(&f);
@@ -577,8 +549,7 @@ static void wire_round_trips_grant(void **state)
         assert_layer_blocks_equal(m->layers, f.m.layers, FX_LAYERS);
 }
 
-static void wire_round_trips_step_batch(void **state)
-{
+static void wire_round_trips_step_batch(void **state) {
         struct steps_fx f;
         (void)state;
         steps_fx_init(&f);
@@ -599,8 +570,7 @@ static void wire_round_trips_step_batch(void **state)
         }
 }
 
-static void wire_round_trips_plan_batch(void **state)
-{
+static void wire_round_trips_plan_batch(void **state) {
         struct plans_fx f;
         (void)state;
         plans_fx_init(&f);
@@ -630,8 +600,7 @@ static void wire_round_trips_plan_batch(void **state)
         assert_int_equal(m->errors[0]->session_id, 12);
 }
 
-static void wire_round_trips_plan_applied(void **state)
-{
+static void wire_round_trips_plan_applied(void **state) {
         struct applied_fx f;
         (void)state;
         applied_fx_init(&f);
@@ -646,8 +615,7 @@ static void wire_round_trips_plan_applied(void **state)
         assert_layer_blocks_equal(m->released, f.m.released, FX_LAYERS);
 }
 
-static void wire_round_trips_close_session(void **state)
-{
+static void wire_round_trips_close_session(void **state) {
         Kvc__Envelope env;
         Kvc__CloseSession m = KVC__CLOSE_SESSION__INIT;
         (void)state;
@@ -656,8 +624,7 @@ static void wire_round_trips_close_session(void **state)
         assert_int_equal(round_trip(&env)->close_session->session_id, 0xfedcba9876543210ull);
 }
 
-static void wire_round_trips_session_closed(void **state)
-{
+static void wire_round_trips_session_closed(void **state) {
         Kvc__Envelope env;
         Kvc__SessionClosed m = KVC__SESSION_CLOSED__INIT;
         Kvc__SessionStats st = KVC__SESSION_STATS__INIT;
@@ -682,8 +649,7 @@ static void wire_round_trips_session_closed(void **state)
         assert_int_equal(got->stats->bytes, st.bytes);
 }
 
-static void wire_round_trips_error(void **state)
-{
+static void wire_round_trips_error(void **state) {
         struct error_fx f;
         (void)state;
         error_fx_init(&f);
@@ -693,8 +659,7 @@ static void wire_round_trips_error(void **state)
         assert_int_equal(m->session_id, 99);
 }
 
-static void wire_round_trips_status_request(void **state)
-{
+static void wire_round_trips_status_request(void **state) {
         Kvc__Envelope env;
         Kvc__StatusRequest m = KVC__STATUS_REQUEST__INIT;
         (void)state;
@@ -702,8 +667,7 @@ static void wire_round_trips_status_request(void **state)
         assert_non_null(round_trip(&env)->status_request);
 }
 
-static void wire_round_trips_status(void **state)
-{
+static void wire_round_trips_status(void **state) {
         struct status_fx f;
         (void)state;
         status_fx_init(&f);
@@ -724,8 +688,7 @@ static void wire_round_trips_status(void **state)
         assert_int_equal(m->errors_total, 17);
 }
 
-static void wire_round_trips_list_sessions(void **state)
-{
+static void wire_round_trips_list_sessions(void **state) {
         Kvc__Envelope env;
         Kvc__ListSessions m = KVC__LIST_SESSIONS__INIT;
         (void)state;
@@ -733,8 +696,7 @@ static void wire_round_trips_list_sessions(void **state)
         assert_non_null(round_trip(&env)->list_sessions);
 }
 
-static void wire_round_trips_session_list(void **state)
-{
+static void wire_round_trips_session_list(void **state) {
         struct list_fx f;
         (void)state;
         list_fx_init(&f);
@@ -761,8 +723,7 @@ static void wire_round_trips_session_list(void **state)
 }
 
 /* The arena is reset by each decode: decoding many messages in turn neither fails nor grows. */
-static void wire_decodes_message_after_message_in_one_arena(void **state)
-{
+static void wire_decodes_message_after_message_in_one_arena(void **state) {
         struct steps_fx *f = malloc(sizeof(*f));
         struct wire_arena *small;
         size_t len;
@@ -784,8 +745,7 @@ static void wire_decodes_message_after_message_in_one_arena(void **state)
 
 /* ---- framing and envelope ---- */
 
-static void wire_rejects_frame_over_max_bytes(void **state)
-{
+static void wire_rejects_frame_over_max_bytes(void **state) {
         struct hello_fx f;
         char why[WIRE_MAX_MESSAGE] = "";
         Kvc__Envelope *e = NULL;
@@ -807,16 +767,15 @@ static void wire_rejects_frame_over_max_bytes(void **state)
         assert_non_null(big);
         e = NULL;
         why[0] = '\0';
-        assert_int_equal(wire_decode(arena, big, WIRE_REQUEST_MAX_BYTES + 1, WIRE_REQUEST_MAX_BYTES, &e,
-                                     why, sizeof(why)),
+        assert_int_equal(wire_decode(arena, big, WIRE_REQUEST_MAX_BYTES + 1, WIRE_REQUEST_MAX_BYTES, &e, why,
+                                     sizeof(why)),
                          -EMSGSIZE);
         assert_null(e);
         assert_true(why[0] != '\0');
         free(big);
 }
 
-static void expect_decode_fails(const void *data, size_t len, int code, const char *word)
-{
+static void expect_decode_fails(const void *data, size_t len, int code, const char *word) {
         char why[WIRE_MAX_MESSAGE] = "";
         Kvc__Envelope *e = NULL;
         int r = wire_decode(arena, data, len, WIRE_REQUEST_MAX_BYTES, &e, why, sizeof(why));
@@ -825,11 +784,12 @@ static void expect_decode_fails(const void *data, size_t len, int code, const ch
                 fail_msg("decoding %zu bytes gave %d (%s), want %d mentioning '%s'", len, r, why, code, word);
 }
 
-static void wire_rejects_bytes_that_are_not_an_envelope(void **state)
-{
-        static const uint8_t bad_wire_type[] = { 0x0f, 0x01 };         /* field 1, wire type 7 */
-        static const uint8_t cut_varint[] = { 0x08, 0x81 };            /* varint that never ends */
-        static const uint8_t cut_body[] = { 0x08, 0x01, 0x82, 0x01, 0x05, 0x0a }; /* hello of 5 bytes, 1 sent */
+static void wire_rejects_bytes_that_are_not_an_envelope(void **state) {
+        static const uint8_t bad_wire_type[] = { 0x0f, 0x01 }; /* field 1, wire type 7 */
+        static const uint8_t cut_varint[] = { 0x08, 0x81 };    /* varint that never ends */
+        static const uint8_t cut_body[] = {
+                0x08, 0x01, 0x82, 0x01, 0x05, 0x0a
+        }; /* hello of 5 bytes, 1 sent */
         static const uint8_t long_varint[] = { 0x08, 0xff, 0xff, 0xff, 0xff, 0xff,
                                                0xff, 0xff, 0xff, 0xff, 0xff, 0x01 };
         static const uint8_t text[] = "GET / HTTP/1.1\r\nHost: kvcd\r\n\r\n";
@@ -850,8 +810,7 @@ static void wire_rejects_bytes_that_are_not_an_envelope(void **state)
         free(buf);
 }
 
-static void wire_rejects_wrong_version(void **state)
-{
+static void wire_rejects_wrong_version(void **state) {
         struct hello_fx f;
         (void)state;
         hello_fx_init(&f);
@@ -863,8 +822,7 @@ static void wire_rejects_wrong_version(void **state)
         EXPECT_REJECT(&f.env, -EPROTO, "version");
 }
 
-static void wire_rejects_envelope_without_body(void **state)
-{
+static void wire_rejects_envelope_without_body(void **state) {
         static const uint8_t only_version[] = { 0x08, 0x01, 0x10, 0x07 };
         static const uint8_t empty[1] = { 0 };
         Kvc__Envelope env = KVC__ENVELOPE__INIT;
@@ -877,8 +835,7 @@ static void wire_rejects_envelope_without_body(void **state)
         expect_decode_fails(empty, 0, -EPROTO, "version 0");
 }
 
-static void wire_rejects_unknown_body(void **state)
-{
+static void wire_rejects_unknown_body(void **state) {
         /* version 1, then field 99 (length-delimited, 2 bytes): protobuf-c skips it */
         static const uint8_t unknown_field[] = { 0x08, 0x01, 0x9a, 0x06, 0x02, 0x08, 0x01 };
         Kvc__Envelope env = KVC__ENVELOPE__INIT;
@@ -893,8 +850,7 @@ static void wire_rejects_unknown_body(void **state)
         assert_non_null(strstr(why, "unknown message kind 99"));
 }
 
-static void wire_rejects_body_case_without_message(void **state)
-{
+static void wire_rejects_body_case_without_message(void **state) {
         Kvc__Envelope env;
         char why[WIRE_MAX_MESSAGE] = "";
         (void)state;
@@ -904,8 +860,7 @@ static void wire_rejects_body_case_without_message(void **state)
 }
 
 /* A message whose many small elements outgrow a small arena. */
-static void wire_rejects_message_that_exhausts_a_tiny_arena(void **state)
-{
+static void wire_rejects_message_that_exhausts_a_tiny_arena(void **state) {
         struct steps_fx *f = malloc(sizeof(*f));
         struct wire_arena *tiny;
         char why[WIRE_MAX_MESSAGE] = "";
@@ -919,7 +874,8 @@ static void wire_rejects_message_that_exhausts_a_tiny_arena(void **state)
         uint8_t *buf = pack_env(&f->env, &len);
         assert_true(len <= WIRE_REQUEST_MAX_BYTES);
         assert_int_equal(wire_arena_new(2048, &tiny), 0);
-        assert_int_equal(wire_decode(tiny, buf, len, WIRE_REQUEST_MAX_BYTES, &e, why, sizeof(why)), -EMSGSIZE);
+        assert_int_equal(wire_decode(tiny, buf, len, WIRE_REQUEST_MAX_BYTES, &e, why, sizeof(why)),
+                         -EMSGSIZE);
         assert_null(e);
         assert_non_null(strstr(why, "unpack"));
         wire_arena_free(tiny);
@@ -929,8 +885,7 @@ static void wire_rejects_message_that_exhausts_a_tiny_arena(void **state)
 
 /* One repeated field whose array alone is larger than the arena: the allocation that fails is a
  * big one made while the arena is still nearly empty. */
-static void wire_rejects_message_whose_array_exceeds_the_arena(void **state)
-{
+static void wire_rejects_message_whose_array_exceeds_the_arena(void **state) {
         enum { N_BLOCKS = 20000 };
         struct grant_fx f;
         struct wire_arena *small;
@@ -950,7 +905,8 @@ static void wire_rejects_message_whose_array_exceeds_the_arena(void **state)
         uint8_t *buf = pack_env(&f.env, &len);
         assert_true(len <= WIRE_REQUEST_MAX_BYTES);
         assert_int_equal(wire_arena_new(64 * 1024, &small), 0);
-        assert_int_equal(wire_decode(small, buf, len, WIRE_REQUEST_MAX_BYTES, &e, why, sizeof(why)), -EMSGSIZE);
+        assert_int_equal(wire_decode(small, buf, len, WIRE_REQUEST_MAX_BYTES, &e, why, sizeof(why)),
+                         -EMSGSIZE);
         assert_null(e);
         assert_non_null(strstr(why, "unpack"));
 
@@ -967,8 +923,7 @@ static void wire_rejects_message_whose_array_exceeds_the_arena(void **state)
 }
 
 /* Garbage is a protocol error whatever the arena's size, as long as the envelope itself fits. */
-static void wire_reports_garbage_as_eproto_in_a_small_arena(void **state)
-{
+static void wire_reports_garbage_as_eproto_in_a_small_arena(void **state) {
         static const uint8_t bad_wire_type[] = { 0x08, 0x01, 0x0f, 0x01 };
         struct wire_arena *small;
         char why[WIRE_MAX_MESSAGE] = "";
@@ -982,8 +937,7 @@ static void wire_reports_garbage_as_eproto_in_a_small_arena(void **state)
         wire_arena_free(small);
 }
 
-static void wire_truncates_why_to_its_buffer(void **state)
-{
+static void wire_truncates_why_to_its_buffer(void **state) {
         struct reserve_fx f;
         char why[8];
         (void)state;
@@ -998,34 +952,33 @@ static void wire_truncates_why_to_its_buffer(void **state)
 
 /* ---- validators, one field at a time ---- */
 
-#define REJECT(type, mutation, word)                                      \
-        do {                                                              \
-                struct type##_fx *f_ = calloc(1, sizeof(*f_));            \
-                assert_non_null(f_);                                      \
-                type##_fx_init(f_);                                       \
-                {                                                         \
-                        struct type##_fx *f = f_;                         \
-                        mutation;                                         \
-                        EXPECT_REJECT(&f->env, -EINVAL, word);            \
-                }                                                         \
-                free(f_);                                                 \
+#define REJECT(type, mutation, word)                                                                         \
+        do {                                                                                                 \
+                struct type##_fx *f_ = calloc(1, sizeof(*f_));                                               \
+                assert_non_null(f_);                                                                         \
+                type##_fx_init(f_);                                                                          \
+                {                                                                                            \
+                        struct type##_fx *f = f_;                                                            \
+                        mutation;                                                                            \
+                        EXPECT_REJECT(&f->env, -EINVAL, word);                                               \
+                }                                                                                            \
+                free(f_);                                                                                    \
         } while (0)
 
-#define ACCEPT(type, mutation)                                            \
-        do {                                                              \
-                struct type##_fx *f_ = calloc(1, sizeof(*f_));            \
-                assert_non_null(f_);                                      \
-                type##_fx_init(f_);                                       \
-                {                                                         \
-                        struct type##_fx *f = f_;                         \
-                        mutation;                                         \
-                        EXPECT_VALID(&f->env);                            \
-                }                                                         \
-                free(f_);                                                 \
+#define ACCEPT(type, mutation)                                                                               \
+        do {                                                                                                 \
+                struct type##_fx *f_ = calloc(1, sizeof(*f_));                                               \
+                assert_non_null(f_);                                                                         \
+                type##_fx_init(f_);                                                                          \
+                {                                                                                            \
+                        struct type##_fx *f = f_;                                                            \
+                        mutation;                                                                            \
+                        EXPECT_VALID(&f->env);                                                               \
+                }                                                                                            \
+                free(f_);                                                                                    \
         } while (0)
 
-static void wire_rejects_bad_hello(void **state)
-{
+static void wire_rejects_bad_hello(void **state) {
         (void)state;
         REJECT(hello, f->m.token.len = WIRE_TOKEN_BYTES - 1, "token has 15 bytes");
         REJECT(hello, f->m.token.len = WIRE_TOKEN_BYTES + 1, "token has 17 bytes");
@@ -1037,8 +990,7 @@ static void wire_rejects_bad_hello(void **state)
         ACCEPT(hello, f->m.client_name = "");
 }
 
-static void wire_rejects_bad_welcome(void **state)
-{
+static void wire_rejects_bad_welcome(void **state) {
         (void)state;
         REJECT(welcome, f->m.chunk_bytes = 0, "chunk size");
         REJECT(welcome, f->m.chunk_bytes = 4096 * 3 + 1, "chunk size");
@@ -1055,8 +1007,7 @@ static void wire_rejects_bad_welcome(void **state)
                          f->m.block_tokens = WIRE_MAX_BLOCK_TOKENS));
 }
 
-static void wire_rejects_bad_geometry(void **state)
-{
+static void wire_rejects_bad_geometry(void **state) {
         (void)state;
         REJECT(open, f->m.geometry = NULL, "geometry missing");
         REJECT(open, f->g.n_layers = 0, "n_layers 0");
@@ -1083,8 +1034,7 @@ static void wire_rejects_bad_geometry(void **state)
                       f->g.dtype = KVC__DTYPE__DTYPE_F16, f->g.max_tokens = 1));
 }
 
-static void wire_rejects_bad_open_session(void **state)
-{
+static void wire_rejects_bad_open_session(void **state) {
         (void)state;
         REJECT(open, f->m.policy = "", "policy is empty");
         REJECT(open, f->m.policy = "win dow", "policy has a byte 0x20");
@@ -1113,8 +1063,7 @@ static void wire_rejects_bad_open_session(void **state)
         ACCEPT(open, f->params[0].number = -1e300);
 }
 
-static void wire_rejects_bad_session_opened(void **state)
-{
+static void wire_rejects_bad_session_opened(void **state) {
         (void)state;
         REJECT(opened, f->m.session_id = 0, "session id 0");
         REJECT(opened, f->m.token.len = 8, "session token has 8 bytes");
@@ -1129,17 +1078,18 @@ static void wire_rejects_bad_session_opened(void **state)
         REJECT(opened, f->m.ema_gamma = 1.01f, "ema_gamma");
         REJECT(opened, f->m.ema_gamma = INFINITY, "ema_gamma");
         REJECT(opened, f->m.max_layer_tokens = 0, "max_layer_tokens 0");
-        REJECT(opened, f->m.max_layer_tokens = WIRE_MAX_TOKENS + WIRE_MAX_BLOCK_TOKENS + 1, "max_layer_tokens");
+        REJECT(opened, f->m.max_layer_tokens = WIRE_MAX_TOKENS + WIRE_MAX_BLOCK_TOKENS + 1,
+               "max_layer_tokens");
         REJECT(opened, f->m.budget_tokens = WIRE_MAX_TOKENS + 1, "budget");
         REJECT(opened, f->m.policy = "", "policy is empty");
         REJECT(opened, f->m.policy = "a b", "policy has a byte");
         ACCEPT(opened, (f->m.plan_bytes = 0, f->m.ema_gamma = 0.0f));
-        ACCEPT(opened, (f->m.ema_gamma = 1.0f, f->m.max_layer_tokens = WIRE_MAX_TOKENS + WIRE_MAX_BLOCK_TOKENS,
-                        f->m.block_bytes = 1ull << 32, f->m.plan_bytes = 1ull << 32));
+        ACCEPT(opened,
+               (f->m.ema_gamma = 1.0f, f->m.max_layer_tokens = WIRE_MAX_TOKENS + WIRE_MAX_BLOCK_TOKENS,
+                f->m.block_bytes = 1ull << 32, f->m.plan_bytes = 1ull << 32));
 }
 
-static void wire_rejects_bad_reserve(void **state)
-{
+static void wire_rejects_bad_reserve(void **state) {
         (void)state;
         REJECT(reserve, f->m.session_id = 0, "session id 0");
         REJECT(reserve, f->m.n_tokens = 0, "reserve of 0 tokens");
@@ -1147,8 +1097,7 @@ static void wire_rejects_bad_reserve(void **state)
         ACCEPT(reserve, f->m.n_tokens = WIRE_MAX_TOKENS);
 }
 
-static void wire_rejects_bad_grant(void **state)
-{
+static void wire_rejects_bad_grant(void **state) {
         (void)state;
         REJECT(grant, f->m.session_id = 0, "grant for session id 0");
         REJECT(grant, f->m.n_layers = WIRE_MAX_LAYERS + 1, "grant lists 257 layers");
@@ -1158,25 +1107,26 @@ static void wire_rejects_bad_grant(void **state)
 }
 
 /* The block references of one message are capped as a whole. */
-static void wire_rejects_more_block_refs_than_allowed(void **state)
-{
+static void wire_rejects_more_block_refs_than_allowed(void **state) {
         uint64_t *offs = calloc(WIRE_MAX_BLOCK_REFS, sizeof(*offs));
         (void)state;
         assert_non_null(offs);
         /* two layers share the array: MAX - 3 + 4 references, one too many */
-        REJECT(grant, (f->m.n_layers = 2, f->b.lb[0].blocks = offs, f->b.lb[0].n_blocks = WIRE_MAX_BLOCK_REFS - 3),
+        REJECT(grant,
+               (f->m.n_layers = 2, f->b.lb[0].blocks = offs, f->b.lb[0].n_blocks = WIRE_MAX_BLOCK_REFS - 3),
                "grant lists more than 65536 blocks");
-        ACCEPT(grant, (f->m.n_layers = 2, f->b.lb[0].blocks = offs, f->b.lb[0].n_blocks = WIRE_MAX_BLOCK_REFS - 4));
+        ACCEPT(grant,
+               (f->m.n_layers = 2, f->b.lb[0].blocks = offs, f->b.lb[0].n_blocks = WIRE_MAX_BLOCK_REFS - 4));
         /* in a plan batch the count runs over all of its grants */
-        REJECT(plans, (f->m.n_grants = 2, f->b.lb[0].blocks = offs, f->b.lb[0].n_blocks = WIRE_MAX_BLOCK_REFS / 2),
+        REJECT(plans,
+               (f->m.n_grants = 2, f->b.lb[0].blocks = offs, f->b.lb[0].n_blocks = WIRE_MAX_BLOCK_REFS / 2),
                "grant lists more than 65536 blocks");
         REJECT(applied, (f->b.lb[2].blocks = offs, f->b.lb[2].n_blocks = WIRE_MAX_BLOCK_REFS - 7),
                "release lists more than 65536 blocks");
         free(offs);
 }
 
-static void wire_rejects_bad_step(void **state)
-{
+static void wire_rejects_bad_step(void **state) {
         (void)state;
         REJECT(steps, f->m.n_steps = 0, "0 steps");
         REJECT(steps, f->m.n_steps = WIRE_MAX_STEPS + 1, "1025 steps");
@@ -1208,13 +1158,13 @@ static void wire_rejects_bad_step(void **state)
         ACCEPT(steps, (f->steps[0].entropy = 0.0f, f->steps[0].top1_prob = 1.0f, f->steps[0].margin = 0.0f,
                        f->steps[1].entropy = 1.0f, f->steps[1].top1_prob = 0.0f, f->steps[1].margin = -0.0f,
                        f->steps[2].margin = 3e38f, f->topk[0] = 0.0f, f->topk[1] = -0.0f));
-        ACCEPT(steps, (f->steps[0].n_topk_logprobs = WIRE_MAX_TOPK, f->steps[0].n_layer_tokens = WIRE_MAX_LAYERS,
-                       f->layer_tokens[0] = WIRE_MAX_TOKENS, f->layer_tokens[1] = 0));
+        ACCEPT(steps,
+               (f->steps[0].n_topk_logprobs = WIRE_MAX_TOPK, f->steps[0].n_layer_tokens = WIRE_MAX_LAYERS,
+                f->layer_tokens[0] = WIRE_MAX_TOKENS, f->layer_tokens[1] = 0));
         ACCEPT(steps, f->steps[0].n_topk_logprobs = 0);
 }
 
-static void wire_rejects_bad_plan_batch(void **state)
-{
+static void wire_rejects_bad_plan_batch(void **state) {
         (void)state;
         REJECT(plans, f->m.n_plans = WIRE_MAX_STEPS + 1, "plan batch too long");
         REJECT(plans, f->m.n_grants = WIRE_MAX_STEPS + 1, "plan batch too long");
@@ -1237,12 +1187,12 @@ static void wire_rejects_bad_plan_batch(void **state)
         ACCEPT(plans, (f->m.n_plans = 0, f->m.n_grants = 0, f->m.n_errors = 0));
         ACCEPT(plans, (f->m.n_plans = WIRE_MAX_STEPS, f->m.n_grants = WIRE_MAX_STEPS / 8,
                        f->m.n_errors = WIRE_MAX_STEPS));
-        ACCEPT(plans, (f->lp[0].keep_count = 0, f->lp[1].keep_count = f->lp[1].base_tokens = WIRE_MAX_TOKENS,
-                       f->errors[0].code = WIRE_MAX_ERRNO, f->errors[0].message = repeat('m', WIRE_MAX_MESSAGE)));
+        ACCEPT(plans,
+               (f->lp[0].keep_count = 0, f->lp[1].keep_count = f->lp[1].base_tokens = WIRE_MAX_TOKENS,
+                f->errors[0].code = WIRE_MAX_ERRNO, f->errors[0].message = repeat('m', WIRE_MAX_MESSAGE)));
 }
 
-static void wire_rejects_bad_plan_applied(void **state)
-{
+static void wire_rejects_bad_plan_applied(void **state) {
         (void)state;
         REJECT(applied, f->m.session_id = 0, "zero id");
         REJECT(applied, f->m.plan_id = 0, "zero id");
@@ -1255,8 +1205,7 @@ static void wire_rejects_bad_plan_applied(void **state)
         ACCEPT(applied, (f->m.status = WIRE_MAX_ERRNO, f->m.n_layer_tokens = 0, f->m.n_released = 0));
 }
 
-static void wire_rejects_zero_session_ids(void **state)
-{
+static void wire_rejects_zero_session_ids(void **state) {
         Kvc__Envelope env;
         Kvc__CloseSession close = KVC__CLOSE_SESSION__INIT;
         Kvc__SessionClosed closed = KVC__SESSION_CLOSED__INIT;
@@ -1272,8 +1221,7 @@ static void wire_rejects_zero_session_ids(void **state)
         EXPECT_VALID(&env);
 }
 
-static void wire_rejects_bad_error(void **state)
-{
+static void wire_rejects_bad_error(void **state) {
         (void)state;
         REJECT(error, f->m.code = 0, "error code 0");
         REJECT(error, f->m.code = -ENOENT, "error code -2");
@@ -1284,8 +1232,7 @@ static void wire_rejects_bad_error(void **state)
         ACCEPT(error, f->m.message = "non-ASCII is fine in text: caf\xc3\xa9");
 }
 
-static void wire_rejects_bad_status(void **state)
-{
+static void wire_rejects_bad_status(void **state) {
         (void)state;
         REJECT(status, f->m.version = repeat('v', WIRE_MAX_NAME + 1), "version longer");
         REJECT(status, f->m.version = "esc\x1b[0m", "version has a control character");
@@ -1294,8 +1241,7 @@ static void wire_rejects_bad_status(void **state)
         ACCEPT(status, (f->m.version = "", f->m.backend = ""));
 }
 
-static void wire_rejects_bad_session_list(void **state)
-{
+static void wire_rejects_bad_session_list(void **state) {
         (void)state;
         REJECT(list, f->info[1].tenant = repeat('t', WIRE_MAX_NAME + 1), "tenant longer");
         REJECT(list, f->info[0].tenant = "t\x01", "tenant has a control character");
@@ -1306,8 +1252,7 @@ static void wire_rejects_bad_session_list(void **state)
 
 /* ---- names and the arena ---- */
 
-static void wire_names_every_body_case(void **state)
-{
+static void wire_names_every_body_case(void **state) {
         static const struct {
                 Kvc__Envelope__BodyCase body;
                 const char *name;
@@ -1346,8 +1291,7 @@ static void wire_names_every_body_case(void **state)
         assert_string_equal(wire_body_name((Kvc__Envelope__BodyCase)99), "unknown");
 }
 
-static void wire_names_the_protocol_errnos(void **state)
-{
+static void wire_names_the_protocol_errnos(void **state) {
         static const struct {
                 int code;
                 const char *name;
@@ -1369,8 +1313,7 @@ static void wire_names_the_protocol_errnos(void **state)
         assert_string_equal(wire_errno_name(WIRE_MAX_ERRNO + 1), "E?");
 }
 
-static void wire_arena_hands_out_zeroed_memory_until_exhausted(void **state)
-{
+static void wire_arena_hands_out_zeroed_memory_until_exhausted(void **state) {
         struct wire_arena *a;
         (void)state;
         assert_int_equal(wire_arena_new(256, &a), 0);
@@ -1398,8 +1341,7 @@ static void wire_arena_hands_out_zeroed_memory_until_exhausted(void **state)
         assert_null(wire_arena_free(NULL));
 }
 
-int main(void)
-{
+int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(wire_round_trips_hello),
                 cmocka_unit_test(wire_round_trips_welcome),
