@@ -7,6 +7,7 @@
 size_t block_dtype_bytes(enum block_dtype dtype) {
         switch (dtype) {
         case BLOCK_DTYPE_F32: return 4;
+        case BLOCK_DTYPE_Q8: return 1;
         case BLOCK_DTYPE_F16:
         case BLOCK_DTYPE_BF16: return 2;
         }
@@ -40,6 +41,11 @@ int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_
         t.key_offset = 0;
         t.value_offset = kv;
         t.pos_offset = 2 * kv;
+        if (dtype == BLOCK_DTYPE_Q8) {
+                t.kscale_offset = 2 * kv;
+                t.vscale_offset = t.kscale_offset + align64((uint64_t)n_kv_heads * head_dim * 4u);
+                t.pos_offset = t.vscale_offset + side;
+        }
         t.sum_offset = t.pos_offset + side;
         t.ema_offset = t.sum_offset + side;
         t.last_offset = t.ema_offset + side;
@@ -118,6 +124,7 @@ static uint16_t float_to_bf16(float f) {
 void block_load_row(enum block_dtype dtype, const void *src, float *dst, uint32_t n) {
         const uint16_t *s16 = src;
         switch (dtype) {
+        case BLOCK_DTYPE_Q8: memset(dst, 0, (size_t)n * 4); return; /* needs scales: quant.h */
         case BLOCK_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
         case BLOCK_DTYPE_F16:
                 for (uint32_t i = 0; i < n; i++)
@@ -133,6 +140,7 @@ void block_load_row(enum block_dtype dtype, const void *src, float *dst, uint32_
 void block_store_row(enum block_dtype dtype, const float *src, void *dst, uint32_t n) {
         uint16_t *d16 = dst;
         switch (dtype) {
+        case BLOCK_DTYPE_Q8: return; /* needs scales: quant.h */
         case BLOCK_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
         case BLOCK_DTYPE_F16:
                 for (uint32_t i = 0; i < n; i++)

@@ -13,6 +13,19 @@
  *   last  [n_kv_heads][block_tokens]  float    (attention at the last step)
  *   logw  [n_kv_heads][block_tokens]  float    (log-weight added to the attention logit)
  *
+ * The INT8 block class (BLOCK_DTYPE_Q8) holds tokens that left the recent full-precision
+ * window: keys and values as int8, with their scales between the values and the side arrays:
+ *
+ *   key    [n_kv_heads][block_tokens][head_dim]  int8, symmetric: k = q * kscale[head][channel]
+ *   value  [n_kv_heads][block_tokens][head_dim]  int8, symmetric: v = q * vscale[head][slot]
+ *   kscale [n_kv_heads][head_dim]     float      (per channel over the block's tokens: keys
+ *                                                 have outlier channels)
+ *   vscale [n_kv_heads][block_tokens] float      (per token)
+ *   pos, sum, ema, last, logw as above
+ *
+ * A key scale belongs to its block: a token moved into another INT8 block is requantized to
+ * that block's scales, never copied with its bytes.
+ *
  * Each array starts on a 64-byte boundary and the block size is a multiple of 64, so blocks can
  * be carved back to back out of a chunk. Both sides compute the layout from the geometry with
  * block_layout_init(); SessionOpened carries block_bytes as a cross-check.
@@ -29,6 +42,7 @@ enum block_dtype {
         BLOCK_DTYPE_F32 = 1,
         BLOCK_DTYPE_F16 = 2,
         BLOCK_DTYPE_BF16 = 3,
+        BLOCK_DTYPE_Q8 = 4, /* int8 with per-block key scales and per-token value scales */
 };
 
 struct block_layout {
@@ -40,6 +54,8 @@ struct block_layout {
         uint64_t row_bytes; /* head_dim * elem_bytes */
         uint64_t key_offset;
         uint64_t value_offset;
+        uint64_t kscale_offset; /* Q8 only (0 otherwise) */
+        uint64_t vscale_offset; /* Q8 only (0 otherwise) */
         uint64_t pos_offset;
         uint64_t sum_offset;
         uint64_t ema_offset;
@@ -71,12 +87,22 @@ static inline uint8_t *block_value(const struct block_layout *l, uint8_t *block,
         return block + l->value_offset + ((uint64_t)head * l->block_tokens + slot) * l->row_bytes;
 }
 
+/* Q8 blocks: the key scales of a head ([head_dim] floats) and the value scale of a slot. */
+static inline float *block_kscale(const struct block_layout *l, uint8_t *block, uint32_t head) {
+        return (float *)(block + l->kscale_offset) + (uint64_t)head * l->head_dim;
+}
+
+static inline float *block_vscale(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot) {
+        return (float *)(block + l->vscale_offset) + (uint64_t)head * l->block_tokens + slot;
+}
+
 /* The side array at offset `off` (pos, sum, ema, last, logw), element (head, slot). */
 static inline void *block_side(const struct block_layout *l, uint8_t *block, uint64_t off, uint32_t head,
                                uint32_t slot) {
         return block + off + ((uint64_t)head * l->block_tokens + slot) * 4u;
 }
 
-/* Loads n elements of dtype into floats, and stores floats into dtype (round to nearest even). */
+/* Loads n elements of dtype into floats, and stores floats into dtype (round to nearest even).
+ * Not for BLOCK_DTYPE_Q8, whose rows need their scales (kernels/quant.h). */
 void block_load_row(enum block_dtype dtype, const void *src, float *dst, uint32_t n);
 void block_store_row(enum block_dtype dtype, const float *src, void *dst, uint32_t n);
