@@ -186,6 +186,8 @@ struct runner {
         struct kvc_session *session;
         char *text;
         size_t text_len, text_cap;
+        int *prompt; /* the prompt's tokens, BOS first */
+        int n_prompt;
 };
 
 static void fail(struct runner *r, const char *what, int err) {
@@ -233,6 +235,7 @@ static int open_session(struct runner *r) {
                 .params = r->o.params,
                 .n_params = r->o.n_params,
                 .tenant = r->o.tenant,
+                .prompt_tokens = (uint32_t)r->n_prompt,
         };
         e = kvc_session_open(r->client, &sc, &r->session);
         if (e < 0)
@@ -240,26 +243,32 @@ static int open_session(struct runner *r) {
         return e;
 }
 
+/* Encodes the prompt (BOS alone when there is none). */
+static int encode_prompt(struct runner *r) {
+        const struct model_config *mc = model_get_config(r->model);
+        r->prompt = calloc((size_t)mc->seq_len + 3, sizeof(int));
+        if (!r->prompt)
+                return -ENOMEM;
+        r->prompt[0] = TOKENIZER_BOS;
+        r->n_prompt = 1;
+        if (!r->o.prompt)
+                return 0;
+        size_t n;
+        int e = tokenizer_encode(r->tok, r->o.prompt, strlen(r->o.prompt), true, false, r->prompt, (size_t)mc->seq_len,
+                                 &n);
+        if (e < 0) {
+                fprintf(stderr, "kvc-run: the prompt does not fit the model's %d positions\n", mc->seq_len);
+                return e;
+        }
+        r->n_prompt = (int)n;
+        return 0;
+}
+
 static int generate(struct runner *r, int *ret_steps) {
         const struct model_config *mc = model_get_config(r->model);
-        int *prompt = calloc((size_t)mc->seq_len + 3, sizeof(int)), n_prompt = 1;
+        const int *prompt = r->prompt, n_prompt = r->n_prompt;
         char piece[512];
         int e = 0;
-        if (!prompt)
-                return -ENOMEM;
-        prompt[0] = TOKENIZER_BOS;
-        if (r->o.prompt) {
-                size_t n;
-                e = tokenizer_encode(r->tok, r->o.prompt, strlen(r->o.prompt), true, false, prompt,
-                                     (size_t)mc->seq_len, &n);
-                if (e < 0) {
-                        fprintf(stderr, "kvc-run: the prompt does not fit the model's %d positions\n",
-                                mc->seq_len);
-                        free(prompt);
-                        return e;
-                }
-                n_prompt = (int)n;
-        }
         int steps = r->o.steps < mc->seq_len ? r->o.steps : mc->seq_len;
         int token = prompt[0], pos = 0;
         const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvcd_cache_ops;
@@ -301,7 +310,6 @@ static int generate(struct runner *r, int *ret_steps) {
                         break;
                 token = next;
         }
-        free(prompt);
         *ret_steps = pos;
         return e;
 }
@@ -328,7 +336,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "kvc-run: cannot load the tokenizer %s: %s\n", r.o.tokenizer, strerror(-e));
                 goto out;
         }
-        if ((e = sampler_new(mc->vocab_size, r.o.temperature, r.o.seed, &r.sampler)) < 0)
+        if ((e = sampler_new(mc->vocab_size, r.o.temperature, r.o.seed, &r.sampler)) < 0 ||
+            (e = encode_prompt(&r)) < 0)
                 goto out;
         if (r.o.local)
                 e = plain_cache_new(mc, mc->seq_len, &r.plain);
@@ -386,5 +395,6 @@ out:
         tokenizer_free(r.tok);
         model_free(r.model);
         free(r.text);
+        free(r.prompt);
         return rc;
 }

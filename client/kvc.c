@@ -618,6 +618,7 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         os.policy = (char *)(cfg->policy ? cfg->policy : "full");
         os.budget_tokens = cfg->budget_tokens;
         os.tenant = (char *)(cfg->tenant ? cfg->tenant : "");
+        os.prompt_tokens = cfg->prompt_tokens;
         os.params = pp;
         for (size_t i = 0; i < cfg->n_params; i++) {
                 char *end;

@@ -85,6 +85,8 @@ struct kvc_session_config {
         const struct kvc_param *params;
         size_t n_params;
         const char *tenant; /* NULL: the default tenant */
+        uint32_t prompt_tokens; /* the prompt's length (BOS included) if known: the prefill policies
+                                   (snapkv, scope) compress the prompt once it is in */
 };
 
 struct kvc_session_stats {

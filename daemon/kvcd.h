@@ -19,6 +19,7 @@
 
 #include "block.h"
 #include "idmap.h"
+#include "policy/policy.h"
 #include "pool.h"
 #include "wire.h"
 
@@ -27,8 +28,6 @@
 #define KVCD_MAX_SESSIONS            4096u
 #define KVCD_MAX_SESSIONS_PER_CLIENT 1024u
 #define KVCD_ROUTING_ID_MAX          255u
-
-struct policy;
 
 struct kvcd_config {
         const char *runtime_dir;
@@ -99,6 +98,8 @@ struct session {
         uint64_t plan_offset; /* 0 and plan_units 0 when the policy never plans */
         uint32_t plan_units;
 
+        uint32_t prompt_tokens;
+        uint64_t appended; /* tokens appended to layer 0 since the session opened */
         uint64_t last_step;
         bool stepped;
         uint64_t next_plan_id;
@@ -116,8 +117,9 @@ struct plan_scratch {
         int32_t *pos;
         float *sum, *ema, *last, *logw;
         uint32_t *keep;
-        uint32_t *work; /* 2 * cap */
-        uint32_t targets[WIRE_MAX_LAYERS];
+        uint32_t *work; /* 6 * cap */
+        float *logw_delta;
+        struct policy_target targets[WIRE_MAX_LAYERS];
 };
 
 struct kvcd {

@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,6 @@
 #include "compact.h"
 #include "kvcd.h"
 #include "log.h"
-#include "policy/policy.h"
 
 void plan_scratch_done(struct plan_scratch *sc) {
         free(sc->pos);
@@ -31,6 +31,7 @@ void plan_scratch_done(struct plan_scratch *sc) {
         free(sc->logw);
         free(sc->keep);
         free(sc->work);
+        free(sc->logw_delta);
         memset(sc, 0, sizeof(*sc));
 }
 
@@ -44,8 +45,9 @@ static int plan_scratch_reserve(struct plan_scratch *sc, size_t entries) {
         n.last = malloc(entries * sizeof(float));
         n.logw = malloc(entries * sizeof(float));
         n.keep = malloc(entries * sizeof(uint32_t));
-        n.work = malloc(2 * entries * sizeof(uint32_t));
-        if (!n.pos || !n.sum || !n.ema || !n.last || !n.logw || !n.keep || !n.work) {
+        n.work = malloc(6 * entries * sizeof(uint32_t));
+        n.logw_delta = malloc(entries * sizeof(float));
+        if (!n.pos || !n.sum || !n.ema || !n.last || !n.logw || !n.keep || !n.work || !n.logw_delta) {
                 plan_scratch_done(&n);
                 return -ENOMEM;
         }
@@ -188,6 +190,8 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
                 .max_tokens = g->max_tokens,
                 .block_tokens = s->layout.block_tokens,
                 .budget_tokens = m->budget_tokens,
+                .prompt_tokens = m->prompt_tokens,
+                .session_id = d->next_session_id + 1,
         };
         struct policy_param params[WIRE_MAX_PARAMS];
         for (size_t i = 0; i < m->n_params; i++) {
@@ -204,11 +208,19 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
                 session_free(s);
                 return r == -ENOENT ? -EINVAL : r;
         }
-        uint32_t max_layer;
-        s->policy->ops->limits(s->policy->state, 0, &s->budget_tokens, &max_layer, &s->max_keep,
-                               &s->per_head);
+        struct policy_limits lim;
+        s->policy->ops->limits(s->policy->state, &lim);
+        if (lim.int8) {
+                snprintf(why, why_len, "int8=1: this kvcd's clients do not store INT8 yet");
+                session_free(s);
+                return -EINVAL;
+        }
         uint32_t T = s->layout.block_tokens;
-        s->max_layer_tokens = max_layer < g->max_tokens ? max_layer : g->max_tokens;
+        s->budget_tokens = lim.budget;
+        s->max_keep = lim.max_keep;
+        s->per_head = lim.per_head;
+        s->prompt_tokens = m->prompt_tokens;
+        s->max_layer_tokens = lim.max_layer_tokens < g->max_tokens ? lim.max_layer_tokens : g->max_tokens;
         s->max_layer_blocks = (s->max_layer_tokens + T - 1) / T;
 
         s->layers = calloc(s->n_layers, sizeof(*s->layers));
@@ -388,28 +400,52 @@ static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, st
                                       .logw = sc->logw };
 }
 
+/* Adds the policy's log-weight increments into the pool, at the kept slots (every head when the
+ * plan is per layer). kvcd writes only slots below the length it planned on: the client appends
+ * beyond them, so the two never write the same word. */
+static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const uint32_t *keep, uint32_t k,
+                     const float *delta) {
+        const struct block_layout *lay = &s->layout;
+        const struct session_layer *L = &s->layers[l];
+        uint32_t T = lay->block_tokens, heads = s->per_head ? s->n_kv_heads : 1;
+        for (uint32_t h = 0; h < s->n_kv_heads; h++) {
+                const uint32_t *kh = keep + (size_t)(s->per_head ? h : 0) * k;
+                const float *dh = delta + (size_t)(heads > 1 ? h : 0) * k;
+                for (uint32_t i = 0; i < k; i++) {
+                        if (dh[i] == 0.0f || !isfinite(dh[i]))
+                                continue;
+                        uint8_t *blk = pool_ptr(d->pool, L->blocks[kh[i] / T]);
+                        *(float *)block_side(lay, blk, lay->logw_offset, h, kh[i] % T) += dh[i];
+                }
+        }
+}
+
 /* Builds the plan for the layers with a target below their length; NULL when none has. */
-static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, uint64_t step) {
-        uint32_t *targets = d->scratch.targets;
+static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct policy_step *ps) {
+        struct policy_target *targets = d->scratch.targets;
         uint32_t heads = s->per_head ? s->n_kv_heads : 1;
         uint64_t per_layer = (uint64_t)s->max_keep * heads;
         Kvc__Plan *p = NULL;
 
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                uint32_t n = s->layers[l].n_tokens, k = targets[l];
+                uint32_t n = s->layers[l].n_tokens, k = targets[l].keep;
                 if (k == POLICY_NO_PLAN || k >= n || k > s->max_keep)
                         continue;
                 struct policy_layer view;
                 gather_layer(d, s, l, &view);
                 uint32_t *keep = d->scratch.keep;
-                int r = s->policy->ops->select(s->policy->state, &view, k, keep, d->scratch.work);
-                for (uint32_t h = 0; r == 0 && h < heads; h++)
+                int r = s->policy->ops->select(s->policy->state, ps, &view, &targets[l], keep, d->scratch.logw_delta,
+                                               d->scratch.work);
+                bool deltas = r == 1;
+                for (uint32_t h = 0; r >= 0 && h < heads; h++)
                         r = compact_check_keep(keep + (size_t)h * k, k, n);
                 if (r < 0) {
                         log_error("session %llu: policy %s gave no valid keep-set for layer %u",
                                   (unsigned long long)s->id, s->policy_name, l);
                         continue;
                 }
+                if (deltas)
+                        add_logw(d, s, l, keep, k, d->scratch.logw_delta);
                 memcpy(pool_ptr(d->pool, s->plan_offset) + l * per_layer * 4u, keep,
                        (size_t)k * heads * sizeof(uint32_t));
 
@@ -430,12 +466,13 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, uint64_t step) {
                 lp->keep_offset = (uint32_t)(l * per_layer);
                 lp->keep_count = k;
                 lp->per_head = s->per_head;
+                lp->q8_tokens = targets[l].q8 < k ? targets[l].q8 : k;
                 p->layers[p->n_layers++] = lp;
         }
         if (p) {
                 p->session_id = s->id;
                 p->plan_id = ++s->next_plan_id;
-                p->base_step = step;
+                p->base_step = ps->step;
                 s->pending_plan_id = p->plan_id;
                 s->stats.plans++;
                 d->n.plans++;
@@ -464,6 +501,8 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         return -EPROTO;
                 }
         }
+        if (st->layer_tokens[0] > s->layers[0].n_tokens)
+                s->appended += st->layer_tokens[0] - s->layers[0].n_tokens;
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 s->layers[l].n_tokens = st->layer_tokens[l];
                 if (st->layer_tokens[l] > s->stats.peak_tokens)
@@ -472,14 +511,14 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
         s->last_step = st->step;
         s->stepped = true;
         s->stats.steps++;
-        s->confidence = policy_confidence(st->entropy, st->top1_prob, st->margin);
+        s->confidence = policy_confidence(s->policy->conf_weights, st->entropy, st->top1_prob, st->margin);
         d->n.steps++;
 
         *ret_plan = NULL;
         *ret_grant = NULL;
-        uint32_t *targets = d->scratch.targets;
+        struct policy_target *targets = d->scratch.targets;
         for (uint32_t l = 0; l < s->n_layers; l++)
-                targets[l] = POLICY_NO_PLAN;
+                targets[l] = (struct policy_target){ .keep = POLICY_NO_PLAN };
         if (s->pending_plan_id == 0) {
                 struct policy_step ps = {
                         .step = st->step,
@@ -488,17 +527,26 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         .top1_prob = st->top1_prob,
                         .margin = st->margin,
                         .confidence = s->confidence,
+                        .appended = s->appended,
                         .layer_tokens = st->layer_tokens,
                 };
-                s->policy->ops->decide(s->policy->state, &ps, targets);
-                *ret_plan = build_plan(d, s, st->step);
+                const struct policy_ops *ops = s->policy->ops;
+                if (ops->observes && ops->observes(s->policy->state, &ps)) {
+                        for (uint32_t l = 0; l < s->n_layers; l++) {
+                                struct policy_layer view;
+                                gather_layer(d, s, l, &view);
+                                ops->observe(s->policy->state, &ps, &view);
+                        }
+                }
+                ops->decide(s->policy->state, &ps, targets);
+                *ret_plan = build_plan(d, s, &ps);
         }
 
         /* keep room for the next token in the layers no plan is about to shrink */
         Kvc__Grant *g = NULL;
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 struct session_layer *L = &s->layers[l];
-                bool planned = targets[l] != POLICY_NO_PLAN && targets[l] < L->n_tokens;
+                bool planned = targets[l].keep < L->n_tokens;
                 if (planned || L->n_tokens + 1 > s->max_layer_tokens || L->n_tokens + 1 <= L->n_blocks * T)
                         continue;
                 if (!g && !(g = grant_new(d, s)))

@@ -217,6 +217,9 @@ static int v_open_session(const Kvc__Envelope *env, char *why, size_t why_len) {
                 return r;
         if (m->budget_tokens > WIRE_MAX_TOKENS)
                 return BAD("budget %u exceeds %u", m->budget_tokens, WIRE_MAX_TOKENS);
+        if (m->prompt_tokens > m->geometry->max_tokens)
+                return BAD("prompt of %u tokens exceeds the context of %u", m->prompt_tokens,
+                           m->geometry->max_tokens);
         if (m->n_params > WIRE_MAX_PARAMS)
                 return BAD("%zu params (max %u)", m->n_params, WIRE_MAX_PARAMS);
         for (size_t i = 0; i < m->n_params; i++) {
@@ -326,7 +329,7 @@ static int v_plan_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
                 for (size_t l = 0; l < p->n_layers; l++) {
                         const Kvc__LayerPlan *lp = p->layers[l];
                         if (lp->layer >= WIRE_MAX_LAYERS || lp->base_tokens > WIRE_MAX_TOKENS ||
-                            lp->keep_count > lp->base_tokens)
+                            lp->keep_count > lp->base_tokens || lp->q8_tokens > WIRE_MAX_TOKENS)
                                 return BAD("plan %zu: layer entry %zu out of range", i, l);
                 }
         }

@@ -1,9 +1,13 @@
-/* basic.c: the reference policies.
+/* basic.c: the policies without a score.
  *
- *   full    keeps everything: the quality reference, and a session kvcd only accounts.
- *   window  keeps the budget B most recent tokens (by their original positions). A plan is due
- *           when a layer reaches B + block_tokens tokens, so plans come once per block of
- *           decoding rather than every step and the cache holds at most one block more than B.
+ *   full       keeps everything: the quality reference, and a session kvcd only accounts.
+ *   window     keeps the budget B most recent tokens (by their original positions).
+ *   streaming  StreamingLLM: the first `sinks` tokens (attention sinks) and the B - sinks most
+ *              recent (Xiao et al., arXiv 2309.17453, §3; kvpress StreamingLLMPress n_sink = 4).
+ *
+ * Hysteresis: a plan is due when a layer reaches B + slack tokens (slack defaults to one block),
+ * so plans come once per block of decoding rather than every step, and the cache never holds
+ * more than one block beyond its budget.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -11,110 +15,149 @@
 
 #include "policy.h"
 
-/* Rejects any parameter: these policies take none (beyond the budget). */
-static int no_params(const struct policy_param *params, size_t n, char *why, size_t why_len) {
-        if (n == 0)
-                return 0;
-        snprintf(why, why_len, "unknown parameter '%s'", params[0].key);
-        return -EINVAL;
-}
-
-struct full_state {
+struct budgeted {
+        uint32_t budget;
+        uint32_t slack;
+        uint32_t sinks;
+        uint32_t n_layers;
         uint32_t max_tokens;
 };
 
+static size_t budgeted_bytes(const struct policy_setup *s) {
+        (void)s;
+        return sizeof(struct budgeted);
+}
+
+static const struct policy_param_spec budgeted_specs[] = {
+        { "slack", POLICY_PARAM_U32, offsetof(struct budgeted, slack), 1, 1 << 20, NULL },
+        { "sinks", POLICY_PARAM_U32, offsetof(struct budgeted, sinks), 0, 1 << 20, NULL },
+};
+
+#define DEFAULT_BUDGET 256u
+#define DEFAULT_SINKS 4u
+
+static int budgeted_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
+                         char *why, size_t why_len, size_t n_specs) {
+        struct budgeted *b = state;
+        b->budget = s->budget_tokens ? s->budget_tokens : DEFAULT_BUDGET;
+        if (b->budget > s->max_tokens)
+                b->budget = s->max_tokens;
+        b->slack = s->block_tokens;
+        b->n_layers = s->n_layers;
+        b->max_tokens = s->max_tokens;
+        int r = policy_parse_params(b, budgeted_specs, n_specs, params, n, why, why_len);
+        if (r == 0 && b->sinks >= b->budget) {
+                snprintf(why, why_len, "%u sinks leave no room in a budget of %u", b->sinks, b->budget);
+                r = -EINVAL;
+        }
+        return r;
+}
+
+static void budgeted_limits(const void *state, struct policy_limits *ret) {
+        const struct budgeted *b = state;
+        *ret = (struct policy_limits){ .budget = b->budget, .max_layer_tokens = b->budget + b->slack,
+                                       .max_keep = b->budget };
+}
+
+static void budgeted_decide(void *state, const struct policy_step *step, struct policy_target *t) {
+        const struct budgeted *b = state;
+        for (uint32_t l = 0; l < b->n_layers; l++)
+                if (step->layer_tokens[l] >= b->budget + b->slack)
+                        t[l].keep = b->budget;
+}
+
+/* ---- full ---- */
+
 static int full_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
                      char *why, size_t why_len) {
-        struct full_state *st = state;
-        st->max_tokens = s->max_tokens;
-        return no_params(params, n, why, why_len);
+        struct budgeted *b = state;
+        b->budget = s->max_tokens;
+        b->max_tokens = s->max_tokens;
+        if (n == 0)
+                return 0;
+        snprintf(why, why_len, "unknown parameter '%s' (full takes none)", params[0].key);
+        return -EINVAL;
 }
 
-static void full_limits(const void *state, uint32_t layer, uint32_t *budget, uint32_t *max_layer,
-                        uint32_t *max_keep, bool *per_head) {
-        const struct full_state *st = state;
-        (void)layer;
-        *budget = st->max_tokens;
-        *max_layer = st->max_tokens;
-        *max_keep = 0;
-        *per_head = false;
+static void full_limits(const void *state, struct policy_limits *ret) {
+        const struct budgeted *b = state;
+        *ret = (struct policy_limits){ .budget = b->max_tokens, .max_layer_tokens = b->max_tokens };
 }
 
-static void full_decide(void *state, const struct policy_step *step, uint32_t *targets) {
-        (void)state;
-        (void)step;
-        (void)targets; /* kvcd initializes targets to POLICY_NO_PLAN */
+static void full_decide(void *state, const struct policy_step *step, struct policy_target *t) {
+        (void)state, (void)step, (void)t; /* never plans */
 }
 
-static int full_select(void *state, const struct policy_layer *layer, uint32_t target, uint32_t *keep,
-                       void *scratch) {
-        (void)state, (void)layer, (void)target, (void)keep, (void)scratch;
-        return -EINVAL; /* never asked: decide plans nothing */
+static int never_selects(void *state, const struct policy_step *step, const struct policy_layer *layer,
+                         const struct policy_target *t, uint32_t *keep, float *logw, void *scratch) {
+        (void)state, (void)step, (void)layer, (void)t, (void)keep, (void)logw, (void)scratch;
+        return -EINVAL;
 }
 
 const struct policy_ops policy_full_ops = {
         .name = "full",
-        .state_bytes = sizeof(struct full_state),
+        .state_bytes = budgeted_bytes,
         .init = full_init,
         .limits = full_limits,
         .decide = full_decide,
-        .select = full_select,
+        .select = never_selects,
 };
 
-struct window_state {
-        uint32_t budget;
-        uint32_t slack;
-        uint32_t n_layers;
-};
-
-#define WINDOW_DEFAULT_BUDGET 256u
+/* ---- window ---- */
 
 static int window_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
                        char *why, size_t why_len) {
-        struct window_state *st = state;
-        st->budget = s->budget_tokens ? s->budget_tokens : WINDOW_DEFAULT_BUDGET;
-        st->slack = s->block_tokens;
-        st->n_layers = s->n_layers;
-        if (st->budget > s->max_tokens)
-                st->budget = s->max_tokens;
-        return no_params(params, n, why, why_len);
+        return budgeted_init(state, s, params, n, why, why_len, 1); /* slack only */
 }
 
-static void window_limits(const void *state, uint32_t layer, uint32_t *budget, uint32_t *max_layer,
-                          uint32_t *max_keep, bool *per_head) {
-        const struct window_state *st = state;
-        (void)layer;
-        *budget = st->budget;
-        *max_layer = st->budget + st->slack;
-        *max_keep = st->budget;
-        *per_head = false;
-}
-
-static void window_decide(void *state, const struct policy_step *step, uint32_t *targets) {
-        const struct window_state *st = state;
-        for (uint32_t l = 0; l < st->n_layers; l++)
-                if (step->layer_tokens[l] >= st->budget + st->slack)
-                        targets[l] = st->budget;
-}
-
-static int window_select(void *state, const struct policy_layer *layer, uint32_t target, uint32_t *keep,
-                         void *scratch) {
-        (void)state;
+static int window_select(void *state, const struct policy_step *step, const struct policy_layer *layer,
+                         const struct policy_target *t, uint32_t *keep, float *logw, void *scratch) {
+        (void)state, (void)step, (void)logw;
         /* the most recent by original position; all heads hold the same tokens (per-layer plans),
          * so head 0's positions speak for the layer */
         float *score = scratch;
         uint32_t *work = (uint32_t *)scratch + layer->n_tokens;
         for (uint32_t i = 0; i < layer->n_tokens; i++)
                 score[i] = (float)layer->pos[i];
-        select_topk(score, layer->n_tokens, target, keep, work);
+        select_topk(score, layer->n_tokens, t->keep, keep, work);
         return 0;
 }
 
 const struct policy_ops policy_window_ops = {
         .name = "window",
-        .state_bytes = sizeof(struct window_state),
+        .state_bytes = budgeted_bytes,
         .init = window_init,
-        .limits = window_limits,
-        .decide = window_decide,
+        .limits = budgeted_limits,
+        .decide = budgeted_decide,
         .select = window_select,
+};
+
+/* ---- streaming ---- */
+
+static int streaming_init(void *state, const struct policy_setup *s, const struct policy_param *params,
+                          size_t n, char *why, size_t why_len) {
+        struct budgeted *b = state;
+        b->sinks = DEFAULT_SINKS;
+        return budgeted_init(state, s, params, n, why, why_len, 2);
+}
+
+static int streaming_select(void *state, const struct policy_step *step, const struct policy_layer *layer,
+                            const struct policy_target *t, uint32_t *keep, float *logw, void *scratch) {
+        const struct budgeted *b = state;
+        (void)step, (void)logw;
+        float *score = scratch;
+        uint32_t *work = (uint32_t *)scratch + layer->n_tokens;
+        for (uint32_t i = 0; i < layer->n_tokens; i++)
+                score[i] = 0.0f;
+        policy_keep_ranked(score, layer->n_tokens, t->keep, b->sinks, t->keep - b->sinks, keep, work);
+        return 0;
+}
+
+const struct policy_ops policy_streaming_ops = {
+        .name = "streaming",
+        .state_bytes = budgeted_bytes,
+        .init = streaming_init,
+        .limits = budgeted_limits,
+        .decide = budgeted_decide,
+        .select = streaming_select,
 };

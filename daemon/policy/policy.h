@@ -1,14 +1,23 @@
 /* policy.h: the eviction policy interface. Policies are pure C: no I/O, no clock, no allocation
- * after policy_new(), deterministic given their inputs (and, for sampling policies, a seed they
- * own). kvcd calls them; they never call kvcd.
+ * (policy_new() allocates each policy's state once, sized by the policy), deterministic given
+ * their inputs and, for the sampling policy, the seed it owns. kvcd calls them; they never call
+ * kvcd.
  *
- * Per step kvcd hands the policy the step's summary (decide): the policy answers, per layer,
- * how many tokens to keep if a plan is due now, or POLICY_NO_PLAN. For each layer that needs a
- * plan, kvcd copies the layer's side arrays out of the pool into flat arrays and asks for the
- * keep-set (select), which it writes into the session's plan buffer.
+ * Per step kvcd hands the policy the step's summary. A policy that watches attention during
+ * some steps (SnapKV's observation window) says so through observes(), and then sees every
+ * layer's side arrays (observe) before it decides. decide() answers, per layer, how many tokens
+ * to keep if a plan is due now (POLICY_NO_PLAN otherwise) and how many of the kept ones, the
+ * oldest, to hold in INT8. For each layer with a plan kvcd copies the layer's side arrays out of
+ * the pool into flat arrays and asks for the keep-set (select), which it writes into the
+ * session's plan buffer. A select may also return log-weight increments for the kept tokens
+ * (decode-time correction); kvcd adds them into the pool before it sends the plan.
  *
- * A policy also states its limits: the most tokens a layer may ever hold (kvcd stops granting
- * blocks there) and the largest keep-set it can return (the plan buffer is sized from it).
+ * A policy states its limits: its budget, the most tokens a layer may ever hold (kvcd stops
+ * granting blocks there) and the largest keep-set it returns (the plan buffer is sized by it).
+ *
+ * Slot order is position order: appends come in increasing position and compaction keeps the
+ * relative order. Policies may therefore take "the first S slots" as the sinks and "the last R
+ * slots" as the most recent tokens without sorting positions.
  */
 #pragma once
 
@@ -17,6 +26,7 @@
 #include <stdint.h>
 
 #define POLICY_NO_PLAN UINT32_MAX
+#define POLICY_MAX_PARAMS 32
 
 struct policy_setup {
         uint32_t n_layers;
@@ -26,8 +36,11 @@ struct policy_setup {
         uint32_t max_tokens;    /* the model's context */
         uint32_t block_tokens;  /* slots per block: the natural hysteresis */
         uint32_t budget_tokens; /* requested; 0 = the policy's default */
+        uint32_t prompt_tokens; /* the prompt's length if the client said (0: unknown) */
+        uint64_t session_id;    /* for a default seed */
 };
 
+/* A parameter as it came in OpenSession; its text is valid only during init(). */
 struct policy_param {
         const char *key;
         bool is_text;
@@ -41,7 +54,8 @@ struct policy_step {
         float entropy; /* normalized */
         float top1_prob;
         float margin;
-        float confidence;
+        float confidence;             /* with the session's weights */
+        uint64_t appended;            /* tokens appended to layer 0 since the session opened */
         const uint32_t *layer_tokens; /* n_layers lengths after the step */
 };
 
@@ -50,6 +64,7 @@ struct policy_layer {
         uint32_t layer;
         uint32_t n_tokens;
         uint32_t n_kv_heads;
+        uint32_t n_q8; /* slots [0, n_q8) are held in INT8 now */
         const int32_t *pos;
         const float *sum;
         const float *ema;
@@ -57,48 +72,112 @@ struct policy_layer {
         const float *logw;
 };
 
+struct policy_target {
+        uint32_t keep; /* tokens to keep per layer (and head), or POLICY_NO_PLAN */
+        uint32_t q8;   /* of those, the oldest to hold in INT8 after the plan */
+};
+
+struct policy_limits {
+        uint32_t budget;           /* for display: tokens per layer the policy aims at */
+        uint32_t max_layer_tokens; /* a layer never holds more */
+        uint32_t max_keep;         /* the largest keep-set of a layer (per head if per_head) */
+        bool per_head;             /* keep-sets per KV head */
+        bool int8;                 /* plans may move tokens to INT8 */
+};
+
 struct policy_ops {
         const char *name;
-        size_t state_bytes;
+        /* Bytes of state for this setup (arrays included); policy_new() zeroes them. */
+        size_t (*state_bytes)(const struct policy_setup *setup);
         /* Reads the parameters into state. Unknown keys and bad values: -EINVAL with a reason. */
         int (*init)(void *state, const struct policy_setup *setup, const struct policy_param *params,
                     size_t n_params, char *why, size_t why_len);
-        /* Budget in force (tokens per layer, for display), the most tokens layer may hold, and the
-         * largest keep-set of one layer (per head when the policy plans per head). */
-        void (*limits)(const void *state, uint32_t layer, uint32_t *ret_budget,
-                       uint32_t *ret_max_layer_tokens, uint32_t *ret_max_keep, bool *ret_per_head);
-        /* Fills targets[n_layers]: tokens to keep per layer, or POLICY_NO_PLAN. */
-        void (*decide)(void *state, const struct policy_step *step, uint32_t *targets);
-        /* Writes the keep-set of one layer, target indices sorted ascending (per head: one set per
-         * KV head, head after head). scratch holds n_tokens * n_kv_heads * 2 words. */
-        int (*select)(void *state, const struct policy_layer *layer, uint32_t target, uint32_t *keep,
-                      void *scratch);
+        void (*limits)(const void *state, struct policy_limits *ret);
+        /* Optional: whether observe() wants this step's layers. */
+        bool (*observes)(const void *state, const struct policy_step *step);
+        void (*observe)(void *state, const struct policy_step *step, const struct policy_layer *layer);
+        /* Fills targets[n_layers] (kvcd initializes them to POLICY_NO_PLAN, q8 0). */
+        void (*decide)(void *state, const struct policy_step *step, struct policy_target *targets);
+        /* Writes the keep-set of one layer: target->keep indices, sorted ascending (per head: one
+         * set per KV head, head after head). May write logw_delta[] (same shape as keep) and then
+         * returns 1; returns 0 when it wrote no deltas. scratch holds 4 * n_kv_heads * n_tokens
+         * words. */
+        int (*select)(void *state, const struct policy_step *step, const struct policy_layer *layer,
+                      const struct policy_target *target, uint32_t *keep, float *logw_delta, void *scratch);
 };
 
 struct policy {
         const struct policy_ops *ops;
         struct policy_setup setup;
         float ema_gamma;
+        float conf_weights[3]; /* entropy, margin, top-1 */
         void *state;
 };
 
 /* Creates the policy called name. -ENOENT for an unknown name, -EINVAL for bad parameters (with
- * a reason in why). */
+ * a reason in why). The common parameters (ema_gamma, w_entropy, w_margin, w_top1) are read here;
+ * the rest go to the policy. */
 int policy_new(const char *name, const struct policy_setup *setup, const struct policy_param *params,
                size_t n_params, struct policy **ret, char *why, size_t why_len);
 struct policy *policy_free(struct policy *p);
 
-/* CONF-KV's confidence with the default weights (0.4, 0.3, 0.3):
- * c = 0.4 (1 - entropy) + 0.3 sigmoid(margin) + 0.3 top1_prob, in [0.15, 1]. */
-float policy_confidence(float entropy, float top1_prob, float margin);
+/* The names of all policies, NULL-terminated (for messages and docs). */
+const char *const *policy_names(void);
 
-/* Looks up a numeric parameter; *ret untouched when absent. -EINVAL when it is text. */
+/* CONF-KV's confidence: c = w0 (1 - entropy) + w1 sigmoid(margin) + w2 top1_prob. With the
+ * defaults (0.4, 0.3, 0.3) it lies in [0.15, 1] (sigmoid of a margin >= 0 is >= 0.5). */
+float policy_confidence(const float w[3], float entropy, float top1_prob, float margin);
+extern const float policy_default_conf_weights[3];
+
+/* Looks up a numeric parameter; *ret untouched when absent (-ENOENT). -EINVAL when it is text. */
 int policy_param_number(const struct policy_param *params, size_t n, const char *key, double *ret);
+
+/* Table-driven parameter parsing: each spec names a key, where its value goes in the config
+ * struct, its kind and range (for an enum, its words). Unknown keys are refused. */
+enum policy_param_kind {
+        POLICY_PARAM_U32,
+        POLICY_PARAM_FLOAT,
+        POLICY_PARAM_BOOL,
+        POLICY_PARAM_ENUM, /* stored as uint32_t: the index of the word */
+};
+
+struct policy_param_spec {
+        const char *key;
+        enum policy_param_kind kind;
+        size_t offset;
+        double min, max;
+        const char *const *words; /* POLICY_PARAM_ENUM: NULL-terminated */
+};
+
+int policy_parse_params(void *cfg, const struct policy_param_spec *specs, size_t n_specs,
+                        const struct policy_param *params, size_t n, char *why, size_t why_len);
+
+/* PyramidKV's arithmetic schedule: layer l of L gets max - l (max - min) / (L - 1) tokens with
+ * min = avg / beta and max = 2 avg - min (rounded), so the average over layers is avg. */
+uint32_t policy_pyramid_budget(uint32_t avg, uint32_t layer, uint32_t n_layers, float beta);
 
 /* Selection: the indices of the k largest scores of n, written ascending into out. Ties go to the
  * larger index (the more recent slot), NaN counts as -inf. Linear time (a radix select over the
  * float bits), no allocation: scratch holds n words. */
 void select_topk(const float *score, uint32_t n, uint32_t k, uint32_t *out, uint32_t *scratch);
 
+/* The usual keep-set shape: the first `sinks` slots, the last `recent` slots, and the best of the
+ * others by score, k in all (sinks and recent shrink if k is smaller). score is modified.
+ * scratch holds n words. */
+void policy_keep_ranked(float *score, uint32_t n, uint32_t k, uint32_t sinks, uint32_t recent, uint32_t *keep,
+                        uint32_t *scratch);
+
+/* Per-layer scores from per-head ones: out[i] = mean over heads of in[h * n + i]. */
+void policy_mean_over_heads(const float *in, uint32_t n_heads, uint32_t n, float *out);
+
 extern const struct policy_ops policy_full_ops;
 extern const struct policy_ops policy_window_ops;
+extern const struct policy_ops policy_streaming_ops;
+extern const struct policy_ops policy_h2o_ops;
+extern const struct policy_ops policy_tova_ops;
+extern const struct policy_ops policy_snapkv_ops;
+extern const struct policy_ops policy_pyramid_ops;
+extern const struct policy_ops policy_conf_ops;
+extern const struct policy_ops policy_conf_l_ops;
+extern const struct policy_ops policy_scope_ops;
+extern const struct policy_ops policy_prob_ops;

@@ -1,0 +1,259 @@
+/* conf.c: CONF-KV (Li & Miao, arXiv 2605.24786) and CONF-KV-L, with the gates to compare.
+ *
+ * Confidence c = w_H (1 - H/log V) + w_m sigmoid(z1 - z2) + w_p p1 (kvcd computes it per step
+ * with the session's weights, default 0.4, 0.3, 0.3; c >= 0.15 always).
+ *
+ * Ranking (the paper's "composite of accumulated attention mass and recency"; its exact formula
+ * is not public, see notes/policies.md 1.3): S_j = w_att * A_j / max A + w_rec * exp(-(t - pos_j)
+ * / lambda), A the EMA attention (score array `ema`, averaged over heads unless per_head), t the
+ * newest position. The first `sinks` slots and the `protect` newest are always kept.
+ *
+ * Gates (what the budget does with c), `gate=`:
+ *   fixed       budget B every step: the ranking alone, the baseline the gates must beat;
+ *   naive       the paper's two levels: n_high (compact) when c >= tau, n_low (loose) otherwise,
+ *               cutting whenever the cache exceeds the level of the step (defaults B/2, 3B/2);
+ *   continuous  n_high + (1 - c') (n_low - n_high), c' = (c - 0.15) / 0.85;
+ *   defer       gate *when* to evict: cut to B only on confident steps; on uncertain steps let
+ *               the cache grow, up to n_low, so the context the model is reaching for is not
+ *               thrown away at the moment it is needed. Eviction is irreversible and the cache
+ *               regrows one token per step, so a level that drops on every confident step (naive)
+ *               mostly throws context away; deferring keeps the cut for moments the model shows
+ *               it does not need the context.
+ * Mixed precision (int8=1): the kept tokens older than the newest fp_window go to INT8.
+ * Pyramid (conf-l, or pyramid=1): every level is spread over the layers with PyramidKV's
+ * arithmetic schedule (beta 20), deeper layers smaller.
+ * Correction (correction=sink): the attention mass of the evicted tokens (by their EMA) is given
+ * to the first sink through its log-weight, so survivors are not inflated by the renormalisation
+ * (the softmax denominator keeps the evicted mass); see prob.c.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "policy.h"
+
+enum gate {
+        GATE_FIXED,
+        GATE_NAIVE,
+        GATE_CONTINUOUS,
+        GATE_DEFER,
+};
+
+static const char *const gate_words[] = { "fixed", "naive", "continuous", "defer", NULL };
+static const char *const correction_words[] = { "none", "sink", NULL };
+
+struct conf {
+        uint32_t budget;
+        uint32_t n_high;
+        uint32_t n_low;
+        float tau;
+        uint32_t gate;
+        uint32_t sinks;
+        uint32_t protect;
+        float w_att;
+        float w_rec;
+        float lambda;
+        bool int8;
+        uint32_t fp_window;
+        bool pyramid;
+        float beta;
+        bool per_head;
+        uint32_t slack;
+        uint32_t correction;
+        uint32_t n_layers;
+};
+
+static const struct policy_param_spec conf_specs[] = {
+        { "n_high", POLICY_PARAM_U32, offsetof(struct conf, n_high), 1, 1 << 20, NULL },
+        { "n_low", POLICY_PARAM_U32, offsetof(struct conf, n_low), 1, 1 << 20, NULL },
+        { "tau", POLICY_PARAM_FLOAT, offsetof(struct conf, tau), 0, 1, NULL },
+        { "gate", POLICY_PARAM_ENUM, offsetof(struct conf, gate), 0, 0, gate_words },
+        { "sinks", POLICY_PARAM_U32, offsetof(struct conf, sinks), 0, 1 << 20, NULL },
+        { "protect", POLICY_PARAM_U32, offsetof(struct conf, protect), 0, 1 << 20, NULL },
+        { "w_att", POLICY_PARAM_FLOAT, offsetof(struct conf, w_att), 0, 1e6, NULL },
+        { "w_rec", POLICY_PARAM_FLOAT, offsetof(struct conf, w_rec), 0, 1e6, NULL },
+        { "lambda", POLICY_PARAM_FLOAT, offsetof(struct conf, lambda), 1e-3, 1e9, NULL },
+        { "int8", POLICY_PARAM_BOOL, offsetof(struct conf, int8), 0, 1, NULL },
+        { "fp_window", POLICY_PARAM_U32, offsetof(struct conf, fp_window), 0, 1 << 20, NULL },
+        { "pyramid", POLICY_PARAM_BOOL, offsetof(struct conf, pyramid), 0, 1, NULL },
+        { "beta", POLICY_PARAM_FLOAT, offsetof(struct conf, beta), 1.0001, 1e6, NULL },
+        { "per_head", POLICY_PARAM_BOOL, offsetof(struct conf, per_head), 0, 1, NULL },
+        { "slack", POLICY_PARAM_U32, offsetof(struct conf, slack), 1, 1 << 20, NULL },
+        { "correction", POLICY_PARAM_ENUM, offsetof(struct conf, correction), 0, 0, correction_words },
+};
+
+static size_t conf_bytes(const struct policy_setup *s) {
+        (void)s;
+        return sizeof(struct conf);
+}
+
+static int conf_init_common(struct conf *c, const struct policy_setup *s, const struct policy_param *params,
+                            size_t n, char *why, size_t why_len) {
+        c->budget = s->budget_tokens ? s->budget_tokens : 128;
+        if (c->budget > s->max_tokens)
+                c->budget = s->max_tokens;
+        c->tau = 0.7f;
+        c->gate = GATE_DEFER;
+        c->sinks = 4;
+        c->protect = 16;
+        c->w_att = 1.0f;
+        c->w_rec = 1.0f;
+        c->lambda = (float)c->budget;
+        c->fp_window = 32;
+        c->beta = 20.0f;
+        c->slack = s->block_tokens;
+        c->n_layers = s->n_layers;
+        int r = policy_parse_params(c, conf_specs, sizeof(conf_specs) / sizeof(conf_specs[0]), params, n, why,
+                                    why_len);
+        if (r < 0)
+                return r;
+        if (!c->n_high)
+                c->n_high = c->budget / 2 ? c->budget / 2 : 1;
+        if (!c->n_low)
+                c->n_low = c->budget + c->budget / 2;
+        if (c->n_low > s->max_tokens)
+                c->n_low = s->max_tokens;
+        if (c->n_high > c->n_low || c->sinks + c->protect >= c->n_high) {
+                snprintf(why, why_len, "need sinks + protect (%u) < n_high (%u) <= n_low (%u)",
+                         c->sinks + c->protect, c->n_high, c->n_low);
+                return -EINVAL;
+        }
+        if (c->correction && c->sinks == 0) {
+                snprintf(why, why_len, "correction=sink needs at least one sink");
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int conf_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
+                     char *why, size_t why_len) {
+        return conf_init_common(state, s, params, n, why, why_len);
+}
+
+static int conf_l_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
+                       char *why, size_t why_len) {
+        struct conf *c = state;
+        c->pyramid = true;
+        return conf_init_common(c, s, params, n, why, why_len);
+}
+
+/* A level (a budget in tokens) as layer l sees it. */
+static uint32_t at_layer(const struct conf *c, uint32_t level, uint32_t l) {
+        return c->pyramid ? policy_pyramid_budget(level, l, c->n_layers, c->beta) : level;
+}
+
+static void conf_limits(const void *state, struct policy_limits *ret) {
+        const struct conf *c = state;
+        uint32_t top = c->gate == GATE_FIXED ? c->budget : c->n_low, most = 0;
+        for (uint32_t l = 0; l < c->n_layers; l++)
+                most = at_layer(c, top, l) > most ? at_layer(c, top, l) : most;
+        *ret = (struct policy_limits){ .budget = c->budget,
+                                       .max_layer_tokens = most + c->slack,
+                                       .max_keep = most,
+                                       .per_head = c->per_head,
+                                       .int8 = c->int8 };
+}
+
+static void conf_decide(void *state, const struct policy_step *step, struct policy_target *t) {
+        const struct conf *c = state;
+        bool confident = step->confidence >= c->tau;
+        float c01 = (step->confidence - 0.15f) / 0.85f;
+        c01 = c01 < 0 ? 0 : c01 > 1 ? 1 : c01;
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                uint32_t n = step->layer_tokens[l], target, trigger;
+                switch ((enum gate)c->gate) {
+                case GATE_NAIVE:
+                        target = at_layer(c, confident ? c->n_high : c->n_low, l);
+                        trigger = target + c->slack;
+                        break;
+                case GATE_CONTINUOUS:
+                        target = at_layer(c, c->n_high + (uint32_t)((1.0f - c01) * (float)(c->n_low - c->n_high)), l);
+                        trigger = target + c->slack;
+                        break;
+                case GATE_DEFER:
+                        target = at_layer(c, c->budget, l);
+                        trigger = confident ? target + c->slack : at_layer(c, c->n_low, l) + c->slack;
+                        break;
+                case GATE_FIXED:
+                default:
+                        target = at_layer(c, c->budget, l);
+                        trigger = target + c->slack;
+                        break;
+                }
+                if (n < trigger || target >= n)
+                        continue;
+                t[l].keep = target;
+                t[l].q8 = c->int8 && target > c->fp_window ? target - c->fp_window : 0;
+        }
+}
+
+/* S = w_att A / max A + w_rec exp(-(t - pos) / lambda) for one head's (or the mean) arrays. */
+static void composite(const struct conf *c, const float *ema, const int32_t *pos, uint32_t n, float *out) {
+        float amax = 0.0f;
+        int32_t newest = n ? pos[n - 1] : 0;
+        for (uint32_t i = 0; i < n; i++)
+                if (isfinite(ema[i]) && ema[i] > amax)
+                        amax = ema[i];
+        for (uint32_t i = 0; i < n; i++) {
+                float a = isfinite(ema[i]) && amax > 0 ? ema[i] / amax : 0.0f;
+                float age = (float)((int64_t)newest - pos[i]);
+                out[i] = c->w_att * a + c->w_rec * expf(-(age > 0 ? age : 0) / c->lambda);
+        }
+}
+
+/* The evicted mass, by EMA, handed to the first kept slot (a sink) through its log-weight. */
+static void sink_correction(const float *ema, uint32_t n, const uint32_t *keep, uint32_t k, float *delta) {
+        double kept = 0, all = 0;
+        for (uint32_t i = 0; i < n; i++)
+                all += isfinite(ema[i]) && ema[i] > 0 ? ema[i] : 0;
+        for (uint32_t i = 0; i < k; i++) {
+                kept += isfinite(ema[keep[i]]) && ema[keep[i]] > 0 ? ema[keep[i]] : 0;
+                delta[i] = 0.0f;
+        }
+        double sink = isfinite(ema[keep[0]]) && ema[keep[0]] > 0 ? ema[keep[0]] : 0;
+        double evicted = all - kept;
+        if (k == 0 || evicted <= 0 || sink <= 1e-12)
+                return;
+        double d = log((sink + evicted) / sink);
+        delta[0] = (float)(d < 10.0 ? d : 10.0);
+}
+
+static int conf_select(void *state, const struct policy_step *step, const struct policy_layer *L,
+                       const struct policy_target *t, uint32_t *keep, float *logw, void *scratch) {
+        const struct conf *c = state;
+        (void)step;
+        uint32_t n = L->n_tokens, k = t->keep, heads = c->per_head ? L->n_kv_heads : 1;
+        float *score = scratch, *mean = score + n;
+        uint32_t *work = (uint32_t *)(mean + n);
+        for (uint32_t h = 0; h < heads; h++) {
+                const float *ema = L->ema + (size_t)h * n;
+                if (!c->per_head) {
+                        policy_mean_over_heads(L->ema, L->n_kv_heads, n, mean);
+                        ema = mean;
+                }
+                composite(c, ema, L->pos + (size_t)h * n, n, score);
+                policy_keep_ranked(score, n, k, c->sinks, c->protect, keep + (size_t)h * k, work);
+                if (c->correction)
+                        sink_correction(ema, n, keep + (size_t)h * k, k, logw + (size_t)h * k);
+        }
+        return c->correction ? 1 : 0;
+}
+
+const struct policy_ops policy_conf_ops = {
+        .name = "conf",
+        .state_bytes = conf_bytes,
+        .init = conf_init,
+        .limits = conf_limits,
+        .decide = conf_decide,
+        .select = conf_select,
+};
+
+const struct policy_ops policy_conf_l_ops = {
+        .name = "conf-l",
+        .state_bytes = conf_bytes,
+        .init = conf_l_init,
+        .limits = conf_limits,
+        .decide = conf_decide,
+        .select = conf_select,
+};
