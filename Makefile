@@ -20,7 +20,7 @@ CUDA ?= $(if $(NVCC),1,0)
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 OPT ?= -O2
 CFLAGS_BASE := -std=gnu11 $(OPT) -g -fPIC -ffp-contract=off -Wall -Wextra -Werror -Wshadow \
-	-Wno-missing-field-initializers $(if $(SAN),$(SAN_FLAGS))
+	-Wno-missing-field-initializers -Wno-format-truncation $(if $(SAN),$(SAN_FLAGS))
 INCLUDES := -I$(BUILD)/gen -Iproto -Ikernels -Idaemon -Iclient
 CFLAGS += $(CFLAGS_BASE) $(INCLUDES) -MMD -MP
 LDFLAGS += $(if $(SAN),$(SAN_FLAGS))
@@ -33,7 +33,8 @@ DEB_PACKAGES := build-essential pkg-config libzmq3-dev libprotobuf-c-dev protobu
 GEN := $(BUILD)/gen/kvc.pb-c.c
 GEN_H := $(BUILD)/gen/kvc.pb-c.h
 PROTO_SRC := proto/wire.c proto/fdwire.c
-KERNEL_SRC := kernels/block.c kernels/compact.c kernels/attention.c kernels/summary.c
+KERNEL_SRC := kernels/block.c kernels/compact.c kernels/attention.c kernels/summary.c \
+	$(wildcard kernels/quant.c kernels/mixed.c)
 DAEMON_SRC := $(wildcard daemon/*.c daemon/policy/*.c)
 LIBKVC_SRC := client/kvc.c
 MODEL_SRC := client/model.c client/tokenizer.c client/sampler.c
@@ -48,7 +49,7 @@ MODEL_OBJ := $(call obj,$(MODEL_SRC))
 
 BIN := $(BUILD)/bin
 LIB := $(BUILD)/lib
-PROGRAMS := $(BIN)/kvcd $(BIN)/kvcctl $(BIN)/kvc-run
+PROGRAMS := $(BIN)/kvcd $(BIN)/kvcctl $(BIN)/kvc-run $(BIN)/kvc-eval
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c)
@@ -98,6 +99,10 @@ $(BIN)/kvcctl: $(call obj,client/kvcctl.c) $(LIB)/libkvc.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
 
 $(BIN)/kvc-run: $(call obj,client/kvc-run.c) $(MODEL_OBJ) $(LIB)/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
+
+$(BIN)/kvc-eval: $(call obj,client/kvc-eval.c) $(MODEL_OBJ) $(LIB)/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
 

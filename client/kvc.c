@@ -39,6 +39,7 @@ struct layer {
         uint8_t **ptrs; /* their addresses here */
         uint32_t n_blocks;
         uint32_t n_tokens;
+        uint32_t n_q8; /* slots [0, n_q8) are INT8 */
 };
 
 struct kvc_session {
@@ -771,6 +772,10 @@ int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out
 
 uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer) {
         return layer < s->g.n_layers ? s->layers[layer].n_tokens : 0;
+}
+
+uint32_t kvc_layer_q8_tokens(const struct kvc_session *s, uint32_t layer) {
+        return layer < s->g.n_layers ? s->layers[layer].n_q8 : 0;
 }
 
 int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer_view *ret) {

@@ -120,6 +120,8 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
 int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out);
 
 uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer);
+/* Of those, how many (the oldest) are held in INT8. */
+uint32_t kvc_layer_q8_tokens(const struct kvc_session *s, uint32_t layer);
 
 /* How a layer lies in the pool, for a kernel of the caller's own (see kernels/block.h). */
 struct kvc_layer_view {

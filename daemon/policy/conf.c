@@ -96,7 +96,7 @@ static int conf_init_common(struct conf *c, const struct policy_setup *s, const 
         c->tau = 0.7f;
         c->gate = GATE_DEFER;
         c->sinks = 4;
-        c->protect = 16;
+        c->protect = c->budget / 4 < 16 ? c->budget / 4 : 16; /* small budgets keep room to choose */
         c->w_att = 1.0f;
         c->w_rec = 1.0f;
         c->lambda = (float)c->budget;
