@@ -682,6 +682,10 @@ int main(int argc, char **argv) {
         }
         if (pairs)
                 fclose(pairs);
+        if (failed) {
+                fprintf(stderr, "kvc-eval: %d of %u workers failed: no results\n", failed, e.jobs);
+                return 1;
+        }
         report(&e, m, &own);
         fprintf(stderr, "kvc-eval: %u configurations, %llu tokens scored each, %.1f s\n", e.n_configs,
                 (unsigned long long)(e.n_configs ? m[0].n : 0), seconds() - t0);

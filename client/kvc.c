@@ -28,18 +28,26 @@
 #include "block.h"
 #include "compact.h"
 #include "fdwire.h"
+#include "mixed.h"
 #include "summary.h"
 #include "wire.h"
 
 #define KVC_DEFAULT_TIMEOUT_MS 10000
 #define KVC_MAX_PENDING        64u /* StepBatches in flight */
 
-struct layer {
-        uint64_t *offs; /* pool offsets of the blocks */
+/* One class of a layer's blocks (full precision or INT8), in slot order. */
+struct table {
+        uint64_t *offs; /* pool offsets */
         uint8_t **ptrs; /* their addresses here */
-        uint32_t n_blocks;
+        uint32_t n;
+};
+
+/* Slots [0, n_q8) are INT8 (in q8), slots [n_q8, n_tokens) full precision (in fp). */
+struct layer {
+        struct table fp;
+        struct table q8;
         uint32_t n_tokens;
-        uint32_t n_q8; /* slots [0, n_q8) are INT8 */
+        uint32_t n_q8;
 };
 
 struct kvc_session {
@@ -49,6 +57,7 @@ struct kvc_session {
         uint8_t token[WIRE_TOKEN_BYTES];
         struct kvc_geometry g;
         struct block_layout layout;
+        struct block_layout q8_layout; /* block_bytes 0: the session keeps no INT8 */
         uint32_t budget;
         uint32_t max_layer_tokens;
         uint32_t max_layer_blocks;
@@ -57,6 +66,7 @@ struct kvc_session {
         uint64_t plan_bytes;
         uint32_t *plan_copy; /* plan_bytes: the keep-sets copied out of the shared buffer */
         float *attn_scratch;
+        float *compact_scratch;
         struct layer *layers;
         uint64_t last_step;
         bool stepped;
@@ -264,64 +274,86 @@ static int check_region(struct kvc_client *c, uint64_t off, uint64_t bytes) {
 static int apply_grant(struct kvc_client *c, const Kvc__Grant *g) {
         struct kvc_session *s = find_session(c, g->session_id);
         if (!s)
-                return set_error(c, -EPROTO, "grant for unknown session %llu",
-                                 (unsigned long long)g->session_id);
+                return set_error(c, -EPROTO, "grant for unknown session %llu", (unsigned long long)g->session_id);
         /* check all, then apply */
         for (size_t i = 0; i < g->n_layers; i++) {
                 const Kvc__LayerBlocks *lb = g->layers[i];
-                if (lb->layer >= s->g.n_layers ||
-                    s->layers[lb->layer].n_blocks + lb->n_blocks > s->max_layer_blocks)
-                        return set_error(c, -EPROTO, "grant beyond the session's layers or limit");
+                const struct block_layout *lay = lb->q8 ? &s->q8_layout : &s->layout;
+                if (lb->layer >= s->g.n_layers || lay->block_bytes == 0)
+                        return set_error(c, -EPROTO, "grant for a layer or block class the session lacks");
+                const struct layer *L = &s->layers[lb->layer];
+                if ((lb->q8 ? L->q8.n : L->fp.n) + lb->n_blocks > s->max_layer_blocks)
+                        return set_error(c, -EPROTO, "grant beyond the session's limit");
                 for (size_t b = 0; b < lb->n_blocks; b++) {
-                        int r = check_region(c, lb->blocks[b], s->layout.block_bytes);
+                        int r = check_region(c, lb->blocks[b], lay->block_bytes);
                         if (r < 0)
                                 return r;
-                        if (lb->blocks[b] % c->chunk_bytes % s->layout.block_bytes)
+                        if (lb->blocks[b] % c->chunk_bytes % lay->block_bytes)
                                 return set_error(c, -EPROTO, "granted block not aligned to the block size");
                 }
         }
         for (size_t i = 0; i < g->n_layers; i++) {
                 const Kvc__LayerBlocks *lb = g->layers[i];
-                struct layer *L = &s->layers[lb->layer];
+                struct table *t = lb->q8 ? &s->layers[lb->layer].q8 : &s->layers[lb->layer].fp;
                 for (size_t b = 0; b < lb->n_blocks; b++) {
-                        L->offs[L->n_blocks] = lb->blocks[b];
-                        L->ptrs[L->n_blocks] = c->base + lb->blocks[b];
-                        L->n_blocks++;
+                        t->offs[t->n] = lb->blocks[b];
+                        t->ptrs[t->n] = c->base + lb->blocks[b];
+                        t->n++;
                 }
         }
         return 0;
 }
 
+/* The full-precision part of a layer, for the kernels that know one dtype. */
 static struct block_layer layer_of(const struct kvc_session *s, uint32_t l) {
         const struct layer *L = &s->layers[l];
-        return (struct block_layer){
-                .layout = &s->layout, .blocks = L->ptrs, .n_blocks = L->n_blocks, .n_tokens = L->n_tokens
-        };
+        return (struct block_layer){ .layout = &s->layout, .blocks = L->fp.ptrs, .n_blocks = L->fp.n,
+                                     .n_tokens = L->n_tokens - L->n_q8 };
 }
 
+static struct mixed_layer mixed_of(const struct kvc_session *s, uint32_t l) {
+        const struct layer *L = &s->layers[l];
+        return (struct mixed_layer){ .fp = &s->layout,
+                                     .q8 = &s->q8_layout,
+                                     .fp_blocks = L->fp.ptrs,
+                                     .n_fp_blocks = L->fp.n,
+                                     .q8_blocks = L->q8.ptrs,
+                                     .n_q8_blocks = L->q8.n,
+                                     .n_q8 = L->n_q8,
+                                     .n_tokens = L->n_tokens };
+}
+
+/* released[0][l] full-precision and released[1][l] INT8 blocks of layer l were given back: they
+ * sit just past the tables' new ends. */
 static int send_plan_applied(struct kvc_client *c, struct kvc_session *s, uint64_t plan_id, int status,
-                             const uint32_t *released) {
+                             uint32_t (*released)[WIRE_MAX_LAYERS]) {
         Kvc__PlanApplied pa = KVC__PLAN_APPLIED__INIT;
-        Kvc__LayerBlocks lbs[WIRE_MAX_LAYERS], *lbp[WIRE_MAX_LAYERS];
-        uint32_t lengths[WIRE_MAX_LAYERS];
+        Kvc__LayerBlocks lbs[2 * WIRE_MAX_LAYERS], *lbp[2 * WIRE_MAX_LAYERS];
+        uint32_t lengths[WIRE_MAX_LAYERS], q8s[WIRE_MAX_LAYERS];
         pa.session_id = s->id;
         pa.plan_id = plan_id;
         pa.status = status;
         if (status == 0) {
                 pa.n_layer_tokens = s->g.n_layers;
                 pa.layer_tokens = lengths;
+                pa.n_layer_q8_tokens = s->g.n_layers;
+                pa.layer_q8_tokens = q8s;
                 pa.released = lbp;
                 for (uint32_t l = 0; l < s->g.n_layers; l++) {
                         lengths[l] = s->layers[l].n_tokens;
-                        if (!released[l])
-                                continue;
-                        kvc__layer_blocks__init(&lbs[pa.n_released]);
-                        lbs[pa.n_released].layer = l;
-                        lbs[pa.n_released].n_blocks = released[l];
-                        /* the released blocks sit just past the table's new end */
-                        lbs[pa.n_released].blocks = s->layers[l].offs + s->layers[l].n_blocks;
-                        lbp[pa.n_released] = &lbs[pa.n_released];
-                        pa.n_released++;
+                        q8s[l] = s->layers[l].n_q8;
+                        for (int q = 0; q < 2; q++) {
+                                const struct table *t = q ? &s->layers[l].q8 : &s->layers[l].fp;
+                                if (!released[q][l])
+                                        continue;
+                                kvc__layer_blocks__init(&lbs[pa.n_released]);
+                                lbs[pa.n_released].layer = l;
+                                lbs[pa.n_released].q8 = q;
+                                lbs[pa.n_released].n_blocks = released[q][l];
+                                lbs[pa.n_released].blocks = t->offs + t->n;
+                                lbp[pa.n_released] = &lbs[pa.n_released];
+                                pa.n_released++;
+                        }
                 }
         }
         Kvc__Envelope env = KVC__ENVELOPE__INIT;
@@ -363,6 +395,15 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                         break;
                 }
                 seen[lp->layer] = true;
+                const struct layer *L = &s->layers[lp->layer];
+                uint32_t new_len = lp->keep_count + (L->n_tokens - lp->base_tokens), T = s->layout.block_tokens;
+                if (lp->q8_tokens && (s->q8_layout.block_bytes == 0 || lp->q8_tokens > new_len ||
+                                      (lp->q8_tokens + T - 1) / T > L->q8.n)) {
+                        status = EPROTO;
+                        set_error(c, -EPROTO, "plan %llu: layer %u asks for %u INT8 slots it cannot hold",
+                                  (unsigned long long)p->plan_id, lp->layer, lp->q8_tokens);
+                        break;
+                }
                 /* copy out of the shared buffer, then check the copy */
                 uint32_t *keep = s->plan_copy + used;
                 memcpy(keep, (uint8_t *)c->base + s->plan_offset + (uint64_t)lp->keep_offset * 4, n * 4);
@@ -383,24 +424,38 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                 return r < 0 ? r : -status;
         }
 
-        uint32_t released[WIRE_MAX_LAYERS] = { 0 };
+        uint32_t released[2][WIRE_MAX_LAYERS] = { { 0 } };
         uint32_t T = s->layout.block_tokens;
         used = 0;
         for (size_t i = 0; i < p->n_layers; i++) {
                 const Kvc__LayerPlan *lp = p->layers[i];
                 struct layer *L = &s->layers[lp->layer];
-                struct block_layer bl = layer_of(s, lp->layer);
                 uint32_t new_len;
-                int r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head, lp->base_tokens,
-                                      &new_len);
-                if (r < 0)
-                        return set_error(c, r, "compaction failed on a checked plan");
+                int r;
+                if (L->n_q8 == 0 && lp->q8_tokens == 0) {
+                        struct block_layer bl = layer_of(s, lp->layer);
+                        r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head, lp->base_tokens,
+                                          &new_len);
+                } else {
+                        struct mixed_layer ml = mixed_of(s, lp->layer);
+                        r = compact_mixed(&ml, s->plan_copy + used, lp->keep_count, lp->per_head, lp->base_tokens,
+                                          lp->q8_tokens, s->compact_scratch, &new_len);
+                }
+                if (r < 0) /* the kernel checks what only it can (kept INT8 beyond q8_tokens) */
+                        return set_error(c, r, "compaction refused plan %llu on layer %u",
+                                         (unsigned long long)p->plan_id, lp->layer);
                 used += (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
                 L->n_tokens = new_len;
-                uint32_t keep_blocks = (new_len + 1 + T - 1) / T;
-                if (keep_blocks < L->n_blocks) {
-                        released[lp->layer] = L->n_blocks - keep_blocks;
-                        L->n_blocks = keep_blocks;
+                L->n_q8 = lp->q8_tokens;
+                /* keep room for one more token; give back the rest of each table */
+                uint32_t fp_keep = (new_len - L->n_q8 + 1 + T - 1) / T, q8_keep = (L->n_q8 + T - 1) / T;
+                if (fp_keep < L->fp.n) {
+                        released[0][lp->layer] = L->fp.n - fp_keep;
+                        L->fp.n = fp_keep;
+                }
+                if (q8_keep < L->q8.n) {
+                        released[1][lp->layer] = L->q8.n - q8_keep;
+                        L->q8.n = q8_keep;
                 }
         }
         s->last_plan_id = p->plan_id;
@@ -550,12 +605,15 @@ static struct kvc_session *session_free(struct kvc_session *s) {
                 return NULL;
         if (s->layers)
                 for (uint32_t l = 0; l < s->g.n_layers; l++) {
-                        free(s->layers[l].offs);
-                        free(s->layers[l].ptrs);
+                        free(s->layers[l].fp.offs);
+                        free(s->layers[l].fp.ptrs);
+                        free(s->layers[l].q8.offs);
+                        free(s->layers[l].q8.ptrs);
                 }
         free(s->layers);
         free(s->plan_copy);
         free(s->attn_scratch);
+        free(s->compact_scratch);
         free(s);
         return NULL;
 }
@@ -620,6 +678,7 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         os.budget_tokens = cfg->budget_tokens;
         os.tenant = (char *)(cfg->tenant ? cfg->tenant : "");
         os.prompt_tokens = cfg->prompt_tokens;
+        os.int8 = true; /* libkvc stores INT8 blocks (kernels/mixed.h) */
         os.params = pp;
         for (size_t i = 0; i < cfg->n_params; i++) {
                 char *end;
@@ -654,6 +713,11 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
                                  (unsigned long long)o->block_bytes, (unsigned long long)layout.block_bytes);
         if (o->plan_bytes && (r = check_region(c, o->plan_offset, o->plan_bytes)) < 0)
                 return r;
+        struct block_layout q8_layout = { 0 };
+        if (o->q8_block_bytes &&
+            (block_layout_init(&q8_layout, c->block_tokens, g.n_kv_heads, g.head_dim, BLOCK_DTYPE_Q8) < 0 ||
+             q8_layout.block_bytes != o->q8_block_bytes))
+                return set_error(c, -EPROTO, "kvcd's INT8 block layout differs from ours");
 
         struct kvc_session *s = calloc(1, sizeof(*s));
         if (!s)
@@ -663,6 +727,7 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         memcpy(s->token, o->token.data, sizeof(s->token));
         s->g = cfg->geometry;
         s->layout = layout;
+        s->q8_layout = q8_layout;
         s->budget = o->budget_tokens;
         s->max_layer_tokens = o->max_layer_tokens;
         s->max_layer_blocks = (o->max_layer_tokens + layout.block_tokens - 1) / layout.block_tokens;
@@ -671,12 +736,21 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         s->plan_bytes = o->plan_bytes;
         s->layers = calloc(g.n_layers, sizeof(*s->layers));
         s->plan_copy = malloc(o->plan_bytes ? o->plan_bytes : 4);
-        s->attn_scratch = malloc(2 * sizeof(float) * ((size_t)s->max_layer_blocks * layout.block_tokens + 1));
-        bool ok = s->layers && s->plan_copy && s->attn_scratch;
+        size_t slots = (size_t)s->max_layer_blocks * layout.block_tokens + 1;
+        struct mixed_layer probe = { .fp = &s->layout, .q8 = &s->q8_layout, .n_tokens = (uint32_t)slots };
+        size_t attn = 2 * slots;
+        if (q8_layout.block_bytes && attn_mixed_scratch_floats(&probe, g.n_heads) > attn)
+                attn = attn_mixed_scratch_floats(&probe, g.n_heads);
+        s->attn_scratch = malloc(attn * sizeof(float));
+        s->compact_scratch = malloc((q8_layout.block_bytes ? compact_mixed_scratch_floats(&probe) : 1) * sizeof(float));
+        bool ok = s->layers && s->plan_copy && s->attn_scratch && s->compact_scratch;
         for (uint32_t l = 0; ok && l < g.n_layers; l++) {
-                s->layers[l].offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
-                s->layers[l].ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
-                ok = s->layers[l].offs && s->layers[l].ptrs;
+                struct layer *L = &s->layers[l];
+                L->fp.offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
+                L->fp.ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
+                L->q8.offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
+                L->q8.ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
+                ok = L->fp.offs && L->fp.ptrs && L->q8.offs && L->q8.ptrs;
         }
         s->next = c->sessions;
         c->sessions = s;
@@ -739,16 +813,17 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
                 return set_error(s->c, -EINVAL, "layer %u of %u", layer, s->g.n_layers);
         struct layer *L = &s->layers[layer];
         const struct block_layout *l = &s->layout;
-        uint32_t T = l->block_tokens;
-        if (L->n_tokens >= L->n_blocks * T) {
+        uint32_t T = l->block_tokens, fp = L->n_tokens - L->n_q8;
+        if (fp >= L->fp.n * T) {
                 int r = kvc_session_reserve(s, L->n_tokens + 1);
                 if (r < 0)
                         return r;
-                if (L->n_tokens >= L->n_blocks * T)
+                fp = L->n_tokens - L->n_q8; /* a plan may have been applied meanwhile */
+                if (fp >= L->fp.n * T)
                         return set_error(s->c, -EPROTO, "kvcd granted no room for the next token");
         }
-        uint32_t slot = L->n_tokens % T, D = s->g.head_dim;
-        uint8_t *b = L->ptrs[L->n_tokens / T];
+        uint32_t slot = fp % T, D = s->g.head_dim;
+        uint8_t *b = L->fp.ptrs[fp / T];
         for (uint32_t h = 0; h < s->g.n_kv_heads; h++) {
                 block_store_row(l->dtype, k + (size_t)h * D, block_key(l, b, h, slot), D);
                 block_store_row(l->dtype, v + (size_t)h * D, block_value(l, b, h, slot), D);
@@ -765,8 +840,14 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
 int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out) {
         if (layer >= s->g.n_layers)
                 return set_error(s->c, -EINVAL, "layer %u of %u", layer, s->g.n_layers);
-        struct block_layer bl = layer_of(s, layer);
-        int r = attn_decode_ref(&bl, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch);
+        int r;
+        if (s->layers[layer].n_q8 == 0) { /* the reference: exactly the model's own attention */
+                struct block_layer bl = layer_of(s, layer);
+                r = attn_decode_ref(&bl, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch);
+        } else {
+                struct mixed_layer ml = mixed_of(s, layer);
+                r = attn_decode_mixed(&ml, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch);
+        }
         return r < 0 ? set_error(s->c, r, "attention over an empty layer %u", layer) : 0;
 }
 
@@ -783,10 +864,14 @@ int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer
                 return -EINVAL;
         const struct layer *L = &s->layers[layer];
         *ret = (struct kvc_layer_view){ .n_tokens = L->n_tokens,
-                                        .n_blocks = L->n_blocks,
+                                        .n_blocks = L->fp.n,
                                         .block_tokens = s->layout.block_tokens,
                                         .block_bytes = s->layout.block_bytes,
-                                        .blocks = L->ptrs };
+                                        .blocks = L->fp.ptrs,
+                                        .n_q8 = L->n_q8,
+                                        .n_q8_blocks = L->q8.n,
+                                        .q8_block_bytes = s->q8_layout.block_bytes,
+                                        .q8_blocks = L->q8.ptrs };
         return 0;
 }
 

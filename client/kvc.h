@@ -123,13 +123,19 @@ uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer);
 /* Of those, how many (the oldest) are held in INT8. */
 uint32_t kvc_layer_q8_tokens(const struct kvc_session *s, uint32_t layer);
 
-/* How a layer lies in the pool, for a kernel of the caller's own (see kernels/block.h). */
+/* How a layer lies in the pool, for a kernel of the caller's own (see kernels/block.h and
+ * kernels/mixed.h): slots [0, n_q8) are INT8 in q8_blocks, slots [n_q8, n_tokens) full precision
+ * in blocks. */
 struct kvc_layer_view {
         uint32_t n_tokens;
         uint32_t n_blocks;
         uint32_t block_tokens;
         uint64_t block_bytes;
-        uint8_t *const *blocks; /* n_blocks block addresses, in slot order */
+        uint8_t *const *blocks; /* n_blocks full-precision block addresses, in slot order */
+        uint32_t n_q8;
+        uint32_t n_q8_blocks;
+        uint64_t q8_block_bytes;
+        uint8_t *const *q8_blocks;
 };
 int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer_view *ret);
 

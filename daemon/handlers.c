@@ -85,6 +85,7 @@ static int handle_open_session(struct request *rq) {
         o->max_layer_tokens = s->max_layer_tokens;
         o->policy = s->policy_name;
         o->budget_tokens = s->budget_tokens;
+        o->q8_block_bytes = s->int8 ? s->q8_layout.block_bytes : 0;
         rq->reply.body_case = KVC__ENVELOPE__BODY_SESSION_OPENED;
         rq->reply.session_opened = o;
         log_info("session %llu opened by client %llu: policy %s budget %u, %u layers x %u kv heads x %u dims",

@@ -63,10 +63,19 @@ struct client {
         uint64_t connected_usec;
 };
 
+/* One block table: the blocks of one class (full precision or INT8) of one layer, in slot order. */
+struct block_table {
+        uint64_t *blocks; /* pool offsets; capacity max_layer_blocks */
+        uint32_t n;
+};
+
+/* A layer: slots [0, n_q8) in the INT8 table, slots [n_q8, n_tokens) in the full-precision one. */
 struct session_layer {
-        uint64_t *blocks; /* pool offsets, in slot order; capacity max_layer_blocks */
-        uint32_t n_blocks;
-        uint32_t n_tokens; /* as the client last reported */
+        struct block_table fp;
+        struct block_table q8;
+        uint32_t n_tokens;   /* as the client last reported */
+        uint32_t n_q8;       /* INT8 slots, as of the last plan applied */
+        uint32_t planned_q8; /* INT8 slots the outstanding plan leaves */
 };
 
 struct session_stats {
@@ -84,7 +93,9 @@ struct session {
         struct session *next, *prev; /* in owner->sessions */
 
         uint32_t n_layers, n_heads, n_kv_heads, head_dim, max_tokens;
-        struct block_layout layout;
+        struct block_layout layout;    /* full-precision blocks */
+        struct block_layout q8_layout; /* INT8 blocks, when int8 */
+        bool int8;                     /* the client stores INT8 and the policy may ask for it */
         char tenant[WIRE_MAX_NAME + 1];
         char policy_name[WIRE_MAX_NAME + 1];
         struct policy *policy;
@@ -96,7 +107,7 @@ struct session {
         struct session_layer *layers;
 
         uint64_t plan_offset; /* 0 and plan_units 0 when the policy never plans */
-        uint32_t plan_units;
+        uint32_t plan_units;  /* of the full-precision block size */
 
         uint32_t prompt_tokens;
         uint64_t appended; /* tokens appended to layer 0 since the session opened */
@@ -105,7 +116,7 @@ struct session {
         uint64_t next_plan_id;
         uint64_t pending_plan_id; /* 0: none outstanding */
         float confidence;
-        uint64_t units; /* blocks + plan units held */
+        uint64_t bytes; /* pool bytes held: blocks of both classes and the plan buffer */
         struct session_stats stats;
         uint64_t opened_usec;
 };

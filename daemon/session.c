@@ -7,6 +7,11 @@
  * those blocks free in the pool. At most one plan is outstanding per session, so a plan is
  * always built on the layout the client has.
  *
+ * Mixed precision: a layer has two block tables, INT8 blocks for its oldest slots [0, n_q8) and
+ * full-precision blocks for the rest. A plan may move the boundary up (LayerPlan.q8_tokens); the
+ * INT8 blocks it needs are granted with the plan, and the client releases what it no longer
+ * needs of either table with PlanApplied.
+ *
  * Nothing a client says is taken on trust: lengths must fit the blocks granted, released blocks
  * must be exactly the tail of the layer's table, steps must move forward, and a session answers
  * only to the client that opened it.
@@ -57,7 +62,7 @@ static int plan_scratch_reserve(struct plan_scratch *sc, size_t entries) {
 }
 
 uint64_t session_bytes(const struct session *s) {
-        return s->units * s->layout.block_bytes;
+        return s->bytes;
 }
 
 uint32_t session_tokens(const struct session *s) {
@@ -71,7 +76,7 @@ uint32_t session_tokens(const struct session *s) {
 uint32_t session_blocks(const struct session *s) {
         uint32_t n = 0;
         for (uint32_t l = 0; l < s->n_layers; l++)
-                n += s->layers[l].n_blocks;
+                n += s->layers[l].fp.n + s->layers[l].q8.n;
         return n;
 }
 
@@ -84,38 +89,55 @@ void session_fill_stats(const struct session *s, Kvc__SessionStats *ret) {
         ret->bytes = session_bytes(s);
 }
 
-static void account_units(struct session *s, int64_t delta) {
-        s->units = (uint64_t)((int64_t)s->units + delta);
-        if (session_bytes(s) > s->stats.peak_bytes)
-                s->stats.peak_bytes = session_bytes(s);
+static uint32_t unit_of(const struct session *s, bool q8) {
+        return (uint32_t)(q8 ? s->q8_layout.block_bytes : s->layout.block_bytes);
 }
 
-/* Allocates n units for the session; a chunk new to the client has its fd sent first. */
-static int alloc_units(struct kvcd *d, struct session *s, uint32_t n, uint64_t *ret_off) {
+/* Allocates n units of one class for the session; a chunk new to the client has its fd sent
+ * first. */
+static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, uint64_t *ret_off) {
         int64_t new_chunk;
-        int r = pool_alloc(d->pool, s->owner->id, (uint32_t)s->layout.block_bytes, n, ret_off, &new_chunk);
+        uint32_t unit = unit_of(s, q8);
+        int r = pool_alloc(d->pool, s->owner->id, unit, n, ret_off, &new_chunk);
         if (r < 0)
                 return r;
         if (new_chunk >= 0) {
                 r = client_send_chunk(d, s->owner, (uint32_t)new_chunk);
                 if (r < 0) {
-                        log_warning("client %llu: cannot send chunk %lld: %s",
-                                    (unsigned long long)s->owner->id, (long long)new_chunk, strerror(-r));
-                        pool_release(d->pool, s->owner->id, *ret_off, (uint32_t)s->layout.block_bytes, n);
+                        log_warning("client %llu: cannot send chunk %lld: %s", (unsigned long long)s->owner->id,
+                                    (long long)new_chunk, strerror(-r));
+                        pool_release(d->pool, s->owner->id, *ret_off, unit, n);
                         pool_disown_chunk(d->pool, (uint32_t)new_chunk);
                         return -EIO;
                 }
         }
-        account_units(s, n);
+        s->bytes += (uint64_t)n * unit;
+        if (s->bytes > s->stats.peak_bytes)
+                s->stats.peak_bytes = s->bytes;
         return 0;
 }
 
-static void free_units(struct kvcd *d, struct session *s, uint64_t off, uint32_t n) {
-        int r = pool_release(d->pool, s->owner->id, off, (uint32_t)s->layout.block_bytes, n);
+static void free_units(struct kvcd *d, struct session *s, bool q8, uint64_t off, uint32_t n) {
+        uint32_t unit = unit_of(s, q8);
+        int r = pool_release(d->pool, s->owner->id, off, unit, n);
         if (r < 0) /* a bookkeeping bug of ours: say so loudly, keep serving */
                 log_error("session %llu: releasing %u units at %llu failed: %s", (unsigned long long)s->id, n,
                           (unsigned long long)off, strerror(-r));
-        account_units(s, -(int64_t)n);
+        s->bytes -= (uint64_t)n * unit;
+}
+
+/* Where slot i of layer L lives: its block (a pool offset), its layout and its slot there. */
+static uint64_t slot_block(const struct session *s, const struct session_layer *L, uint32_t i,
+                           const struct block_layout **lay, uint32_t *in_block) {
+        uint32_t T = s->layout.block_tokens;
+        if (i < L->n_q8) {
+                *lay = &s->q8_layout;
+                *in_block = i % T;
+                return L->q8.blocks[i / T];
+        }
+        *lay = &s->layout;
+        *in_block = (i - L->n_q8) % T;
+        return L->fp.blocks[(i - L->n_q8) / T];
 }
 
 static enum block_dtype dtype_of(Kvc__Dtype t) {
@@ -141,8 +163,10 @@ static int capacity_error(struct kvcd *d, int r, char *why, size_t why_len, cons
 
 static struct session *session_free(struct session *s) {
         if (s->layers)
-                for (uint32_t l = 0; l < s->n_layers; l++)
-                        free(s->layers[l].blocks);
+                for (uint32_t l = 0; l < s->n_layers; l++) {
+                        free(s->layers[l].fp.blocks);
+                        free(s->layers[l].q8.blocks);
+                }
         free(s->layers);
         policy_free(s->policy);
         free(s);
@@ -210,11 +234,15 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
         }
         struct policy_limits lim;
         s->policy->ops->limits(s->policy->state, &lim);
-        if (lim.int8) {
-                snprintf(why, why_len, "int8=1: this kvcd's clients do not store INT8 yet");
+        if (lim.int8 && !m->int8) {
+                snprintf(why, why_len, "policy %s keeps INT8 tokens, and this client does not store INT8",
+                         s->policy_name);
                 session_free(s);
                 return -EINVAL;
         }
+        s->int8 = lim.int8;
+        if (s->int8)
+                block_layout_init(&s->q8_layout, s->layout.block_tokens, g->n_kv_heads, g->head_dim, BLOCK_DTYPE_Q8);
         uint32_t T = s->layout.block_tokens;
         s->budget_tokens = lim.budget;
         s->max_keep = lim.max_keep;
@@ -229,8 +257,9 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
                 return -ENOMEM;
         }
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                s->layers[l].blocks = calloc(s->max_layer_blocks, sizeof(uint64_t));
-                if (!s->layers[l].blocks) {
+                s->layers[l].fp.blocks = calloc(s->max_layer_blocks, sizeof(uint64_t));
+                s->layers[l].q8.blocks = calloc(s->int8 ? s->max_layer_blocks : 1, sizeof(uint64_t));
+                if (!s->layers[l].fp.blocks || !s->layers[l].q8.blocks) {
                         session_free(s);
                         return -ENOMEM;
                 }
@@ -260,7 +289,7 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
         if (s->max_keep > 0) {
                 uint64_t entries = (uint64_t)s->n_layers * s->max_keep * (s->per_head ? s->n_kv_heads : 1);
                 uint64_t units = (entries * 4 + s->layout.block_bytes - 1) / s->layout.block_bytes;
-                r = units > UINT32_MAX ? -EINVAL : alloc_units(d, s, (uint32_t)units, &s->plan_offset);
+                r = units > UINT32_MAX ? -EINVAL : alloc_units(d, s, false, (uint32_t)units, &s->plan_offset);
                 if (r < 0) {
                         session_close(d, s);
                         return capacity_error(d, r, why, why_len, "plan buffer");
@@ -273,11 +302,14 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
 }
 
 void session_close(struct kvcd *d, struct session *s) {
-        for (uint32_t l = 0; l < s->n_layers; l++)
-                for (uint32_t b = 0; b < s->layers[l].n_blocks; b++)
-                        free_units(d, s, s->layers[l].blocks[b], 1);
+        for (uint32_t l = 0; l < s->n_layers; l++) {
+                for (uint32_t b = 0; b < s->layers[l].fp.n; b++)
+                        free_units(d, s, false, s->layers[l].fp.blocks[b], 1);
+                for (uint32_t b = 0; b < s->layers[l].q8.n; b++)
+                        free_units(d, s, true, s->layers[l].q8.blocks[b], 1);
+        }
         if (s->plan_units)
-                free_units(d, s, s->plan_offset, s->plan_units);
+                free_units(d, s, false, s->plan_offset, s->plan_units);
         idmap_del(&d->sessions, s->id);
         if (s->prev)
                 s->prev->next = s->next;
@@ -299,27 +331,30 @@ int session_lookup(struct kvcd *d, struct client *c, uint64_t id, struct session
         return 0;
 }
 
-/* Grows layer l to n_blocks blocks, recording the new ones in out (arena memory). */
-static int grow_layer(struct kvcd *d, struct session *s, uint32_t l, uint32_t n_blocks,
+/* Grows one table of layer l to n_blocks blocks, recording the new ones in out (arena memory). */
+static int grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, uint32_t n_blocks,
                       Kvc__LayerBlocks *out) {
         struct session_layer *L = &s->layers[l];
-        while (L->n_blocks < n_blocks) {
+        struct block_table *t = q8 ? &L->q8 : &L->fp;
+        if (n_blocks > s->max_layer_blocks)
+                return -ENOSPC;
+        while (t->n < n_blocks) {
                 uint64_t off;
-                int r = alloc_units(d, s, 1, &off);
+                int r = alloc_units(d, s, q8, 1, &off);
                 if (r < 0)
                         return r;
-                L->blocks[L->n_blocks++] = off;
+                t->blocks[t->n++] = off;
                 out->blocks[out->n_blocks++] = off;
                 d->n.grants++;
         }
-        if (L->n_blocks > s->stats.peak_layer_blocks)
-                s->stats.peak_layer_blocks = L->n_blocks;
+        if (L->fp.n + L->q8.n > s->stats.peak_layer_blocks)
+                s->stats.peak_layer_blocks = L->fp.n + L->q8.n;
         return 0;
 }
 
 static Kvc__Grant *grant_new(struct kvcd *d, struct session *s) {
         Kvc__Grant *g = wire_arena_alloc(d->out, sizeof(*g));
-        Kvc__LayerBlocks **layers = wire_arena_alloc(d->out, s->n_layers * sizeof(*layers));
+        Kvc__LayerBlocks **layers = wire_arena_alloc(d->out, 2 * s->n_layers * sizeof(*layers));
         if (!g || !layers)
                 return NULL;
         kvc__grant__init(g);
@@ -328,13 +363,14 @@ static Kvc__Grant *grant_new(struct kvcd *d, struct session *s) {
         return g;
 }
 
-static Kvc__LayerBlocks *grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, uint32_t max_blocks) {
+static Kvc__LayerBlocks *grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, bool q8, uint32_t max_blocks) {
         Kvc__LayerBlocks *lb = wire_arena_alloc(d->out, sizeof(*lb));
         uint64_t *blocks = wire_arena_alloc(d->out, max_blocks * sizeof(uint64_t));
         if (!lb || !blocks)
                 return NULL;
         kvc__layer_blocks__init(lb);
         lb->layer = l;
+        lb->q8 = q8;
         lb->blocks = blocks;
         g->layers[g->n_layers++] = lb;
         return lb;
@@ -351,17 +387,18 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
         Kvc__Grant *g = grant_new(d, s);
         if (!g)
                 return -ENOMEM;
-        uint32_t want = (n_tokens + T - 1) / T;
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                if (s->layers[l].n_blocks >= want)
+                struct session_layer *L = &s->layers[l];
+                uint32_t want = n_tokens > L->n_q8 ? (n_tokens - L->n_q8 + T - 1) / T : 0;
+                if (L->fp.n >= want)
                         continue;
-                Kvc__LayerBlocks *lb = grant_layer(d, g, l, want - s->layers[l].n_blocks);
-                int r = lb ? grow_layer(d, s, l, want, lb) : -ENOMEM;
+                Kvc__LayerBlocks *lb = grant_layer(d, g, l, false, want - L->fp.n);
+                int r = lb ? grow_table(d, s, l, false, want, lb) : -ENOMEM;
                 if (r < 0) { /* all or nothing: undo this request's blocks */
                         for (size_t i = 0; i < g->n_layers; i++) {
-                                struct session_layer *L = &s->layers[g->layers[i]->layer];
+                                struct block_table *t = &s->layers[g->layers[i]->layer].fp;
                                 for (size_t b = 0; b < g->layers[i]->n_blocks; b++)
-                                        free_units(d, s, L->blocks[--L->n_blocks], 1);
+                                        free_units(d, s, false, t->blocks[--t->n], 1);
                         }
                         return capacity_error(d, r, why, why_len, "reserve");
                 }
@@ -370,29 +407,34 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
         return 0;
 }
 
-/* Copies layer l's side arrays out of the pool into the scratch, [head][slot]. */
+/* Copies layer l's side arrays out of the pool into the scratch, [head][slot]. Runs of slots in
+ * one block are copied at once. */
 static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, struct policy_layer *out) {
-        const struct block_layout *lay = &s->layout;
         const struct session_layer *L = &s->layers[l];
         struct plan_scratch *sc = &d->scratch;
-        uint32_t n = L->n_tokens, T = lay->block_tokens;
+        uint32_t n = L->n_tokens, T = s->layout.block_tokens;
 
-        for (uint32_t h = 0; h < s->n_kv_heads; h++) {
-                size_t base = (size_t)h * n;
-                for (uint32_t b = 0; b * T < n; b++) {
-                        uint8_t *blk = pool_ptr(d->pool, L->blocks[b]);
-                        uint32_t cnt = n - b * T < T ? n - b * T : T;
-                        size_t at = base + (size_t)b * T;
-                        memcpy(sc->pos + at, block_side(lay, blk, lay->pos_offset, h, 0), cnt * 4u);
-                        memcpy(sc->sum + at, block_side(lay, blk, lay->sum_offset, h, 0), cnt * 4u);
-                        memcpy(sc->ema + at, block_side(lay, blk, lay->ema_offset, h, 0), cnt * 4u);
-                        memcpy(sc->last + at, block_side(lay, blk, lay->last_offset, h, 0), cnt * 4u);
-                        memcpy(sc->logw + at, block_side(lay, blk, lay->logw_offset, h, 0), cnt * 4u);
+        for (uint32_t i = 0; i < n;) {
+                const struct block_layout *lay;
+                uint32_t at;
+                uint8_t *blk = pool_ptr(d->pool, slot_block(s, L, i, &lay, &at));
+                uint32_t cnt = T - at < n - i ? T - at : n - i;
+                if (i < L->n_q8 && cnt > L->n_q8 - i)
+                        cnt = L->n_q8 - i; /* the INT8 part ends inside this block */
+                for (uint32_t h = 0; h < s->n_kv_heads; h++) {
+                        size_t to = (size_t)h * n + i;
+                        memcpy(sc->pos + to, block_side(lay, blk, lay->pos_offset, h, at), cnt * 4u);
+                        memcpy(sc->sum + to, block_side(lay, blk, lay->sum_offset, h, at), cnt * 4u);
+                        memcpy(sc->ema + to, block_side(lay, blk, lay->ema_offset, h, at), cnt * 4u);
+                        memcpy(sc->last + to, block_side(lay, blk, lay->last_offset, h, at), cnt * 4u);
+                        memcpy(sc->logw + to, block_side(lay, blk, lay->logw_offset, h, at), cnt * 4u);
                 }
+                i += cnt;
         }
         *out = (struct policy_layer){ .layer = l,
                                       .n_tokens = n,
                                       .n_kv_heads = s->n_kv_heads,
+                                      .n_q8 = L->n_q8,
                                       .pos = sc->pos,
                                       .sum = sc->sum,
                                       .ema = sc->ema,
@@ -405,23 +447,38 @@ static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, st
  * beyond them, so the two never write the same word. */
 static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const uint32_t *keep, uint32_t k,
                      const float *delta) {
-        const struct block_layout *lay = &s->layout;
         const struct session_layer *L = &s->layers[l];
-        uint32_t T = lay->block_tokens, heads = s->per_head ? s->n_kv_heads : 1;
         for (uint32_t h = 0; h < s->n_kv_heads; h++) {
                 const uint32_t *kh = keep + (size_t)(s->per_head ? h : 0) * k;
-                const float *dh = delta + (size_t)(heads > 1 ? h : 0) * k;
+                const float *dh = delta + (size_t)(s->per_head ? h : 0) * k;
                 for (uint32_t i = 0; i < k; i++) {
                         if (dh[i] == 0.0f || !isfinite(dh[i]))
                                 continue;
-                        uint8_t *blk = pool_ptr(d->pool, L->blocks[kh[i] / T]);
-                        *(float *)block_side(lay, blk, lay->logw_offset, h, kh[i] % T) += dh[i];
+                        const struct block_layout *lay;
+                        uint32_t at;
+                        uint8_t *blk = pool_ptr(d->pool, slot_block(s, L, kh[i], &lay, &at));
+                        *(float *)block_side(lay, blk, lay->logw_offset, h, at) += dh[i];
                 }
         }
 }
 
-/* Builds the plan for the layers with a target below their length; NULL when none has. */
-static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct policy_step *ps) {
+/* The INT8 slots a plan leaves: what the policy asked (only if the session keeps INT8), never
+ * fewer than the INT8 tokens the keep-set retains (INT8 tokens never return to full precision). */
+static uint32_t plan_q8(const struct session *s, const struct session_layer *L, const uint32_t *keep, uint32_t k,
+                        uint32_t asked) {
+        uint32_t q8 = s->int8 ? (asked < k ? asked : k) : 0;
+        for (uint32_t h = 0; h < (s->per_head ? s->n_kv_heads : 1u); h++) {
+                uint32_t kept = 0;
+                while (kept < k && keep[(size_t)h * k + kept] < L->n_q8)
+                        kept++;
+                q8 = kept > q8 ? kept : q8;
+        }
+        return q8;
+}
+
+/* Builds the plan for the layers with a target below their length; NULL when none has. INT8
+ * blocks the plan needs are granted into g. */
+static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct policy_step *ps, Kvc__Grant *g) {
         struct policy_target *targets = d->scratch.targets;
         uint32_t heads = s->per_head ? s->n_kv_heads : 1;
         uint64_t per_layer = (uint64_t)s->max_keep * heads;
@@ -444,6 +501,19 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                                   (unsigned long long)s->id, s->policy_name, l);
                         continue;
                 }
+                struct session_layer *L = &s->layers[l];
+                uint32_t q8 = plan_q8(s, L, keep, k, targets[l].q8), T = s->layout.block_tokens;
+                if ((q8 + T - 1) / T > L->q8.n) {
+                        Kvc__LayerBlocks *lb = grant_layer(d, g, l, true, (q8 + T - 1) / T - L->q8.n);
+                        if (!lb || grow_table(d, s, l, true, (q8 + T - 1) / T, lb) < 0) {
+                                if (lb) /* no room for INT8 blocks now: quantize nothing new */
+                                        g->n_layers--;
+                                q8 = plan_q8(s, L, keep, k, 0);
+                                if ((q8 + T - 1) / T > L->q8.n)
+                                        continue;
+                        }
+                }
+                L->planned_q8 = q8;
                 if (deltas)
                         add_logw(d, s, l, keep, k, d->scratch.logw_delta);
                 memcpy(pool_ptr(d->pool, s->plan_offset) + l * per_layer * 4u, keep,
@@ -466,7 +536,7 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                 lp->keep_offset = (uint32_t)(l * per_layer);
                 lp->keep_count = k;
                 lp->per_head = s->per_head;
-                lp->q8_tokens = targets[l].q8 < k ? targets[l].q8 : k;
+                lp->q8_tokens = q8;
                 p->layers[p->n_layers++] = lp;
         }
         if (p) {
@@ -495,9 +565,10 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                 return -EINVAL;
         }
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                if (st->layer_tokens[l] > s->layers[l].n_blocks * T) {
-                        snprintf(why, why_len, "layer %u: %u tokens, but %u slots granted", l,
-                                 st->layer_tokens[l], s->layers[l].n_blocks * T);
+                const struct session_layer *L = &s->layers[l];
+                if (st->layer_tokens[l] > L->n_q8 + L->fp.n * T || st->layer_tokens[l] < L->n_q8) {
+                        snprintf(why, why_len, "layer %u: %u tokens, but %u INT8 and %u other slots granted", l,
+                                 st->layer_tokens[l], L->n_q8, L->fp.n * T);
                         return -EPROTO;
                 }
         }
@@ -516,6 +587,9 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
 
         *ret_plan = NULL;
         *ret_grant = NULL;
+        Kvc__Grant *g = grant_new(d, s);
+        if (!g)
+                return -ENOMEM;
         struct policy_target *targets = d->scratch.targets;
         for (uint32_t l = 0; l < s->n_layers; l++)
                 targets[l] = (struct policy_target){ .keep = POLICY_NO_PLAN };
@@ -539,26 +613,24 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         }
                 }
                 ops->decide(s->policy->state, &ps, targets);
-                *ret_plan = build_plan(d, s, &ps);
+                *ret_plan = build_plan(d, s, &ps, g);
         }
 
         /* keep room for the next token in the layers no plan is about to shrink */
-        Kvc__Grant *g = NULL;
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 struct session_layer *L = &s->layers[l];
                 bool planned = targets[l].keep < L->n_tokens;
-                if (planned || L->n_tokens + 1 > s->max_layer_tokens || L->n_tokens + 1 <= L->n_blocks * T)
+                uint32_t fp_tokens = L->n_tokens - L->n_q8;
+                if (planned || L->n_tokens + 1 > s->max_layer_tokens || fp_tokens + 1 <= L->fp.n * T)
                         continue;
-                if (!g && !(g = grant_new(d, s)))
-                        break;
-                Kvc__LayerBlocks *lb = grant_layer(d, g, l, 1);
-                if (!lb || grow_layer(d, s, l, L->n_blocks + 1, lb) < 0) {
+                Kvc__LayerBlocks *lb = grant_layer(d, g, l, false, 1);
+                if (!lb || grow_table(d, s, l, false, L->fp.n + 1, lb) < 0) {
                         if (lb)
                                 g->n_layers--; /* no room now: the client will ask, and hear why */
                         break;
                 }
         }
-        if (g && g->n_layers)
+        if (g->n_layers)
                 *ret_grant = g;
         return 0;
 }
@@ -574,6 +646,8 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 return old ? -EALREADY : -ENOENT;
         }
         if (m->status != 0) {
+                for (uint32_t l = 0; l < s->n_layers; l++) /* nothing moved */
+                        s->layers[l].planned_q8 = s->layers[l].n_q8;
                 log_notice("session %llu: client refused plan %llu: %s", (unsigned long long)s->id,
                            (unsigned long long)m->plan_id, wire_errno_name(m->status));
                 s->pending_plan_id = 0;
@@ -585,37 +659,43 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 return -EINVAL;
         }
         /* check everything before changing anything */
-        uint32_t release[WIRE_MAX_LAYERS] = { 0 };
+        uint32_t release[2][WIRE_MAX_LAYERS] = { { 0 } };
         for (size_t i = 0; i < m->n_released; i++) {
                 const Kvc__LayerBlocks *lb = m->released[i];
-                if (lb->layer >= s->n_layers || release[lb->layer] ||
-                    lb->n_blocks > s->layers[lb->layer].n_blocks) {
+                const struct block_table *t = lb->layer < s->n_layers ? (lb->q8 ? &s->layers[lb->layer].q8
+                                                                                 : &s->layers[lb->layer].fp)
+                                                                      : NULL;
+                if (!t || release[lb->q8][lb->layer] || lb->n_blocks > t->n) {
                         snprintf(why, why_len, "release entry %zu (layer %u) is invalid", i, lb->layer);
                         return -EPROTO;
                 }
-                const struct session_layer *L = &s->layers[lb->layer];
                 for (size_t b = 0; b < lb->n_blocks; b++) {
-                        if (lb->blocks[b] != L->blocks[L->n_blocks - lb->n_blocks + b]) {
-                                snprintf(why, why_len,
-                                         "layer %u: released blocks are not the layer's last %zu", lb->layer,
-                                         lb->n_blocks);
+                        if (lb->blocks[b] != t->blocks[t->n - lb->n_blocks + b]) {
+                                snprintf(why, why_len, "layer %u: released blocks are not the table's last %zu",
+                                         lb->layer, lb->n_blocks);
                                 return -EPROTO;
                         }
                 }
-                release[lb->layer] = (uint32_t)lb->n_blocks;
+                release[lb->q8][lb->layer] = (uint32_t)lb->n_blocks;
         }
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                if (m->layer_tokens[l] > (s->layers[l].n_blocks - release[l]) * T) {
-                        snprintf(why, why_len, "layer %u: %u tokens do not fit the %u blocks kept", l,
-                                 m->layer_tokens[l], s->layers[l].n_blocks - release[l]);
+                const struct session_layer *L = &s->layers[l];
+                uint32_t q8 = m->n_layer_q8_tokens ? m->layer_q8_tokens[l] : 0, n = m->layer_tokens[l];
+                if (q8 != L->planned_q8 || n < q8 || n - q8 > (L->fp.n - release[0][l]) * T ||
+                    q8 > (L->q8.n - release[1][l]) * T) {
+                        snprintf(why, why_len, "layer %u: %u tokens (%u INT8) do not fit the blocks kept, or the "
+                                 "plan left %u INT8", l, n, q8, L->planned_q8);
                         return -EPROTO;
                 }
         }
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 struct session_layer *L = &s->layers[l];
-                for (uint32_t b = 0; b < release[l]; b++)
-                        free_units(d, s, L->blocks[--L->n_blocks], 1);
+                for (uint32_t b = 0; b < release[0][l]; b++)
+                        free_units(d, s, false, L->fp.blocks[--L->fp.n], 1);
+                for (uint32_t b = 0; b < release[1][l]; b++)
+                        free_units(d, s, true, L->q8.blocks[--L->q8.n], 1);
                 L->n_tokens = m->layer_tokens[l];
+                L->n_q8 = L->planned_q8;
         }
         s->pending_plan_id = 0;
         d->n.plans_applied++;

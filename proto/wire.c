@@ -249,6 +249,8 @@ static int v_session_opened(const Kvc__Envelope *env, char *why, size_t why_len)
                 return BAD("block_bytes %llu invalid", (unsigned long long)m->block_bytes);
         if (m->block_tokens == 0 || m->block_tokens > WIRE_MAX_BLOCK_TOKENS)
                 return BAD("block_tokens %u out of range", m->block_tokens);
+        if (m->q8_block_bytes > (1ull << 32))
+                return BAD("q8_block_bytes %llu invalid", (unsigned long long)m->q8_block_bytes);
         if (m->plan_bytes > (1ull << 32) || m->plan_bytes % 4)
                 return BAD("plan buffer size %llu invalid", (unsigned long long)m->plan_bytes);
         if (!(m->ema_gamma >= 0.0f && m->ema_gamma <= 1.0f))
@@ -352,6 +354,12 @@ static int v_plan_applied(const Kvc__Envelope *env, char *why, size_t why_len) {
                 return BAD("plan applied: status %d out of range", m->status);
         if ((r = check_layer_tokens(m->n_layer_tokens, m->layer_tokens, why, why_len)) < 0)
                 return r;
+        if (m->n_layer_q8_tokens && m->n_layer_q8_tokens != m->n_layer_tokens)
+                return BAD("plan applied: %zu INT8 counts for %zu layers", m->n_layer_q8_tokens,
+                           m->n_layer_tokens);
+        for (size_t i = 0; i < m->n_layer_q8_tokens; i++)
+                if (m->layer_q8_tokens[i] > m->layer_tokens[i])
+                        return BAD("plan applied: layer %zu has more INT8 tokens than tokens", i);
         return check_layer_blocks(m->released, m->n_released, &refs, "release", why, why_len);
 }
 
