@@ -29,6 +29,7 @@
 #include "compact.h"
 #include "fdwire.h"
 #include "mixed.h"
+#include "summarize.h"
 #include "summary.h"
 #include "wire.h"
 
@@ -388,7 +389,8 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                 uint64_t n = (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
                 if (lp->layer >= s->g.n_layers || seen[lp->layer] ||
                     lp->base_tokens > s->layers[lp->layer].n_tokens ||
-                    (uint64_t)lp->keep_offset + n > entries_cap || used + n > entries_cap) {
+                    (uint64_t)lp->keep_offset + n > entries_cap || used + n > entries_cap ||
+                    (lp->summary_slot && (lp->per_head || lp->q8_tokens || s->layers[lp->layer].n_q8))) {
                         status = EPROTO;
                         set_error(c, -EPROTO, "plan %llu: layer entry %zu out of range",
                                   (unsigned long long)p->plan_id, i);
@@ -434,7 +436,11 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                 int r;
                 if (L->n_q8 == 0 && lp->q8_tokens == 0) {
                         struct block_layer bl = layer_of(s, lp->layer);
-                        r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head, lp->base_tokens,
+                        r = lp->summary_slot ? summarize_evicted(&bl, s->plan_copy + used, lp->keep_count, lp->base_tokens,
+                                                                 lp->summary_slot - 1, s->compact_scratch)
+                                             : 0;
+                        if (r == 0)
+                                r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head, lp->base_tokens,
                                           &new_len);
                 } else {
                         struct mixed_layer ml = mixed_of(s, lp->layer);
@@ -742,7 +748,10 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         if (q8_layout.block_bytes && attn_mixed_scratch_floats(&probe, g.n_heads) > attn)
                 attn = attn_mixed_scratch_floats(&probe, g.n_heads);
         s->attn_scratch = malloc(attn * sizeof(float));
-        s->compact_scratch = malloc((q8_layout.block_bytes ? compact_mixed_scratch_floats(&probe) : 1) * sizeof(float));
+        size_t cs = 2 * (size_t)g.head_dim; /* summarize_evicted */
+        if (q8_layout.block_bytes && compact_mixed_scratch_floats(&probe) > cs)
+                cs = compact_mixed_scratch_floats(&probe);
+        s->compact_scratch = malloc(cs * sizeof(float));
         bool ok = s->layers && s->plan_copy && s->attn_scratch && s->compact_scratch;
         for (uint32_t l = 0; ok && l < g.n_layers; l++) {
                 struct layer *L = &s->layers[l];

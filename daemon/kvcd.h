@@ -104,6 +104,7 @@ struct session {
         uint32_t max_layer_blocks; /* ceil(max_layer_tokens / block_tokens) */
         uint32_t max_keep;         /* entries per layer (and head) in the plan buffer */
         bool per_head;
+        bool summarize; /* plans keep a summary slot of the evicted tokens (kernels/summarize.h) */
         struct session_layer *layers;
 
         uint64_t plan_offset; /* 0 and plan_units 0 when the policy never plans */

@@ -25,6 +25,7 @@
 #include <sys/random.h>
 
 #include "compact.h"
+#include "summarize.h"
 #include "kvcd.h"
 #include "log.h"
 
@@ -247,6 +248,7 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
         s->budget_tokens = lim.budget;
         s->max_keep = lim.max_keep;
         s->per_head = lim.per_head;
+        s->summarize = lim.summarize && !lim.per_head && !lim.int8;
         s->prompt_tokens = m->prompt_tokens;
         s->max_layer_tokens = lim.max_layer_tokens < g->max_tokens ? lim.max_layer_tokens : g->max_tokens;
         s->max_layer_blocks = (s->max_layer_tokens + T - 1) / T;
@@ -476,6 +478,29 @@ static uint32_t plan_q8(const struct session *s, const struct session_layer *L, 
         return q8;
 }
 
+/* Puts the summary slot into a keep-set of k - 1 slots (ascending, of n): the slot already marked
+ * as the summary (position -1 in head 0), else the first slot the keep-set drops, which becomes
+ * the summary. Returns the new count; *ret_slot is the summary's slot. */
+static uint32_t keep_summary(const struct policy_layer *view, uint32_t *keep, uint32_t k, uint32_t *ret_slot) {
+        uint32_t slot = UINT32_MAX;
+        for (uint32_t i = 0; i < view->n_tokens && slot == UINT32_MAX; i++)
+                if (view->pos[i] == SUMMARY_POS)
+                        slot = i;
+        if (slot == UINT32_MAX) /* the first dropped slot carries the summary from now on */
+                for (uint32_t i = 0, j = 0; i < view->n_tokens && slot == UINT32_MAX; i++, j++)
+                        if (j >= k || keep[j] != i)
+                                slot = i;
+        *ret_slot = slot;
+        uint32_t at = 0;
+        while (at < k && keep[at] < slot)
+                at++;
+        if (at < k && keep[at] == slot)
+                return k;
+        memmove(keep + at + 1, keep + at, (k - at) * sizeof(uint32_t));
+        keep[at] = slot;
+        return k + 1;
+}
+
 /* Builds the plan for the layers with a target below their length; NULL when none has. INT8
  * blocks the plan needs are granted into g. */
 static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct policy_step *ps, Kvc__Grant *g) {
@@ -490,10 +515,15 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                         continue;
                 struct policy_layer view;
                 gather_layer(d, s, l, &view);
-                uint32_t *keep = d->scratch.keep;
-                int r = s->policy->ops->select(s->policy->state, ps, &view, &targets[l], keep, d->scratch.logw_delta,
+                uint32_t *keep = d->scratch.keep, summary = UINT32_MAX;
+                struct policy_target t = targets[l];
+                if (s->summarize && k >= 2)
+                        t.keep = k - 1; /* one slot for the summary */
+                int r = s->policy->ops->select(s->policy->state, ps, &view, &t, keep, d->scratch.logw_delta,
                                                d->scratch.work);
                 bool deltas = r == 1;
+                if (r >= 0 && s->summarize && k >= 2)
+                        k = keep_summary(&view, keep, t.keep, &summary);
                 for (uint32_t h = 0; r >= 0 && h < heads; h++)
                         r = compact_check_keep(keep + (size_t)h * k, k, n);
                 if (r < 0) {
@@ -537,6 +567,7 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                 lp->keep_count = k;
                 lp->per_head = s->per_head;
                 lp->q8_tokens = q8;
+                lp->summary_slot = summary == UINT32_MAX ? 0 : summary + 1;
                 p->layers[p->n_layers++] = lp;
         }
         if (p) {

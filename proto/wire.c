@@ -331,7 +331,8 @@ static int v_plan_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
                 for (size_t l = 0; l < p->n_layers; l++) {
                         const Kvc__LayerPlan *lp = p->layers[l];
                         if (lp->layer >= WIRE_MAX_LAYERS || lp->base_tokens > WIRE_MAX_TOKENS ||
-                            lp->keep_count > lp->base_tokens || lp->q8_tokens > WIRE_MAX_TOKENS)
+                            lp->keep_count > lp->base_tokens || lp->q8_tokens > WIRE_MAX_TOKENS ||
+                            lp->summary_slot > lp->base_tokens)
                                 return BAD("plan %zu: layer entry %zu out of range", i, l);
                 }
         }

@@ -41,7 +41,7 @@ enum gate {
 };
 
 static const char *const gate_words[] = { "fixed", "naive", "continuous", "defer", NULL };
-static const char *const correction_words[] = { "none", "sink", NULL };
+static const char *const correction_words[] = { "none", "sink", "moment", NULL };
 
 struct conf {
         uint32_t budget;
@@ -101,7 +101,8 @@ static int conf_init_common(struct conf *c, const struct policy_setup *s, const 
         c->w_rec = 1.0f;
         c->lambda = (float)c->budget;
         c->fp_window = 32;
-        c->beta = 20.0f;
+        if (!c->pyramid)
+                c->beta = 20.0f;
         c->slack = s->block_tokens;
         c->n_layers = s->n_layers;
         int r = policy_parse_params(c, conf_specs, sizeof(conf_specs) / sizeof(conf_specs[0]), params, n, why,
@@ -119,7 +120,11 @@ static int conf_init_common(struct conf *c, const struct policy_setup *s, const 
                          c->sinks + c->protect, c->n_high, c->n_low);
                 return -EINVAL;
         }
-        if (c->correction && c->sinks == 0) {
+        if (c->correction == 2 && (c->per_head || c->int8)) {
+                snprintf(why, why_len, "correction=moment needs per-layer plans without INT8");
+                return -EINVAL;
+        }
+        if (c->correction == 1 && c->sinks == 0) {
                 snprintf(why, why_len, "correction=sink needs at least one sink");
                 return -EINVAL;
         }
@@ -135,6 +140,9 @@ static int conf_l_init(void *state, const struct policy_setup *s, const struct p
                        char *why, size_t why_len) {
         struct conf *c = state;
         c->pyramid = true;
+        c->beta = 2.0f; /* CONF-KV-L's schedule is not public: a mild slope (layers from 1.5B to 0.5B)
+                         * rather than PyramidKV's beta 20, which leaves a 5-layer model's last layer 3
+                         * tokens of a 64-token budget; beta= sets it */
         return conf_init_common(c, s, params, n, why, why_len);
 }
 
@@ -152,7 +160,8 @@ static void conf_limits(const void *state, struct policy_limits *ret) {
                                        .max_layer_tokens = most + c->slack,
                                        .max_keep = most,
                                        .per_head = c->per_head,
-                                       .int8 = c->int8 };
+                                       .int8 = c->int8,
+                                       .summarize = c->correction == 2 };
 }
 
 static void conf_decide(void *state, const struct policy_step *step, struct policy_target *t) {
@@ -234,10 +243,10 @@ static int conf_select(void *state, const struct policy_step *step, const struct
                 }
                 composite(c, ema, L->pos + (size_t)h * n, n, score);
                 policy_keep_ranked(score, n, k, c->sinks, c->protect, keep + (size_t)h * k, work);
-                if (c->correction)
+                if (c->correction == 1)
                         sink_correction(ema, n, keep + (size_t)h * k, k, logw + (size_t)h * k);
         }
-        return c->correction ? 1 : 0;
+        return c->correction == 1 ? 1 : 0;
 }
 
 const struct policy_ops policy_conf_ops = {

@@ -83,6 +83,8 @@ struct policy_limits {
         uint32_t max_keep;         /* the largest keep-set of a layer (per head if per_head) */
         bool per_head;             /* keep-sets per KV head */
         bool int8;                 /* plans may move tokens to INT8 */
+        bool summarize;            /* evicted tokens go into a summary slot (kernels/summarize.h):
+                                      kvcd keeps that slot beside the policy's keep-set */
 };
 
 struct policy_ops {
@@ -169,6 +171,10 @@ void policy_keep_ranked(float *score, uint32_t n, uint32_t k, uint32_t sinks, ui
 
 /* Per-layer scores from per-head ones: out[i] = mean over heads of in[h * n + i]. */
 void policy_mean_over_heads(const float *in, uint32_t n_heads, uint32_t n, float *out);
+
+/* prob's inclusion probabilities: pi[i] = min(1, c exp((s_i / max s - 1) / temperature)) with c
+ * set so that they sum to m over the n candidates. -EINVAL for temperature 0 or m > n. */
+int prob_inclusion(const float *score, uint32_t n, uint32_t m, float temperature, double *pi);
 
 extern const struct policy_ops policy_full_ops;
 extern const struct policy_ops policy_window_ops;

@@ -19,6 +19,9 @@
  *         weight instead: the softmax denominator keeps the evicted mass, survivors are not
  *         inflated, and the output moves toward the sink's value (a near no-op for attention
  *         sinks) rather than toward the survivors';
+ *   moment  the evicted tokens are merged into one summary slot per layer and head (mean key,
+ *         mean value, log-weight log n: kernels/summarize.h): a lower bound of their true weight
+ *         for every query, instead of none at all;
  *   none  plain renormalised eviction.
  */
 #include <errno.h>
@@ -32,9 +35,10 @@ enum prob_correction {
         CORRECTION_HT,
         CORRECTION_SINK,
         CORRECTION_NONE,
+        CORRECTION_MOMENT,
 };
 
-static const char *const correction_words[] = { "ht", "sink", "none", NULL };
+static const char *const correction_words[] = { "ht", "sink", "none", "moment", NULL };
 static const char *const prob_scorer_words[] = { "ema", "sum", "last", NULL };
 
 struct prob {
@@ -97,7 +101,7 @@ static int prob_init(void *state, const struct policy_setup *s, const struct pol
 static void prob_limits(const void *state, struct policy_limits *ret) {
         const struct prob *p = state;
         *ret = (struct policy_limits){ .budget = p->budget, .max_layer_tokens = p->budget + p->slack,
-                                       .max_keep = p->budget };
+                                       .max_keep = p->budget, .summarize = p->correction == CORRECTION_MOMENT };
 }
 
 static void prob_decide(void *state, const struct policy_step *step, struct policy_target *t) {
@@ -115,10 +119,6 @@ static double next_uniform(uint64_t *s) {
         return (double)((*s * 0x2545f4914f6cdd1dull) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-int prob_inclusion(const float *score, uint32_t n, uint32_t m, float temperature, double *pi);
-
-/* Inclusion probabilities summing to m over n candidates (see the file comment). Returns 0, or
- * -EINVAL for temperature 0 (the deterministic case has no probabilities). */
 int prob_inclusion(const float *score, uint32_t n, uint32_t m, float temperature, double *pi) {
         if (!(temperature > 0) || m > n)
                 return -EINVAL;
@@ -228,7 +228,7 @@ static int prob_select(void *state, const struct policy_step *step, const struct
                 if (all > kept && sink > 1e-12)
                         logw[0] = (float)fmin(log((sink + all - kept) / sink), 10.0);
         }
-        return p->correction == CORRECTION_NONE ? 0 : 1;
+        return p->correction == CORRECTION_HT || p->correction == CORRECTION_SINK ? 1 : 0;
 }
 
 const struct policy_ops policy_prob_ops = {
