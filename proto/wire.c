@@ -405,6 +405,37 @@ static int v_session_list(const Kvc__Envelope *env, char *why, size_t why_len) {
         return 0;
 }
 
+static int v_evict(const Kvc__Envelope *env, char *why, size_t why_len) {
+        return v_session_id(env->evict->session_id, why, why_len);
+}
+
+/* Reports and metrics are multi-line text for humans and scrapers, bounded by the frame. */
+static int v_text_reply(const Kvc__Envelope *env, char *why, size_t why_len) {
+        (void)env, (void)why, (void)why_len;
+        return 0;
+}
+
+static int v_budget_set(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__BudgetSet *m = env->budget_set;
+        if (!m->set_capacity && !m->set_quota && !m->set_session)
+                return BAD("budget set changes nothing");
+        if (m->set_session && m->session_id == 0)
+                return BAD("budget set: session id 0");
+        if (m->set_session && m->session_max_bytes && m->session_min_bytes > m->session_max_bytes)
+                return BAD("budget set: session min above max");
+        return check_name(m->tenant, WIRE_MAX_NAME, 1, "tenant", why, why_len);
+}
+
+static int v_budgets(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__Budgets *m = env->budgets;
+        for (size_t i = 0; i < m->n_tenants; i++) {
+                int r = check_text(m->tenants[i]->name, WIRE_MAX_NAME, "tenant", why, why_len);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
 /* One row per message kind: its name for logs and its validator. */
 static const struct {
         Kvc__Envelope__BodyCase body;
@@ -427,6 +458,16 @@ static const struct {
         { KVC__ENVELOPE__BODY_STATUS, "status", v_status },
         { KVC__ENVELOPE__BODY_LIST_SESSIONS, "list_sessions", v_empty },
         { KVC__ENVELOPE__BODY_SESSION_LIST, "session_list", v_session_list },
+        { KVC__ENVELOPE__BODY_EVICT, "evict", v_evict },
+        { KVC__ENVELOPE__BODY_DRAIN, "drain", v_empty },
+        { KVC__ENVELOPE__BODY_DRAINED, "drained", v_empty },
+        { KVC__ENVELOPE__BODY_AUDIT_REQUEST, "audit_request", v_empty },
+        { KVC__ENVELOPE__BODY_AUDIT, "audit", v_text_reply },
+        { KVC__ENVELOPE__BODY_METRICS_REQUEST, "metrics_request", v_empty },
+        { KVC__ENVELOPE__BODY_METRICS, "metrics", v_text_reply },
+        { KVC__ENVELOPE__BODY_BUDGET_REQUEST, "budget_request", v_empty },
+        { KVC__ENVELOPE__BODY_BUDGET_SET, "budget_set", v_budget_set },
+        { KVC__ENVELOPE__BODY_BUDGETS, "budgets", v_budgets },
 };
 
 const char *wire_body_name(Kvc__Envelope__BodyCase c) {

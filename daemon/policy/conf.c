@@ -120,6 +120,10 @@ static int conf_init_common(struct conf *c, const struct policy_setup *s, const 
                          c->sinks + c->protect, c->n_high, c->n_low);
                 return -EINVAL;
         }
+        if (c->gate == GATE_DEFER && c->budget > c->n_low) { /* no plan to B could shrink n_low + slack */
+                snprintf(why, why_len, "gate=defer needs budget (%u) <= n_low (%u)", c->budget, c->n_low);
+                return -EINVAL;
+        }
         if (c->correction == 2 && (c->per_head || c->int8)) {
                 snprintf(why, why_len, "correction=moment needs per-layer plans without INT8");
                 return -EINVAL;

@@ -103,7 +103,7 @@ struct policy_ops {
         /* Writes the keep-set of one layer: target->keep indices, sorted ascending (per head: one
          * set per KV head, head after head). May write logw_delta[] (same shape as keep) and then
          * returns 1; returns 0 when it wrote no deltas. scratch holds 4 * n_kv_heads * n_tokens
-         * words. */
+         * words, aligned for a double. */
         int (*select)(void *state, const struct policy_step *step, const struct policy_layer *layer,
                       const struct policy_target *target, uint32_t *keep, float *logw_delta, void *scratch);
 };

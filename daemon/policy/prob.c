@@ -128,18 +128,19 @@ int prob_inclusion(const float *score, uint32_t n, uint32_t m, float temperature
                         smax = score[i];
         for (uint32_t i = 0; i < n; i++) {
                 double z = isfinite(score[i]) && smax > 0 ? score[i] / smax : 0;
-                pi[i] = exp((z - 1.0) / temperature); /* in (0, 1]; the pi array holds w for now */
+                /* the pi array holds w for now, in (0, 0.5]: 1 marks a capped entry, and a floor of
+                 * e^-700 keeps every weight positive (no underflow at small temperatures) */
+                pi[i] = 0.5 * exp(fmax((z - 1.0) / temperature, -700.0));
         }
-        /* water-filling: scale the uncapped weights to the remaining mass, cap at 1, repeat */
+        /* water-filling: scale the uncapped weights to the remaining mass, cap at 1, repeat. Every
+         * round but the last caps at least one entry, and at most m are capped: m + 1 rounds. */
         double need = m;
-        for (int round = 0; round < 64 && need > 0; round++) {
+        for (uint32_t round = 0; round <= m; round++) {
                 double w = 0;
                 for (uint32_t i = 0; i < n; i++)
                         if (pi[i] < 1.0)
                                 w += pi[i];
-                if (w <= 0)
-                        break;
-                double scale = need / w;
+                double scale = w > 0 && need > 0 ? need / w : 0;
                 bool capped = false;
                 for (uint32_t i = 0; i < n; i++) {
                         if (pi[i] < 1.0 && pi[i] * scale >= 1.0) {
@@ -187,10 +188,11 @@ static int prob_select(void *state, const struct policy_step *step, const struct
         uint32_t n = L->n_tokens, k = t->keep;
         uint32_t sinks = p->sinks < k ? p->sinks : k;
         uint32_t protect = p->protect < k - sinks ? p->protect : k - sinks;
-        float *score = scratch;
-        uint32_t *work = (uint32_t *)scratch + n;
+        /* scratch: score [0, n), ema_mean [n, 2n), then either keep_ranked's work [2n, 3n) or the
+         * candidates' pi (doubles, 8-aligned at word 2n) [2n, 2n + 2 cand): 4n words at most */
+        float *score = scratch, *ema_mean = score + n; /* ema_mean: for the sink correction */
+        uint32_t *work = (uint32_t *)scratch + 2 * (size_t)n;
         policy_mean_over_heads(scores_of(p, L), L->n_kv_heads, n, score);
-        float *ema_mean = (float *)work + n; /* for the sink correction */
         policy_mean_over_heads(L->ema, L->n_kv_heads, n, ema_mean);
 
         if (p->temperature == 0.0f || n <= k) {
@@ -200,7 +202,7 @@ static int prob_select(void *state, const struct policy_step *step, const struct
         } else {
                 /* candidates: slots [sinks, n - protect); m of them are kept */
                 uint32_t cand = n - sinks - protect, m = k - sinks - protect;
-                double *pi = (double *)(ema_mean + n);
+                double *pi = (double *)work;
                 prob_inclusion(score + sinks, cand, m, p->temperature, pi);
                 for (uint32_t i = 0; i < sinks; i++)
                         keep[i] = i;

@@ -45,6 +45,7 @@ struct scope {
         uint32_t max_tokens;
         bool prefill_done;
         bool prompt_plan;     /* the plan decided this step is the prompt's */
+        uint64_t next_due;    /* discontinuous: the decode step of the next re-selection */
         uint32_t kept_prompt; /* P */
         struct prefill_obs obs;
 };
@@ -93,6 +94,7 @@ static int scope_init(void *state, const struct policy_setup *s, const struct po
                                                                            : 1;
                 c->delta = room / beta1(c) ? room / beta1(c) : 1;
         }
+        c->next_due = c->delta;
         prefill_obs_init(&c->obs, s, c->alpha2, (float *)(c + 1));
         c->prefill_done = s->prompt_tokens == 0;
         return 0;
@@ -109,6 +111,8 @@ static void scope_limits(const void *state, struct policy_limits *ret) {
                                        .per_head = true };
         if (c->obs.prompt > ret->max_keep) /* the prompt's own plan keeps it plus what followed */
                 ret->max_keep = c->obs.prompt;
+        if (c->obs.prompt > ret->max_layer_tokens) /* the whole prompt is in before its plan */
+                ret->max_layer_tokens = c->obs.prompt;
 }
 
 static bool scope_observes(const void *state, const struct policy_step *step) {
@@ -151,11 +155,15 @@ static void scope_decide(void *state, const struct policy_step *step, struct pol
         uint32_t d_budget = decode_budget(c, t);
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 uint32_t n = step->layer_tokens[l], d = n > c->kept_prompt ? n - c->kept_prompt : 0;
-                bool due = c->strategy == STRATEGY_DISCONTINUOUS ? (t % c->delta == 0 && d > d_budget)
+                /* discontinuous re-selects at the first step at or after each multiple of delta that
+                 * kvcd consults the policy (a step with a plan pending is not consulted) */
+                bool due = c->strategy == STRATEGY_DISCONTINUOUS ? (t >= c->next_due && d > d_budget)
                                                                  : d >= d_budget + c->slack;
                 if (due)
                         tg[l].keep = c->kept_prompt + d_budget;
         }
+        if (c->strategy == STRATEGY_DISCONTINUOUS && t >= c->next_due)
+                c->next_due = (t / c->delta + 1) * c->delta;
 }
 
 static int scope_select(void *state, const struct policy_step *step, const struct policy_layer *L,

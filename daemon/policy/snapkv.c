@@ -129,8 +129,11 @@ static int snapkv_init(void *state, const struct policy_setup *s, const struct p
         return 0;
 }
 
+/* PyramidKV spreads the selected part (B - window) over the layers; every layer keeps the window
+ * beside it (pyramidkv_utils.py), so no layer's budget falls below its window. */
 static uint32_t snapkv_budget(const struct snapkv *k, uint32_t l) {
-        return k->pyramid ? policy_pyramid_budget(k->budget, l, k->n_layers, k->beta) : k->budget;
+        return k->pyramid ? k->window + policy_pyramid_budget(k->budget - k->window, l, k->n_layers, k->beta)
+                          : k->budget;
 }
 
 static void snapkv_limits(const void *state, struct policy_limits *ret) {

@@ -1273,6 +1273,16 @@ static void wire_names_every_body_case(void **state) {
                 { KVC__ENVELOPE__BODY_STATUS, "status" },
                 { KVC__ENVELOPE__BODY_LIST_SESSIONS, "list_sessions" },
                 { KVC__ENVELOPE__BODY_SESSION_LIST, "session_list" },
+                { KVC__ENVELOPE__BODY_EVICT, "evict" },
+                { KVC__ENVELOPE__BODY_DRAIN, "drain" },
+                { KVC__ENVELOPE__BODY_DRAINED, "drained" },
+                { KVC__ENVELOPE__BODY_AUDIT_REQUEST, "audit_request" },
+                { KVC__ENVELOPE__BODY_AUDIT, "audit" },
+                { KVC__ENVELOPE__BODY_METRICS_REQUEST, "metrics_request" },
+                { KVC__ENVELOPE__BODY_METRICS, "metrics" },
+                { KVC__ENVELOPE__BODY_BUDGET_REQUEST, "budget_request" },
+                { KVC__ENVELOPE__BODY_BUDGET_SET, "budget_set" },
+                { KVC__ENVELOPE__BODY_BUDGETS, "budgets" },
         };
         (void)state;
         /* every oneof member of the generated descriptor has a row */
