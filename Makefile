@@ -28,7 +28,7 @@ LDLIBS_ZMQ := -lzmq -lprotobuf-c
 LDLIBS := -lm
 
 DEB_PACKAGES := build-essential pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
-	libsystemd-dev libcmocka-dev
+	libsystemd-dev libcmocka-dev libmicrohttpd-dev
 
 GEN := $(BUILD)/gen/kvc.pb-c.c
 GEN_H := $(BUILD)/gen/kvc.pb-c.h
@@ -92,7 +92,7 @@ $(LIB)/libkvc.so: $(LIBKVC_OBJ)
 
 $(BIN)/kvcd: $(DAEMON_OBJ) $(PROTO_OBJ) $(KERNEL_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) -lsystemd $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) -lsystemd -lmicrohttpd $(LDLIBS)
 
 $(BIN)/kvcctl: $(call obj,client/kvcctl.c) $(LIB)/libkvc.a
 	@mkdir -p $(dir $@)
@@ -113,7 +113,7 @@ $(BUILD)/tests/test_pool: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(filter %.o,$^) $(TEST_LIBS) -o $@ -lcmocka -lsystemd $(LDLIBS_ZMQ) $(LDLIBS)
+	$(CC) $(LDFLAGS) $(filter %.o,$^) $(TEST_LIBS) -o $@ -lcmocka -lsystemd -lmicrohttpd $(LDLIBS_ZMQ) $(LDLIBS)
 
 $(BUILD)/tests/test_%: $(BUILD)/obj/tests/integration/test_%.o $(HARNESS_OBJ) $(TEST_LIBS)
 	@mkdir -p $(dir $@)

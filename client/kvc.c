@@ -72,6 +72,7 @@ struct kvc_session {
         uint64_t last_step;
         bool stepped;
         uint64_t last_plan_id;
+        int closed_by_kvcd; /* the errno kvcd closed the session with (an operator's evict), or 0 */
         struct kvc_session_stats stats;
 };
 
@@ -496,9 +497,14 @@ static int dispatch(struct kvc_client *c, const Kvc__Envelope *env) {
                 }
                 return r;
         }
-        case KVC__ENVELOPE__BODY_ERROR:
-                /* an answer to a PlanApplied: kvcd refused our account of a plan */
+        case KVC__ENVELOPE__BODY_ERROR: {
+                /* about a session, unasked: kvcd closed it (an operator evicted it) */
+                struct kvc_session *s = env->request_id == 0 ? find_session(c, env->error->session_id) : NULL;
+                if (s)
+                        s->closed_by_kvcd = env->error->code;
+                /* else an answer to a PlanApplied: kvcd refused our account of a plan */
                 return set_error(c, -env->error->code, "kvcd: %s", env->error->message);
+        }
         default: return set_error(c, -EPROTO, "unexpected %s from kvcd", wire_body_name(env->body_case));
         }
 }
@@ -820,6 +826,8 @@ int kvc_session_reserve(struct kvc_session *s, uint32_t n_tokens) {
 int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *k, const float *v) {
         if (layer >= s->g.n_layers)
                 return set_error(s->c, -EINVAL, "layer %u of %u", layer, s->g.n_layers);
+        if (s->closed_by_kvcd)
+                return set_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
         struct layer *L = &s->layers[layer];
         const struct block_layout *l = &s->layout;
         uint32_t T = l->block_tokens, fp = L->n_tokens - L->n_q8;
@@ -911,6 +919,8 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
 
 int kvc_step(struct kvc_session *s, uint64_t step, enum kvc_phase phase, const struct kvc_summary *sum) {
         struct kvc_client *c = s->c;
+        if (s->closed_by_kvcd)
+                return set_error(c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
         if (s->stepped && step <= s->last_step)
                 return set_error(c, -EINVAL, "step %llu is not after %llu", (unsigned long long)step,
                                  (unsigned long long)s->last_step);

@@ -148,7 +148,8 @@ struct kvc_summary {
 };
 int kvc_summarize(const float *logits, uint32_t vocab, struct kvc_summary *ret);
 
-/* Queues the summary of step `step` (strictly increasing) for the next kvc_flush(). */
+/* Queues the summary of step `step` (strictly increasing) for the next kvc_flush(). A session
+ * kvcd closed on its own (an operator evicted it) answers -ESHUTDOWN here and in kvc_append(). */
 int kvc_step(struct kvc_session *s, uint64_t step, enum kvc_phase phase, const struct kvc_summary *sum);
 
 /* Sends the queued summaries in one message, then waits until at most plan_lag answers are

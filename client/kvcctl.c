@@ -1,17 +1,21 @@
 /* kvcctl: watch and steer kvcd from a terminal, over its admin socket.
  *
- * One verb per row of the verb table; each sends one admin request and prints the answer as a
- * human table, or as JSON with --json. Exit codes (documented in the README and the man page):
- *   0 done, 1 kvcd refused the request, 2 bad usage, 3 kvcd unreachable.
+ * One verb per row of the verb table; each sends admin requests and prints the answers as human
+ * tables, or as JSON with --json. Exit codes (README and kvcctl(1)):
+ *   0 done, 1 kvcd refused the request (or the audit found a mismatch), 2 bad usage,
+ *   3 kvcd unreachable.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <termios.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "kvc.h"
@@ -27,25 +31,38 @@ struct ctl {
         const char *socket;
         bool json;
         int timeout_ms;
+        char dir[256];
         char path[300];
         void *zctx, *zsock;
         struct wire_arena *arena;
+        uint64_t next_id;
+        int argc; /* the verb's own arguments */
+        char **argv;
 };
 
 static void usage(FILE *f) {
-        fprintf(f, "Usage: kvcctl [--socket PATH] [--json] [--timeout MS] VERB\n"
+        fprintf(f, "Usage: kvcctl [--socket PATH] [--json] [--timeout MS] VERB [ARGS]\n"
                    "Watches and steers kvcd.\n\n"
                    "Verbs:\n"
-                   "  status      the daemon: pool, clients, sessions, counters\n"
-                   "  sessions    one row per session\n\n"
+                   "  status                    the daemon: pool, clients, sessions, counters\n"
+                   "  sessions                  one row per session\n"
+                   "  top [--interval S] [--iterations N]\n"
+                   "                            status and sessions, refreshed in place; q quits\n"
+                   "  budget get                the capacity and the tenants' quotas\n"
+                   "  budget set [--capacity BYTES] [--tenant NAME --quota BYTES]\n"
+                   "             [--session ID [--min BYTES] [--max BYTES] [--priority N]]\n"
+                   "  evict SESSION             close a session; its client is told\n"
+                   "  drain [--timeout S] [--resume]\n"
+                   "                            refuse new sessions; wait until the open ones end\n"
+                   "  audit                     recompute the accounting from the blocks (exit 1 on a mismatch)\n"
+                   "  metrics                   Prometheus text\n\n"
                    "  --socket PATH   kvcd's admin socket or its runtime directory\n"
                    "  --json          machine-readable output\n"
                    "  --timeout MS    how long to wait for kvcd (default 5000)\n\n"
-                   "Exit codes: 0 done, 1 kvcd refused the request, 2 bad usage, 3 kvcd unreachable.\n");
+                   "Exit codes: 0 done, 1 refused (or a mismatch found), 2 bad usage, 3 kvcd unreachable.\n");
 }
 
 static int admin_path(struct ctl *c) {
-        char dir[256];
         struct stat st;
         /* a socket path names an existing socket or ends in ".sock"; anything else is a directory
          * (perhaps not created yet: kvcctl waits for kvcd to appear) */
@@ -53,30 +70,41 @@ static int admin_path(struct ctl *c) {
         if (c->socket && ((stat(c->socket, &st) == 0 && S_ISSOCK(st.st_mode)) ||
                           (n > 5 && strcmp(c->socket + n - 5, ".sock") == 0))) {
                 snprintf(c->path, sizeof(c->path), "%s", c->socket);
+                const char *slash = strrchr(c->socket, '/');
+                snprintf(c->dir, sizeof(c->dir), "%.*s", slash ? (int)(slash - c->socket) : 1, slash ? c->socket : ".");
                 return 0;
         }
         if (c->socket)
-                snprintf(dir, sizeof(dir), "%s", c->socket);
-        else if (kvc_default_runtime_dir(dir, sizeof(dir)) < 0)
+                snprintf(c->dir, sizeof(c->dir), "%s", c->socket);
+        else if (kvc_default_runtime_dir(c->dir, sizeof(c->dir)) < 0)
                 return -ENAMETOOLONG;
-        snprintf(c->path, sizeof(c->path), "%s/kvcd.admin.sock", dir);
+        snprintf(c->path, sizeof(c->path), "%s/kvcd.admin.sock", c->dir);
         return 0;
 }
 
-/* Sends one admin request and waits for the answer; returns an exit code. */
-static int request(struct ctl *c, Kvc__Envelope *req, Kvc__Envelope__BodyCase want, Kvc__Envelope **ret) {
-        char ep[320], why[WIRE_MAX_MESSAGE];
+static int connect_admin(struct ctl *c) {
+        char ep[320];
         int zero = 0;
         snprintf(ep, sizeof(ep), "ipc://%s", c->path);
         c->zctx = zmq_ctx_new();
-        c->zsock = zmq_socket(c->zctx, ZMQ_DEALER);
-        zmq_setsockopt(c->zsock, ZMQ_LINGER, &zero, sizeof(zero));
-        if (zmq_connect(c->zsock, ep) < 0 || wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena) < 0) {
+        c->zsock = c->zctx ? zmq_socket(c->zctx, ZMQ_DEALER) : NULL;
+        if (!c->zsock || zmq_setsockopt(c->zsock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 || zmq_connect(c->zsock, ep) < 0 ||
+            wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena) < 0) {
                 fprintf(stderr, "kvcctl: cannot connect to %s\n", c->path);
                 return EXIT_UNREACHABLE;
         }
+        return 0;
+}
+
+/* Sends one admin request and waits (wait_ms) for its answer; returns an exit code. The answer
+ * is valid until the next request. */
+static int request_wait(struct ctl *c, Kvc__Envelope *req, Kvc__Envelope__BodyCase want, Kvc__Envelope **ret,
+                        int wait_ms) {
+        char why[WIRE_MAX_MESSAGE];
+        if (!c->zsock && connect_admin(c))
+                return EXIT_UNREACHABLE;
         req->version = WIRE_VERSION;
-        req->request_id = 1;
+        req->request_id = ++c->next_id;
         size_t n = wire_packed_size(req);
         uint8_t *buf = malloc(n ? n : 1);
         if (!buf)
@@ -84,36 +112,44 @@ static int request(struct ctl *c, Kvc__Envelope *req, Kvc__Envelope__BodyCase wa
         wire_pack(req, buf);
         int r = zmq_send(c->zsock, buf, n, ZMQ_DONTWAIT);
         free(buf);
-        zmq_pollitem_t item = { .socket = c->zsock, .events = ZMQ_POLLIN };
-        if (r < 0 || zmq_poll(&item, 1, c->timeout_ms) <= 0) {
-                fprintf(stderr, "kvcctl: no answer from kvcd at %s within %d ms\n", c->path, c->timeout_ms);
-                return EXIT_UNREACHABLE;
-        }
-        zmq_msg_t msg;
-        zmq_msg_init(&msg);
-        if (zmq_msg_recv(&msg, c->zsock, 0) < 0) {
+        for (;;) {
+                zmq_pollitem_t item = { .socket = c->zsock, .events = ZMQ_POLLIN };
+                if (r < 0 || zmq_poll(&item, 1, wait_ms) <= 0) {
+                        fprintf(stderr, "kvcctl: no answer from kvcd at %s within %d ms\n", c->path, wait_ms);
+                        return EXIT_UNREACHABLE;
+                }
+                zmq_msg_t msg;
+                zmq_msg_init(&msg);
+                if (zmq_msg_recv(&msg, c->zsock, 0) < 0) {
+                        zmq_msg_close(&msg);
+                        return EXIT_UNREACHABLE;
+                }
+                Kvc__Envelope *env;
+                r = wire_decode(c->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES, &env, why,
+                                sizeof(why));
                 zmq_msg_close(&msg);
-                return EXIT_UNREACHABLE;
+                if (r < 0) {
+                        fprintf(stderr, "kvcctl: bad answer from kvcd: %s\n", why);
+                        return EXIT_REFUSED;
+                }
+                if (env->request_id != req->request_id)
+                        continue; /* a late answer to an earlier request */
+                if (env->body_case == KVC__ENVELOPE__BODY_ERROR) {
+                        fprintf(stderr, "kvcctl: kvcd refused: %s (%s)\n", env->error->message,
+                                wire_errno_name(env->error->code));
+                        return EXIT_REFUSED;
+                }
+                if (env->body_case != want) {
+                        fprintf(stderr, "kvcctl: kvcd answered %s\n", wire_body_name(env->body_case));
+                        return EXIT_REFUSED;
+                }
+                *ret = env;
+                return 0;
         }
-        Kvc__Envelope *env;
-        r = wire_decode(c->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES, &env, why,
-                        sizeof(why));
-        zmq_msg_close(&msg);
-        if (r < 0) {
-                fprintf(stderr, "kvcctl: bad answer from kvcd: %s\n", why);
-                return EXIT_REFUSED;
-        }
-        if (env->body_case == KVC__ENVELOPE__BODY_ERROR) {
-                fprintf(stderr, "kvcctl: kvcd refused: %s (%s)\n", env->error->message,
-                        wire_errno_name(env->error->code));
-                return EXIT_REFUSED;
-        }
-        if (env->body_case != want) {
-                fprintf(stderr, "kvcctl: kvcd answered %s\n", wire_body_name(env->body_case));
-                return EXIT_REFUSED;
-        }
-        *ret = env;
-        return 0;
+}
+
+static int request(struct ctl *c, Kvc__Envelope *req, Kvc__Envelope__BodyCase want, Kvc__Envelope **ret) {
+        return request_wait(c, req, want, ret, c->timeout_ms);
 }
 
 /* "12.3 MiB" */
@@ -129,80 +165,362 @@ static const char *human_bytes(uint64_t b, char *buf, size_t len) {
         return buf;
 }
 
-static int verb_status(struct ctl *c) {
-        Kvc__StatusRequest sr = KVC__STATUS_REQUEST__INIT;
-        Kvc__Envelope req = KVC__ENVELOPE__INIT, *env;
-        req.body_case = KVC__ENVELOPE__BODY_STATUS_REQUEST;
-        req.status_request = &sr;
-        int r = request(c, &req, KVC__ENVELOPE__BODY_STATUS, &env);
-        if (r)
-                return r;
-        const Kvc__Status *s = env->status;
-        if (c->json) {
-                printf("{\"version\":\"%s\",\"backend\":\"%s\",\"uptime_usec\":%llu,\"capacity_bytes\":%llu,"
-                       "\"used_bytes\":%llu,\"chunk_bytes\":%llu,\"chunks_total\":%u,\"chunks_in_use\":%u,"
-                       "\"clients\":%u,\"sessions\":%u,\"steps_total\":%llu,\"plans_total\":%llu,"
-                       "\"client_deaths\":%llu,\"errors_total\":%llu}\n",
-                       s->version, s->backend, (unsigned long long)s->uptime_usec,
-                       (unsigned long long)s->capacity_bytes, (unsigned long long)s->used_bytes,
-                       (unsigned long long)s->chunk_bytes, s->chunks_total, s->chunks_in_use, s->clients,
-                       s->sessions, (unsigned long long)s->steps_total, (unsigned long long)s->plans_total,
-                       (unsigned long long)s->client_deaths, (unsigned long long)s->errors_total);
-                return 0;
+/* "256M", "2G", "4096": bytes, or -EINVAL. */
+static int parse_bytes(const char *s, uint64_t *ret) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (errno || end == s || s[0] == '-')
+                return -EINVAL;
+        uint64_t mul = 1;
+        switch (*end) {
+        case 'K': case 'k': mul = 1ull << 10; end++; break;
+        case 'M': case 'm': mul = 1ull << 20; end++; break;
+        case 'G': case 'g': mul = 1ull << 30; end++; break;
+        case 'T': case 't': mul = 1ull << 40; end++; break;
         }
-        char a[32], b[32];
-        printf("kvcd %s  backend %s  up %.1f s\n", s->version, s->backend, (double)s->uptime_usec / 1e6);
-        printf("pool      %s of %s in use (%.1f%%), %u of %u chunks owned\n",
-               human_bytes(s->used_bytes, a, sizeof(a)), human_bytes(s->capacity_bytes, b, sizeof(b)),
-               s->capacity_bytes ? 100.0 * (double)s->used_bytes / (double)s->capacity_bytes : 0.0,
-               s->chunks_in_use, s->chunks_total);
-        printf("clients   %u\nsessions  %u\n", s->clients, s->sessions);
-        printf("steps     %llu   plans %llu   client deaths %llu   errors %llu\n",
-               (unsigned long long)s->steps_total, (unsigned long long)s->plans_total,
-               (unsigned long long)s->client_deaths, (unsigned long long)s->errors_total);
+        if (*end == 'i')
+                end++;
+        if (*end == 'B')
+                end++;
+        if (*end || v > UINT64_MAX / mul)
+                return -EINVAL;
+        *ret = v * mul;
         return 0;
 }
 
-static int verb_sessions(struct ctl *c) {
+/* Prints a string as a JSON string literal. */
+static void json_string(const char *s) {
+        putchar('"');
+        for (; s && *s; s++) {
+                unsigned char ch = (unsigned char)*s;
+                if (ch == '"' || ch == '\\')
+                        printf("\\%c", ch);
+                else if (ch == '\n')
+                        fputs("\\n", stdout);
+                else if (ch < 0x20)
+                        printf("\\u%04x", ch);
+                else
+                        putchar(ch);
+        }
+        putchar('"');
+}
+
+static int get_status(struct ctl *c, Kvc__Envelope **env) {
+        Kvc__StatusRequest sr = KVC__STATUS_REQUEST__INIT;
+        Kvc__Envelope req = KVC__ENVELOPE__INIT;
+        req.body_case = KVC__ENVELOPE__BODY_STATUS_REQUEST;
+        req.status_request = &sr;
+        return request(c, &req, KVC__ENVELOPE__BODY_STATUS, env);
+}
+
+static void print_status(const struct ctl *c, const Kvc__Status *s) {
+        if (c->json) {
+                printf("{\"version\":\"%s\",\"backend\":\"%s\",\"uptime_usec\":%llu,\"capacity_bytes\":%llu,"
+                       "\"used_bytes\":%llu,\"int8_bytes\":%llu,\"chunk_bytes\":%llu,\"chunks_total\":%u,"
+                       "\"chunks_in_use\":%u,\"clients\":%u,\"sessions\":%u,\"steps_total\":%llu,\"plans_total\":%llu,"
+                       "\"client_deaths\":%llu,\"errors_total\":%llu,\"draining\":%s}\n",
+                       s->version, s->backend, (unsigned long long)s->uptime_usec,
+                       (unsigned long long)s->capacity_bytes, (unsigned long long)s->used_bytes,
+                       (unsigned long long)s->int8_bytes, (unsigned long long)s->chunk_bytes, s->chunks_total,
+                       s->chunks_in_use, s->clients, s->sessions, (unsigned long long)s->steps_total,
+                       (unsigned long long)s->plans_total, (unsigned long long)s->client_deaths,
+                       (unsigned long long)s->errors_total, s->draining ? "true" : "false");
+                return;
+        }
+        char a[32], b[32], q[32];
+        printf("kvcd %s  backend %s  up %.1f s%s\n", s->version, s->backend, (double)s->uptime_usec / 1e6,
+               s->draining ? "  DRAINING (new sessions refused)" : "");
+        printf("pool      %s of %s in use (%.1f%%; INT8 %s), %u of %u chunks owned\n",
+               human_bytes(s->used_bytes, a, sizeof(a)), human_bytes(s->capacity_bytes, b, sizeof(b)),
+               s->capacity_bytes ? 100.0 * (double)s->used_bytes / (double)s->capacity_bytes : 0.0,
+               human_bytes(s->int8_bytes, q, sizeof(q)), s->chunks_in_use, s->chunks_total);
+        printf("clients   %u\nsessions  %u\n", s->clients, s->sessions);
+        printf("steps     %llu   plans %llu   client deaths %llu   errors %llu\n", (unsigned long long)s->steps_total,
+               (unsigned long long)s->plans_total, (unsigned long long)s->client_deaths,
+               (unsigned long long)s->errors_total);
+}
+
+static int verb_status(struct ctl *c) {
+        Kvc__Envelope *env;
+        int r = get_status(c, &env);
+        if (r == 0)
+                print_status(c, env->status);
+        return r;
+}
+
+static int get_sessions(struct ctl *c, Kvc__Envelope **env) {
         Kvc__ListSessions ls = KVC__LIST_SESSIONS__INIT;
-        Kvc__Envelope req = KVC__ENVELOPE__INIT, *env;
+        Kvc__Envelope req = KVC__ENVELOPE__INIT;
         req.body_case = KVC__ENVELOPE__BODY_LIST_SESSIONS;
         req.list_sessions = &ls;
-        int r = request(c, &req, KVC__ENVELOPE__BODY_SESSION_LIST, &env);
-        if (r)
-                return r;
-        const Kvc__SessionList *l = env->session_list;
+        return request(c, &req, KVC__ENVELOPE__BODY_SESSION_LIST, env);
+}
+
+static void print_sessions(const struct ctl *c, const Kvc__SessionList *l) {
         if (c->json) {
                 printf("[");
                 for (size_t i = 0; i < l->n_sessions; i++) {
                         const Kvc__SessionInfo *s = l->sessions[i];
-                        printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"tenant\":\"%s\",\"policy\":\"%s\","
-                               "\"budget\":%u,"
-                               "\"tokens\":%u,\"peak_tokens\":%u,\"blocks\":%u,\"bytes\":%llu,\"confidence\":"
-                               "%.4f,"
-                               "\"steps\":%llu,\"plans\":%llu,\"age_usec\":%llu,\"layers\":%u}",
-                               i ? "," : "", (unsigned long long)s->session_id, s->pid, s->uid, s->tenant,
-                               s->policy, s->budget_tokens, s->tokens, s->peak_tokens, s->blocks,
-                               (unsigned long long)s->bytes, (double)s->confidence,
+                        printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"client\":", i ? "," : "",
+                               (unsigned long long)s->session_id, s->pid, s->uid);
+                        json_string(s->client_name);
+                        printf(",\"tenant\":\"%s\",\"policy\":\"%s\",\"budget\":%u,\"tokens\":%u,\"peak_tokens\":%u,"
+                               "\"blocks\":%u,\"bytes\":%llu,\"int8_bytes\":%llu,\"confidence\":%.4f,\"steps\":%llu,"
+                               "\"plans\":%llu,\"age_usec\":%llu,\"layers\":%u}",
+                               s->tenant, s->policy, s->budget_tokens, s->tokens, s->peak_tokens, s->blocks,
+                               (unsigned long long)s->bytes, (unsigned long long)s->int8_bytes, (double)s->confidence,
                                (unsigned long long)s->steps, (unsigned long long)s->plans,
                                (unsigned long long)s->age_usec, s->n_layers);
                 }
                 printf("]\n");
-                return 0;
+                return;
         }
-        printf("%6s %8s %6s %-10s %-8s %6s %6s %6s %5s %10s %8s %6s %8s\n", "ID", "PID", "UID", "TENANT",
-               "POLICY", "BUDGET", "TOKENS", "BLOCKS", "CONF", "BYTES", "STEPS", "PLANS", "AGE");
+        printf("%6s %8s %6s %-10s %-8s %6s %6s %5s %10s %10s %8s %6s %8s\n", "ID", "PID", "UID", "TENANT", "POLICY",
+               "BUDGET", "TOKENS", "CONF", "FP BYTES", "INT8 BYTES", "STEPS", "PLANS", "AGE");
         for (size_t i = 0; i < l->n_sessions; i++) {
                 const Kvc__SessionInfo *s = l->sessions[i];
-                char b[32];
-                printf("%6llu %8u %6u %-10.10s %-8.8s %6u %6u %6u %5.2f %10s %8llu %6llu %7.1fs\n",
-                       (unsigned long long)s->session_id, s->pid, s->uid, s->tenant, s->policy,
-                       s->budget_tokens, s->tokens, s->blocks, (double)s->confidence,
-                       human_bytes(s->bytes, b, sizeof(b)), (unsigned long long)s->steps,
+                char b[32], q[32];
+                printf("%6llu %8u %6u %-10.10s %-8.8s %6u %6u %5.2f %10s %10s %8llu %6llu %7.1fs\n",
+                       (unsigned long long)s->session_id, s->pid, s->uid, s->tenant, s->policy, s->budget_tokens,
+                       s->tokens, (double)s->confidence, human_bytes(s->bytes - s->int8_bytes, b, sizeof(b)),
+                       human_bytes(s->int8_bytes, q, sizeof(q)), (unsigned long long)s->steps,
                        (unsigned long long)s->plans, (double)s->age_usec / 1e6);
         }
         if (l->n_sessions == 0)
                 printf("(no sessions)\n");
+}
+
+static int verb_sessions(struct ctl *c) {
+        Kvc__Envelope *env;
+        int r = get_sessions(c, &env);
+        if (r == 0)
+                print_sessions(c, env->session_list);
+        return r;
+}
+
+/* top: status and sessions, redrawn in place every interval; q (or Ctrl-C) quits. */
+static int verb_top(struct ctl *c) {
+        double interval = 1.0;
+        long iterations = -1;
+        for (int i = 0; i < c->argc; i++) {
+                if (strcmp(c->argv[i], "--interval") == 0 && i + 1 < c->argc)
+                        interval = atof(c->argv[++i]);
+                else if (strcmp(c->argv[i], "--iterations") == 0 && i + 1 < c->argc)
+                        iterations = atol(c->argv[++i]);
+                else
+                        return EXIT_USAGE;
+        }
+        if (!(interval > 0))
+                return EXIT_USAGE;
+        bool tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
+        struct termios saved, raw;
+        if (tty && tcgetattr(STDIN_FILENO, &saved) == 0) {
+                raw = saved;
+                raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+                tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+        } else {
+                tty = false;
+        }
+        int r = 0;
+        for (long n = 0; iterations < 0 || n < iterations; n++) {
+                Kvc__Envelope *env;
+                if ((r = get_status(c, &env)))
+                        break;
+                if (tty)
+                        printf("\033[H\033[2J"); /* home, clear */
+                print_status(c, env->status);
+                if ((r = get_sessions(c, &env)))
+                        break;
+                printf("\n");
+                print_sessions(c, env->session_list);
+                if (tty)
+                        printf("\n(q quits)");
+                fflush(stdout);
+                if (iterations >= 0 && n + 1 >= iterations)
+                        break;
+                struct pollfd p = { .fd = STDIN_FILENO, .events = POLLIN };
+                if (poll(&p, tty ? 1 : 0, (int)(interval * 1000)) > 0) {
+                        char ch;
+                        if (read(STDIN_FILENO, &ch, 1) == 1 && (ch == 'q' || ch == 'Q'))
+                                break;
+                }
+        }
+        if (tty) {
+                tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+                printf("\n");
+        }
+        return r;
+}
+
+static void print_budgets(const struct ctl *c, const Kvc__Budgets *b) {
+        if (c->json) {
+                printf("{\"capacity_bytes\":%llu,\"used_bytes\":%llu,\"default_quota_bytes\":%llu,\"tenants\":[",
+                       (unsigned long long)b->capacity_bytes, (unsigned long long)b->used_bytes,
+                       (unsigned long long)b->default_quota_bytes);
+                for (size_t i = 0; i < b->n_tenants; i++)
+                        printf("%s{\"name\":\"%s\",\"quota_bytes\":%llu,\"used_bytes\":%llu,\"sessions\":%u}", i ? "," : "",
+                               b->tenants[i]->name, (unsigned long long)b->tenants[i]->quota_bytes,
+                               (unsigned long long)b->tenants[i]->used_bytes, b->tenants[i]->sessions);
+                printf("]}\n");
+                return;
+        }
+        char x[32], y[32], z[32];
+        printf("capacity  %s (%s in use)\ndefault tenant quota  %s\n", human_bytes(b->capacity_bytes, x, sizeof(x)),
+               human_bytes(b->used_bytes, y, sizeof(y)), human_bytes(b->default_quota_bytes, z, sizeof(z)));
+        if (b->n_tenants)
+                printf("\n%-16s %12s %12s %8s\n", "TENANT", "QUOTA", "USED", "SESSIONS");
+        for (size_t i = 0; i < b->n_tenants; i++)
+                printf("%-16.16s %12s %12s %8u\n", b->tenants[i]->name,
+                       human_bytes(b->tenants[i]->quota_bytes, x, sizeof(x)),
+                       human_bytes(b->tenants[i]->used_bytes, y, sizeof(y)), b->tenants[i]->sessions);
+}
+
+static int verb_budget(struct ctl *c) {
+        Kvc__Envelope req = KVC__ENVELOPE__INIT, *env;
+        Kvc__BudgetRequest br = KVC__BUDGET_REQUEST__INIT;
+        Kvc__BudgetSet bs = KVC__BUDGET_SET__INIT;
+        if (c->argc < 1)
+                return EXIT_USAGE;
+        if (strcmp(c->argv[0], "get") == 0 && c->argc == 1) {
+                req.body_case = KVC__ENVELOPE__BODY_BUDGET_REQUEST;
+                req.budget_request = &br;
+        } else if (strcmp(c->argv[0], "set") == 0) {
+                for (int i = 1; i < c->argc; i++) {
+                        const char *a = c->argv[i], *v = i + 1 < c->argc ? c->argv[i + 1] : NULL;
+                        if (!v)
+                                return EXIT_USAGE;
+                        i++;
+                        if (strcmp(a, "--capacity") == 0) {
+                                bs.set_capacity = true;
+                                if (parse_bytes(v, &bs.capacity_bytes) < 0)
+                                        return EXIT_USAGE;
+                        } else if (strcmp(a, "--tenant") == 0) {
+                                bs.tenant = (char *)v;
+                        } else if (strcmp(a, "--quota") == 0) {
+                                bs.set_quota = true;
+                                if (parse_bytes(v, &bs.quota_bytes) < 0)
+                                        return EXIT_USAGE;
+                        } else if (strcmp(a, "--session") == 0) {
+                                bs.set_session = true;
+                                bs.session_id = strtoull(v, NULL, 10);
+                        } else if (strcmp(a, "--min") == 0) {
+                                if (parse_bytes(v, &bs.session_min_bytes) < 0)
+                                        return EXIT_USAGE;
+                        } else if (strcmp(a, "--max") == 0) {
+                                if (parse_bytes(v, &bs.session_max_bytes) < 0)
+                                        return EXIT_USAGE;
+                        } else if (strcmp(a, "--priority") == 0) {
+                                bs.priority = atoi(v);
+                        } else {
+                                return EXIT_USAGE;
+                        }
+                }
+                if (!bs.set_capacity && !bs.set_quota && !bs.set_session)
+                        return EXIT_USAGE;
+                req.body_case = KVC__ENVELOPE__BODY_BUDGET_SET;
+                req.budget_set = &bs;
+        } else {
+                return EXIT_USAGE;
+        }
+        int r = request(c, &req, KVC__ENVELOPE__BODY_BUDGETS, &env);
+        if (r == 0)
+                print_budgets(c, env->budgets);
+        return r;
+}
+
+static int verb_evict(struct ctl *c) {
+        char *end;
+        if (c->argc != 1)
+                return EXIT_USAGE;
+        Kvc__Evict ev = KVC__EVICT__INIT;
+        ev.session_id = strtoull(c->argv[0], &end, 10);
+        if (*end || ev.session_id == 0)
+                return EXIT_USAGE;
+        Kvc__Envelope req = KVC__ENVELOPE__INIT, *env;
+        req.body_case = KVC__ENVELOPE__BODY_EVICT;
+        req.evict = &ev;
+        int r = request(c, &req, KVC__ENVELOPE__BODY_SESSION_CLOSED, &env);
+        if (r)
+                return r;
+        const Kvc__SessionStats *st = env->session_closed->stats;
+        if (c->json)
+                printf("{\"evicted\":%llu,\"steps\":%llu,\"bytes_freed\":%llu}\n",
+                       (unsigned long long)env->session_closed->session_id, st ? (unsigned long long)st->steps : 0ull,
+                       st ? (unsigned long long)st->bytes : 0ull);
+        else
+                printf("session %llu evicted (%llu bytes freed)\n", (unsigned long long)env->session_closed->session_id,
+                       st ? (unsigned long long)st->bytes : 0ull);
+        return 0;
+}
+
+static int verb_drain(struct ctl *c) {
+        Kvc__Drain dr = KVC__DRAIN__INIT;
+        double timeout = 0;
+        for (int i = 0; i < c->argc; i++) {
+                if (strcmp(c->argv[i], "--timeout") == 0 && i + 1 < c->argc)
+                        timeout = atof(c->argv[++i]);
+                else if (strcmp(c->argv[i], "--resume") == 0)
+                        dr.resume = true;
+                else
+                        return EXIT_USAGE;
+        }
+        if (timeout < 0 || timeout > 86400)
+                return EXIT_USAGE;
+        dr.timeout_ms = (uint32_t)(timeout * 1000);
+        Kvc__Envelope req = KVC__ENVELOPE__INIT, *env;
+        req.body_case = KVC__ENVELOPE__BODY_DRAIN;
+        req.drain = &dr;
+        int r = request_wait(c, &req, KVC__ENVELOPE__BODY_DRAINED, &env, (int)dr.timeout_ms + c->timeout_ms);
+        if (r)
+                return r;
+        const Kvc__Drained *d = env->drained;
+        if (c->json)
+                printf("{\"sessions_left\":%u,\"timed_out\":%s,\"draining\":%s}\n", d->sessions_left,
+                       d->timed_out ? "true" : "false", dr.resume ? "false" : "true");
+        else if (dr.resume)
+                printf("sessions are admitted again\n");
+        else
+                printf("draining: %u sessions left%s\n", d->sessions_left, d->timed_out ? " (timed out)" : "");
+        return 0;
+}
+
+static int verb_audit(struct ctl *c) {
+        Kvc__AuditRequest ar = KVC__AUDIT_REQUEST__INIT;
+        Kvc__Envelope req = KVC__ENVELOPE__INIT, *env;
+        req.body_case = KVC__ENVELOPE__BODY_AUDIT_REQUEST;
+        req.audit_request = &ar;
+        int r = request(c, &req, KVC__ENVELOPE__BODY_AUDIT, &env);
+        if (r)
+                return r;
+        const Kvc__Audit *a = env->audit;
+        if (c->json) {
+                printf("{\"clean\":%s,\"used_bytes\":%llu,\"blocks\":%llu,\"sessions\":%u,\"report\":",
+                       a->clean ? "true" : "false", (unsigned long long)a->used_bytes, (unsigned long long)a->blocks,
+                       a->sessions);
+                json_string(a->report);
+                printf("}\n");
+        } else {
+                printf("%s\n", a->report);
+        }
+        return a->clean ? 0 : EXIT_REFUSED;
+}
+
+static int verb_metrics(struct ctl *c) {
+        Kvc__MetricsRequest mr = KVC__METRICS_REQUEST__INIT;
+        Kvc__Envelope req = KVC__ENVELOPE__INIT, *env;
+        req.body_case = KVC__ENVELOPE__BODY_METRICS_REQUEST;
+        req.metrics_request = &mr;
+        int r = request(c, &req, KVC__ENVELOPE__BODY_METRICS, &env);
+        if (r)
+                return r;
+        if (c->json) {
+                printf("{\"text\":");
+                json_string(env->metrics->text);
+                printf("}\n");
+        } else {
+                fputs(env->metrics->text, stdout);
+        }
         return 0;
 }
 
@@ -210,15 +528,16 @@ static const struct {
         const char *name;
         int (*run)(struct ctl *c);
 } verbs[] = {
-        { "status", verb_status },
-        { "sessions", verb_sessions },
+        { "status", verb_status }, { "sessions", verb_sessions }, { "top", verb_top },
+        { "budget", verb_budget }, { "evict", verb_evict },       { "drain", verb_drain },
+        { "audit", verb_audit },   { "metrics", verb_metrics },
 };
 
 int main(int argc, char **argv) {
         static const struct option opts[] = {
-                { "socket", required_argument, NULL, 's' },  { "json", no_argument, NULL, 'j' },
+                { "socket", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
                 { "timeout", required_argument, NULL, 't' }, { "help", no_argument, NULL, 'h' },
-                { "version", no_argument, NULL, 'V' },       {},
+                { "version", no_argument, NULL, 'V' },      {},
         };
         struct ctl c = { .timeout_ms = 5000 };
         int o;
@@ -232,7 +551,7 @@ int main(int argc, char **argv) {
                 default: usage(stderr); return EXIT_USAGE;
                 }
         }
-        if (optind != argc - 1 || c.timeout_ms <= 0) {
+        if (optind >= argc || c.timeout_ms <= 0) {
                 usage(stderr);
                 return EXIT_USAGE;
         }
@@ -240,12 +559,15 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "kvcctl: socket path too long\n");
                 return EXIT_USAGE;
         }
+        c.argc = argc - optind - 1;
+        c.argv = argv + optind + 1;
         int rc = -1;
         for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
                 if (strcmp(verbs[i].name, argv[optind]) == 0)
                         rc = verbs[i].run(&c);
-        if (rc < 0) {
-                fprintf(stderr, "kvcctl: unknown verb %s\n", argv[optind]);
+        if (rc < 0 || rc == EXIT_USAGE) {
+                if (rc < 0)
+                        fprintf(stderr, "kvcctl: unknown verb %s\n", argv[optind]);
                 usage(stderr);
                 rc = EXIT_USAGE;
         }

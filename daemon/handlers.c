@@ -13,6 +13,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "admin.h"
 #include "kvcd.h"
 #include "log.h"
 #include "policy/policy.h"
@@ -65,7 +66,14 @@ static int handle_hello(struct request *rq) {
 static int handle_open_session(struct request *rq) {
         struct kvcd *d = rq->d;
         struct session *s;
+        if (d->draining) {
+                d->n.admission_refusals++;
+                snprintf(rq->why, sizeof(rq->why), "kvcd is draining: no new sessions");
+                return -ESHUTDOWN;
+        }
         int r = session_open(d, rq->client, rq->env->open_session, &s, rq->why, sizeof(rq->why));
+        if (r == -ENOSPC)
+                d->n.admission_refusals++;
         if (r < 0)
                 return r;
         Kvc__SessionOpened *o = wire_arena_alloc(d->out, sizeof(*o));
@@ -230,6 +238,11 @@ static int handle_status(struct request *rq) {
         s->plans_total = d->n.plans;
         s->client_deaths = d->n.client_deaths;
         s->errors_total = d->n.errors;
+        s->draining = d->draining;
+        for (uint32_t c = 0; c < d->n_clients; c++)
+                for (const struct session *x = d->clients[c]->sessions; x; x = x->next)
+                        for (uint32_t l = 0; l < x->n_layers; l++)
+                                s->int8_bytes += (uint64_t)x->layers[l].q8.n * x->q8_layout.block_bytes;
         rq->reply.body_case = KVC__ENVELOPE__BODY_STATUS;
         rq->reply.status = s;
         return 0;
@@ -265,12 +278,39 @@ static int handle_list_sessions(struct request *rq) {
                         i->age_usec = now - s->opened_usec;
                         i->peak_tokens = s->stats.peak_tokens;
                         i->n_layers = s->n_layers;
+                        i->client_name = s->owner->name;
+                        for (uint32_t layer = 0; layer < s->n_layers; layer++)
+                                i->int8_bytes += (uint64_t)s->layers[layer].q8.n * s->q8_layout.block_bytes;
                         l->sessions[l->n_sessions++] = i;
                 }
         }
         rq->reply.body_case = KVC__ENVELOPE__BODY_SESSION_LIST;
         rq->reply.session_list = l;
         return 0;
+}
+
+static int handle_evict(struct request *rq) {
+        return admin_evict(rq->d, rq->env->evict->session_id, &rq->reply, rq->why, sizeof(rq->why));
+}
+
+static int handle_drain(struct request *rq) {
+        return admin_drain(rq->d, rq->env->drain, rq->rid, rq->rid_len, rq->env->request_id, &rq->reply, &rq->no_reply);
+}
+
+static int handle_audit(struct request *rq) {
+        return admin_audit(rq->d, &rq->reply);
+}
+
+static int handle_metrics(struct request *rq) {
+        return admin_metrics(rq->d, &rq->reply);
+}
+
+static int handle_budget_get(struct request *rq) {
+        return admin_budgets(rq->d, &rq->reply);
+}
+
+static int handle_budget_set(struct request *rq) {
+        return admin_budget_set(rq->d, rq->env->budget_set, &rq->reply, rq->why, sizeof(rq->why));
 }
 
 static const struct {
@@ -287,10 +327,15 @@ static const struct {
         { KVC__ENVELOPE__BODY_CLOSE_SESSION, CHANNEL_CLIENT, true, handle_close_session },
         { KVC__ENVELOPE__BODY_STATUS_REQUEST, CHANNEL_ADMIN, false, handle_status },
         { KVC__ENVELOPE__BODY_LIST_SESSIONS, CHANNEL_ADMIN, false, handle_list_sessions },
+        { KVC__ENVELOPE__BODY_EVICT, CHANNEL_ADMIN, false, handle_evict },
+        { KVC__ENVELOPE__BODY_DRAIN, CHANNEL_ADMIN, false, handle_drain },
+        { KVC__ENVELOPE__BODY_AUDIT_REQUEST, CHANNEL_ADMIN, false, handle_audit },
+        { KVC__ENVELOPE__BODY_METRICS_REQUEST, CHANNEL_ADMIN, false, handle_metrics },
+        { KVC__ENVELOPE__BODY_BUDGET_REQUEST, CHANNEL_ADMIN, false, handle_budget_get },
+        { KVC__ENVELOPE__BODY_BUDGET_SET, CHANNEL_ADMIN, false, handle_budget_set },
 };
 
-static void send_reply(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_len,
-                       const Kvc__Envelope *env) {
+void send_envelope(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_len, const Kvc__Envelope *env) {
         size_t n = wire_packed_size(env);
         zmq_msg_t msg;
         if (zmq_msg_init_size(&msg, n) != 0)
@@ -350,5 +395,5 @@ void handle_frame(struct kvcd *d, enum channel ch, void *zsock, const uint8_t *r
         } else if (rq.no_reply) {
                 return;
         }
-        send_reply(d, zsock, rid, rid_len, &rq.reply);
+        send_envelope(d, zsock, rid, rid_len, &rq.reply);
 }

@@ -19,6 +19,7 @@
 
 #include "block.h"
 #include "idmap.h"
+#include "metrics.h"
 #include "policy/policy.h"
 #include "pool.h"
 #include "wire.h"
@@ -34,6 +35,8 @@ struct kvcd_config {
         const char *backend;
         uint64_t capacity_bytes;
         uint64_t chunk_bytes;
+        uint64_t pool_max_bytes; /* the most `kvcctl budget set --capacity` may raise it to */
+        uint16_t metrics_port;   /* 0: no HTTP endpoint */
 };
 
 struct kvcd_counters {
@@ -45,6 +48,8 @@ struct kvcd_counters {
         uint64_t client_deaths;
         uint64_t errors;
         uint64_t dropped_replies;
+        uint64_t admission_refusals;
+        uint64_t evictions;
 };
 
 struct client {
@@ -116,6 +121,7 @@ struct session {
         bool stepped;
         uint64_t next_plan_id;
         uint64_t pending_plan_id; /* 0: none outstanding */
+        uint64_t pending_since_usec;
         float confidence;
         uint64_t bytes; /* pool bytes held: blocks of both classes and the plan buffer */
         struct session_stats stats;
@@ -156,6 +162,17 @@ struct kvcd {
         struct wire_arena *in;  /* the request being handled */
         struct wire_arena *out; /* the reply being built */
         struct kvcd_counters n;
+        struct histogram plan_latency;
+        struct histogram confidence;
+        bool draining;
+        struct drain_wait { /* an admin peer waiting for the sessions to end */
+                bool active;
+                uint8_t rid[KVCD_ROUTING_ID_MAX];
+                uint8_t rid_len;
+                uint64_t request_id;
+                uint64_t deadline_usec;
+        } drain;
+        void *http; /* struct MHD_Daemon, when --metrics-port is given */
         uint64_t started_usec;
         uint64_t watchdog_usec;
         bool stopping;

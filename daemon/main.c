@@ -21,6 +21,8 @@ static void usage(FILE *f) {
                 "  --backend NAME       host (memfd chunks; default), cuda, auto\n"
                 "  --capacity BYTES     node capacity of the pool (default 256M; suffixes K M G)\n"
                 "  --chunk-bytes BYTES  chunk size, a multiple of 2M (default 2M)\n"
+                "  --pool-max BYTES     the most the capacity can be raised to at run time (default: the capacity)\n"
+                "  --metrics-port PORT  serve Prometheus metrics on http://127.0.0.1:PORT/metrics (default: off)\n"
                 "  --log-level LEVEL    error, warning, notice, info (default), debug\n"
                 "  -h, --help           this text\n"
                 "  -V, --version        the version\n");
@@ -73,6 +75,8 @@ int main(int argc, char **argv) {
                 { "capacity", required_argument, NULL, 'c' },
                 { "chunk-bytes", required_argument, NULL, 'k' },
                 { "log-level", required_argument, NULL, 'l' },
+                { "pool-max", required_argument, NULL, 'M' },
+                { "metrics-port", required_argument, NULL, 'p' },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, 'V' },
                 {},
@@ -87,9 +91,22 @@ int main(int argc, char **argv) {
                 switch (c) {
                 case 'r': d.cfg.runtime_dir = optarg; break;
                 case 'b': d.cfg.backend = optarg; break;
+                case 'p': {
+                        char *end;
+                        unsigned long port = strtoul(optarg, &end, 10);
+                        if (*end || port == 0 || port > 65535) {
+                                fprintf(stderr, "kvcd: %s is not a port\n", optarg);
+                                return 2;
+                        }
+                        d.cfg.metrics_port = (uint16_t)port;
+                        break;
+                }
                 case 'c':
                 case 'k':
-                        if (parse_bytes(optarg, c == 'c' ? &d.cfg.capacity_bytes : &d.cfg.chunk_bytes) < 0) {
+                case 'M':
+                        if (parse_bytes(optarg, c == 'c'   ? &d.cfg.capacity_bytes
+                                                : c == 'k' ? &d.cfg.chunk_bytes
+                                                           : &d.cfg.pool_max_bytes) < 0) {
                                 fprintf(stderr, "kvcd: %s is not a size in bytes\n", optarg);
                                 return 2;
                         }

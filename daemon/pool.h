@@ -56,6 +56,14 @@ uint32_t pool_release_owner(struct pool *p, uint64_t owner);
 /* Undoes the grant of a chunk to owner when its fd could not be delivered (no units in use). */
 void pool_disown_chunk(struct pool *p, uint32_t idx);
 
+/* 0 when [offset, n_units units) is allocated to owner with that unit size, -EINVAL otherwise. */
+int pool_owns(const struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes, uint32_t n_units);
+
+/* Changes the capacity: at least one chunk, at most the chunks reserved at start. Lowering it
+ * below what is in use is allowed: nothing is taken away, but nothing more is granted until use
+ * falls under it. -EINVAL out of range. */
+int pool_set_capacity(struct pool *p, uint64_t capacity_bytes);
+
 uint8_t *pool_ptr(const struct pool *p, uint64_t offset);
 int pool_chunk_fd(const struct pool *p, uint32_t idx);
 uint64_t pool_chunk_bytes(const struct pool *p);
@@ -63,5 +71,6 @@ uint64_t pool_va_bytes(const struct pool *p);
 void pool_get_stats(const struct pool *p, struct pool_stats *ret);
 
 /* Recomputes used bytes and owners from the bitmaps; 0 when they agree with the counters,
- * -EUCLEAN otherwise (with what differs in why). */
+ * -EUCLEAN otherwise (with what differs in why). Use above the capacity is not a mismatch: an
+ * operator may lower the capacity below what is in use (pool_set_capacity). */
 int pool_audit(const struct pool *p, char *why, size_t why_len);

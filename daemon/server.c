@@ -28,6 +28,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "admin.h"
+#include "http.h"
 #include "kvcd.h"
 #include "log.h"
 #include "policy/policy.h"
@@ -140,7 +142,9 @@ int server_start(struct kvcd *d) {
                           r == -ENOTSUP ? "not built into this kvcd (use --backend host)" : "unknown");
                 return r;
         }
-        if ((r = pool_new(d->backend, d->cfg.capacity_bytes, d->cfg.chunk_bytes, &d->pool)) < 0) {
+        uint64_t max = d->cfg.pool_max_bytes > d->cfg.capacity_bytes ? d->cfg.pool_max_bytes : d->cfg.capacity_bytes;
+        if ((r = pool_new(d->backend, max, d->cfg.chunk_bytes, &d->pool)) < 0 ||
+            (r = pool_set_capacity(d->pool, d->cfg.capacity_bytes)) < 0) {
                 log_error("cannot create a pool of %llu bytes in %llu-byte chunks: %s",
                           (unsigned long long)d->cfg.capacity_bytes, (unsigned long long)d->cfg.chunk_bytes,
                           strerror(-r));
@@ -157,6 +161,14 @@ int server_start(struct kvcd *d) {
         if ((r = listen_fd_channel(d)) < 0 || (r = bind_router(d, &d->zclient, d->sock_path, 0660)) < 0 ||
             (r = bind_router(d, &d->zadmin, d->admin_path, 0600)) < 0) {
                 log_error("cannot bind the sockets in %s: %s", dir, strerror(-r));
+                return r;
+        }
+        static const double latency_bounds[] = { 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1 };
+        static const double confidence_bounds[] = { 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0 };
+        histogram_init(&d->plan_latency, latency_bounds, sizeof(latency_bounds) / sizeof(latency_bounds[0]));
+        histogram_init(&d->confidence, confidence_bounds, sizeof(confidence_bounds) / sizeof(confidence_bounds[0]));
+        if (d->cfg.metrics_port && (r = http_start(d, d->cfg.metrics_port)) < 0) {
+                log_error("cannot serve metrics on 127.0.0.1:%u: %s", d->cfg.metrics_port, strerror(-r));
                 return r;
         }
         d->started_usec = now_usec();
@@ -218,7 +230,7 @@ static void notify_status(struct kvcd *d) {
 }
 
 int server_run(struct kvcd *d) {
-        enum { FIXED = 4 };
+        enum { FIXED = 5 };
         zmq_pollitem_t items[FIXED + KVCD_MAX_CLIENTS];
         struct client *owners[KVCD_MAX_CLIENTS];
         uint64_t next_ping = 0;
@@ -228,12 +240,16 @@ int server_run(struct kvcd *d) {
                 items[1] = (zmq_pollitem_t){ .socket = d->zadmin, .events = ZMQ_POLLIN };
                 items[2] = (zmq_pollitem_t){ .fd = d->fd_listen, .events = ZMQ_POLLIN };
                 items[3] = (zmq_pollitem_t){ .fd = d->sig_fd, .events = ZMQ_POLLIN };
+                items[4] = (zmq_pollitem_t){ .fd = http_fd(d), .events = ZMQ_POLLIN }; /* -1: ignored */
                 uint32_t n = d->n_clients;
                 for (uint32_t i = 0; i < n; i++) {
                         owners[i] = d->clients[i];
                         items[FIXED + i] = (zmq_pollitem_t){ .fd = owners[i]->fd, .events = ZMQ_POLLIN };
                 }
                 long timeout = d->watchdog_usec ? (long)(d->watchdog_usec / 2000) : 1000;
+                uint64_t now0 = now_usec(), due = admin_next_deadline(d);
+                if (due != UINT64_MAX)
+                        timeout = due <= now0 ? 0 : (long)((due - now0) / 1000) + 1 < timeout ? (long)((due - now0) / 1000) + 1 : timeout;
                 if (zmq_poll(items, (int)(FIXED + n), timeout) < 0 && zmq_errno() != EINTR) {
                         log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
                         return -zmq_errno();
@@ -254,7 +270,10 @@ int server_run(struct kvcd *d) {
                         drain_router(d, d->zclient, CHANNEL_CLIENT);
                 if (items[1].revents)
                         drain_router(d, d->zadmin, CHANNEL_ADMIN);
+                if (items[4].revents)
+                        http_run(d);
                 uint64_t now = now_usec();
+                admin_tick(d, now);
                 if (now >= next_ping) {
                         notify_status(d);
                         next_ping = now + (d->watchdog_usec ? d->watchdog_usec / 2 : 1000000u);
@@ -265,6 +284,7 @@ int server_run(struct kvcd *d) {
 
 void server_stop(struct kvcd *d) {
         sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+        http_stop(d);
         while (d->n_clients)
                 client_destroy(d, d->clients[d->n_clients - 1], false);
         if (d->zclient)

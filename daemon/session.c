@@ -575,6 +575,7 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                 p->plan_id = ++s->next_plan_id;
                 p->base_step = ps->step;
                 s->pending_plan_id = p->plan_id;
+                s->pending_since_usec = now_usec();
                 s->stats.plans++;
                 d->n.plans++;
         }
@@ -614,6 +615,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
         s->stepped = true;
         s->stats.steps++;
         s->confidence = policy_confidence(s->policy->conf_weights, st->entropy, st->top1_prob, st->margin);
+        histogram_observe(&d->confidence, s->confidence);
         d->n.steps++;
 
         *ret_plan = NULL;
@@ -729,6 +731,7 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 L->n_q8 = L->planned_q8;
         }
         s->pending_plan_id = 0;
+        histogram_observe(&d->plan_latency, (double)(now_usec() - s->pending_since_usec) / 1e6);
         d->n.plans_applied++;
         return 0;
 }
