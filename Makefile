@@ -5,6 +5,7 @@
 #   make test       deps + build + every test; ends with "N passed, M failed"
 #   make check      the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer
 #   make demo       start kvcd in a temporary runtime directory, run kvc-run on the real model, stop
+#   make quality    the quality lab: every policy on the real model, table and plots in bench/quality
 #   make cuda       the CUDA kernels (CUDA=1; default on when nvcc is found)
 #   make install    into $(DESTDIR)$(PREFIX)
 #
@@ -54,7 +55,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c)
 
-.PHONY: all deps test check demo cuda install clean tests
+.PHONY: all deps test check demo cuda install clean tests quality quality-deps
 .SECONDARY:
 .DEFAULT_GOAL := all
 
@@ -133,6 +134,15 @@ check: deps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@client/demo.sh $(BUILD)
+
+quality-deps: deps
+	@dpkg -s gnuplot-nox >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
+
+QUALITY_SEQUENCES ?= 64
+quality: quality-deps
+	@$(MAKE) --no-print-directory all
+	@bench/quality.sh $(BUILD) $(QUALITY_SEQUENCES)
 
 cuda:
 ifeq ($(CUDA),1)
