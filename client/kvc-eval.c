@@ -358,8 +358,7 @@ static int run_story(struct eval *e, struct kvc_client *client, const struct sto
                 ref_top[pos] = log_softmax(logits, V, ref + (size_t)pos * V);
                 struct kvc_summary sm;
                 kvc_summarize(logits, V, &sm);
-                /* CONF-KV's confidence with the default weights (policy_confidence in kvcd) */
-                ref_conf[pos] = 0.4f * (1.0f - sm.entropy) + 0.3f / (1.0f + expf(-sm.margin)) + 0.3f * sm.top1_prob;
+                ref_conf[pos] = kvc_confidence(&sm);
                 own->nll -= ref[(size_t)pos * V + (uint32_t)st->tokens[pos + 1]];
                 own->n++;
         }

@@ -57,7 +57,7 @@ static void usage(FILE *f) {
                    "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
                    "  --local             keep the cache in process (no kvcd)\n"
                    "  --no-stop           keep going past the end-of-story token\n"
-                   "  --trace N           print the cache size every N steps on stderr\n"
+                   "  --trace N           print the cache size and the confidence every N steps on stderr\n"
                    "  --json              print one JSON object with the text and the figures\n"
                    "  -h, --help          this text\n"
                    "  -V, --version       the version\n");
@@ -285,11 +285,14 @@ static int generate(struct runner *r, int *ret_steps) {
                         next = prompt[pos + 1];
                 else if ((e = sampler_sample(r->sampler, logits, &next)) < 0)
                         break;
+                struct kvc_summary sum;
+                if ((e = kvc_summarize(logits, (uint32_t)mc->vocab_size, &sum)) < 0) {
+                        fail(r, "summary", e);
+                        break;
+                }
                 if (!r->o.local) {
-                        struct kvc_summary sum;
                         enum kvc_phase ph = pos < n_prompt - 1 ? KVC_PHASE_PREFILL : KVC_PHASE_DECODE;
-                        if ((e = kvc_summarize(logits, (uint32_t)mc->vocab_size, &sum)) < 0 ||
-                            (e = kvc_step(r->session, (uint64_t)pos, ph, &sum)) < 0 ||
+                        if ((e = kvc_step(r->session, (uint64_t)pos, ph, &sum)) < 0 ||
                             (e = kvc_flush(r->client)) < 0) {
                                 fail(r, "step", e);
                                 break;
@@ -297,8 +300,9 @@ static int generate(struct runner *r, int *ret_steps) {
                 }
                 pos++;
                 if (r->o.trace && pos % r->o.trace == 0)
-                        fprintf(stderr, "step %4d  cache %4u tokens/layer\n", pos,
-                                r->o.local ? (unsigned)pos : kvc_layer_tokens(r->session, 0));
+                        fprintf(stderr, "step %4d  cache %4u tokens/layer  confidence %.3f\n", pos,
+                                r->o.local ? (unsigned)pos : kvc_layer_tokens(r->session, 0),
+                                (double)kvc_confidence(&sum));
                 if (next == TOKENIZER_BOS && !r->o.no_stop)
                         break;
                 size_t len = 1;

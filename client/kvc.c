@@ -11,6 +11,7 @@
 #include "kvc.h"
 
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -901,6 +902,10 @@ int kvc_summarize(const float *logits, uint32_t vocab, struct kvc_summary *ret) 
                 .entropy = sm.entropy, .top1_prob = sm.top1_prob, .margin = sm.margin, .top1 = sm.top1
         };
         return 0;
+}
+
+float kvc_confidence(const struct kvc_summary *s) {
+        return 0.4f * (1.0f - s->entropy) + 0.3f / (1.0f + expf(-s->margin)) + 0.3f * s->top1_prob;
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {

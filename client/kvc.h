@@ -148,6 +148,10 @@ struct kvc_summary {
 };
 int kvc_summarize(const float *logits, uint32_t vocab, struct kvc_summary *ret);
 
+/* CONF-KV's confidence of a summary with the default weights, as kvcd computes it:
+ * 0.4 (1 - entropy) + 0.3 sigmoid(margin) + 0.3 top1_prob, in [0.15, 1]. */
+float kvc_confidence(const struct kvc_summary *s);
+
 /* Queues the summary of step `step` (strictly increasing) for the next kvc_flush(). A session
  * kvcd closed on its own (an operator evicted it) answers -ESHUTDOWN here and in kvc_append(). */
 int kvc_step(struct kvc_session *s, uint64_t step, enum kvc_phase phase, const struct kvc_summary *sum);

@@ -93,12 +93,14 @@ static int conf_init_common(struct conf *c, const struct policy_setup *s, const 
         c->budget = s->budget_tokens ? s->budget_tokens : 128;
         if (c->budget > s->max_tokens)
                 c->budget = s->max_tokens;
-        c->tau = 0.7f;
+        c->tau = 0.8f; /* the median confidence of stories260K on the TinyStories validation text
+                        * (bench/quality): half the steps count as confident */
         c->gate = GATE_DEFER;
         c->sinks = 4;
         c->protect = c->budget / 4 < 16 ? c->budget / 4 : 16; /* small budgets keep room to choose */
         c->w_att = 1.0f;
-        c->w_rec = 1.0f;
+        c->w_rec = 0.1f; /* attention first, recency to break ties: measured best of w_rec in
+                          * {0.1, 0.3, 1} x lambda in {B/4, B, 4B} (bench/RESULTS.md) */
         c->lambda = (float)c->budget;
         c->fp_window = 32;
         if (!c->pyramid)
@@ -115,9 +117,12 @@ static int conf_init_common(struct conf *c, const struct policy_setup *s, const 
                 c->n_low = c->budget + c->budget / 2;
         if (c->n_low > s->max_tokens)
                 c->n_low = s->max_tokens;
-        if (c->n_high > c->n_low || c->sinks + c->protect >= c->n_high) {
-                snprintf(why, why_len, "need sinks + protect (%u) < n_high (%u) <= n_low (%u)",
-                         c->sinks + c->protect, c->n_high, c->n_low);
+        /* the smallest level a layer is cut to must leave room to choose beyond the protected */
+        uint32_t floor = c->gate == GATE_NAIVE || c->gate == GATE_CONTINUOUS ? c->n_high : c->budget;
+        if (c->n_high > c->n_low || c->sinks + c->protect >= floor) {
+                snprintf(why, why_len, "need sinks + protect (%u) < %s (%u), and n_high (%u) <= n_low (%u)",
+                         c->sinks + c->protect, floor == c->budget ? "the budget" : "n_high", floor, c->n_high,
+                         c->n_low);
                 return -EINVAL;
         }
         if (c->gate == GATE_DEFER && c->budget > c->n_low) { /* no plan to B could shrink n_low + slack */

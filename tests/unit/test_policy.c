@@ -775,7 +775,9 @@ static void every_policy_refuses_inconsistent_combinations(void **state) {
                 { "snapkv", 64, { NUM("window", 100) }, 1, "leaves no room" },
                 { "scope", 64, { NUM("beta2", 64) }, 1, "need beta2 < budget" },
                 { "scope", 64, { NUM("alpha2", 33), NUM("prefill_budget", 32) }, 2, "alpha2 <= prefill_budget" },
-                { "conf", 100, { NUM("sinks", 30), NUM("protect", 20) }, 2, "sinks + protect (50) < n_high (50)" },
+                { "conf", 100, { NUM("sinks", 30), NUM("protect", 20), TEXT("gate", "naive") }, 3,
+                  "sinks + protect (50) < n_high (50)" },
+                { "conf", 100, { NUM("sinks", 60), NUM("protect", 40) }, 2, "sinks + protect (100) < the budget (100)" },
                 { "conf", 100, { NUM("n_high", 200) }, 1, "n_high (200) <= n_low (150)" },
                 { "conf", 100, { NUM("correction", 0), NUM("sinks", 0) }, 2, "takes a word" },
                 { "conf", 100, { TEXT("correction", "sink"), NUM("sinks", 0) }, 2, "correction=sink needs" },
@@ -783,7 +785,7 @@ static void every_policy_refuses_inconsistent_combinations(void **state) {
                 { "conf", 100, { TEXT("correction", "moment"), NUM("per_head", 1) }, 2,
                   "correction=moment needs per-layer plans" },
                 { "conf", 100, { TEXT("correction", "moment"), NUM("int8", 1) }, 2, "correction=moment needs" },
-                { "conf-l", 8, { NUM("protect", 4) }, 1, "< n_high (4)" },
+                { "conf-l", 8, { NUM("protect", 4) }, 1, "< the budget (8)" },
                 { "prob", 20, { NUM("sinks", 4), NUM("protect", 16) }, 2, "sinks + protect (20) leave no room" },
                 { "prob", 64, { TEXT("correction", "sink"), NUM("sinks", 0) }, 2, "correction=sink needs" },
         };
@@ -1556,7 +1558,7 @@ static void scope_without_a_prompt_length_treats_everything_as_decode(void **sta
 }
 /* ---- conf, conf-l ---- */
 
-/* Budget 100: n_high 50, n_low 150, tau 0.7, a block of 16. The continuous gate's target is
+/* Budget 100: n_high 50, n_low 150, tau 0.7 (set: the default is 0.8), a block of 16. The continuous gate's target is
  * 50 + floor((1 - c') 100) with c' = (c - 0.15) / 0.85 clamped to [0, 1]: c 0.9 -> 61, c 0.5 ->
  * 108. Each row: the confidence, the layer's length, and the plan's keep (0: none). */
 static void conf_budgets_at_given_confidences_for_each_gate(void **state) {
@@ -1579,8 +1581,8 @@ static void conf_budgets_at_given_confidences_for_each_gate(void **state) {
         struct policy_setup s = setup_of(1, 2, 4096, 16, 100, 0);
         (void)state;
         for (size_t i = 0; i < N_OF(rows); i++) {
-                const struct policy_param gate[] = { TEXT("gate", rows[i].gate) };
-                struct policy *p = policy_make("conf", &s, gate, 1);
+                const struct policy_param gate[] = { TEXT("gate", rows[i].gate), NUM("tau", 0.7) };
+                struct policy *p = policy_make("conf", &s, gate, 2);
                 uint32_t got = keep_at(p, rows[i].n, rows[i].n, rows[i].confidence);
                 if (got != (rows[i].want ? rows[i].want : POLICY_NO_PLAN))
                         fail_msg("row %zu: gate %s at c %g, %u tokens: keep %u, want %u", i, rows[i].gate,
