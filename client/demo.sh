@@ -34,15 +34,16 @@ awk '/^step/ { s = $2; n = $4; row = int((s - 1) / 32);
                printf "  steps %3d-%3d  %3d..%3d  %s\n", r * 32 + 1, r * 32 + 32, lo[r], hi[r], bar } }' "$dir/trace.txt"
 grep '^kvcd accounting' "$dir/trace.txt" | sed 's/^/  /'
 echo
-echo "== the same story with policy conf (CONF-KV, gate=naive: 32 tokens per layer when confident,"
-echo "   up to 96 when not): the budget rises and falls with the model's confidence"
-"$bin/kvc-run" --socket "$dir/run" --policy conf --budget 64 --param gate=naive -n 320 --trace 1 \
-        >/dev/null 2>"$dir/conf.txt"
-awk '/^step/ { s = $2; n = $4; c = $7; row = int((s - 1) / 16); sum[row] += c; cnt[row]++;
+echo "== a sampled story with policy conf (CONF-KV, gate=defer, budget 48): on uncertain steps the"
+echo "   cache may grow (up to 144 tokens); confident steps cut it back to 48. Mean confidence and the"
+echo "   least..most tokens per layer over each 8 steps:"
+"$bin/kvc-run" --socket "$dir/run" --policy conf --budget 48 --param gate=defer --param n_low=144 \
+        -t 1.0 -s 3 -n 200 --no-stop --trace 1 >/dev/null 2>"$dir/conf.txt"
+awk '/^step/ { s = $2; n = $4; c = $7; row = int((s - 1) / 8); sum[row] += c; cnt[row]++;
                if (!(row in lo) || n < lo[row]) lo[row] = n; if (n > hi[row]) hi[row] = n; last = row }
      END { for (r = 0; r <= last; r++) {
-               conf = sum[r] / cnt[r]; bar = ""; for (i = 0; i < hi[r] / 2; i++) bar = bar (i < lo[r] / 2 ? "#" : "+");
-               printf "  steps %3d-%3d  confidence %.2f  cache %3d..%3d  %s\n", r * 16 + 1, r * 16 + 16, conf, lo[r], hi[r], bar } }' \
+               conf = sum[r] / cnt[r]; bar = ""; for (i = 0; i < hi[r] / 3; i++) bar = bar (i < lo[r] / 3 ? "#" : "+");
+               printf "  steps %3d-%3d  confidence %.2f  cache %3d..%3d  %s\n", r * 8 + 1, r * 8 + 8, conf, lo[r], hi[r], bar } }' \
         "$dir/conf.txt"
 echo
 echo "== kvcctl status"
