@@ -120,11 +120,12 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/integration/test_%.o $(HARNESS_OBJ) $(
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o,$^) $(TEST_LIBS) -o $@ -lcmocka $(LDLIBS_ZMQ) $(LDLIBS)
 
-tests: all $(UNIT_TESTS) $(INTEGRATION_TESTS)
+tests: all $(UNIT_TESTS) $(INTEGRATION_TESTS) $(if $(filter 1,$(CUDA)),cuda) cuda-emu
 
+# The CUDA kernels run on the CPU under tests/gpu/emu as one more test program (any machine).
 test: deps
 	@$(MAKE) --no-print-directory tests
-	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS)
+	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/gpu/emulate.sh
 
 check: deps
 	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 OPT=-O1 tests
@@ -144,11 +145,10 @@ quality: quality-deps
 	@$(MAKE) --no-print-directory all
 	@bench/quality.sh $(BUILD) $(QUALITY_SEQUENCES)
 
+include kernels/cuda.mk
+ifneq ($(CUDA),1)
 cuda:
-ifeq ($(CUDA),1)
-	@echo "no CUDA kernels in this tree yet (kernels/*.cu)"
-else
-	@echo "CUDA=0: nvcc not found, nothing to build"
+	@echo "CUDA=0: nvcc not found, the CUDA kernels are not built"
 endif
 
 install: all

@@ -64,12 +64,15 @@ static uint32_t div_up(uint32_t a, uint32_t b) {
 int mixed_layer_check(const struct mixed_layer *M) {
         const struct block_layout *f = M->fp, *q = M->q8;
 
-        if (!f || !q || q->dtype != BLOCK_DTYPE_Q8 || f->dtype == BLOCK_DTYPE_Q8 || !block_dtype_bytes(f->dtype))
+        if (!f || !q || q->dtype != BLOCK_DTYPE_Q8 || f->dtype == BLOCK_DTYPE_Q8 ||
+            !block_dtype_bytes(f->dtype))
                 return -EINVAL;
-        if (f->block_tokens != q->block_tokens || f->n_kv_heads != q->n_kv_heads || f->head_dim != q->head_dim)
+        if (f->block_tokens != q->block_tokens || f->n_kv_heads != q->n_kv_heads ||
+            f->head_dim != q->head_dim)
                 return -EINVAL;
         uint64_t T = q->block_tokens;
-        if (M->n_q8 > M->n_tokens || M->n_q8 > M->n_q8_blocks * T || M->n_tokens - M->n_q8 > M->n_fp_blocks * T)
+        if (M->n_q8 > M->n_tokens || M->n_q8 > M->n_q8_blocks * T ||
+            M->n_tokens - M->n_q8 > M->n_fp_blocks * T)
                 return -EINVAL;
         if ((M->n_q8_blocks && !M->q8_blocks) || (M->n_fp_blocks && !M->fp_blocks))
                 return -EINVAL;
@@ -80,11 +83,11 @@ int mixed_layer_check(const struct mixed_layer *M) {
 
 /* The scratch of one destination block of one head. */
 struct gather {
-        float *keys; /* [T][D] */
-        float *vs;   /* [T] */
-        float *row;  /* [D] */
+        float *keys;   /* [T][D] */
+        float *vs;     /* [T] */
+        float *row;    /* [D] */
         uint8_t *side; /* [T][SIDE_ARRAYS] 4-byte words */
-        int8_t *vq;  /* [T][D] */
+        int8_t *vq;    /* [T][D] */
 };
 
 size_t compact_mixed_scratch_floats(const struct mixed_layer *M) {
@@ -155,7 +158,7 @@ static void compact_q8_block(const struct compaction *C, uint32_t h, uint32_t d)
                         block_load_row(lf->dtype, block_key(lf, b, h, f % T), k, D);
                         block_load_row(lf->dtype, block_value(lf, b, h, f % T), g->row, D);
                         g->vs[t] = quant_scale(g->row, D);
-                        quant_row(g->row, g->vs[t], vq, D);
+                        quant_encode_row(g->row, g->vs[t], vq, D);
                         for (int a = 0; a < SIDE_ARRAYS; a++)
                                 memcpy(side + 4 * a, block_side(lf, b, C->fp_side[a], h, f % T), 4);
                 }
@@ -165,12 +168,13 @@ static void compact_q8_block(const struct compaction *C, uint32_t h, uint32_t d)
         float *ks = block_kscale(lq, db, h);
         quant_channel_scales(g->keys, cnt, D, ks);
         for (uint32_t t = 0; t < cnt; t++) {
-                quant_row_channels(g->keys + (uint64_t)t * D, ks, (int8_t *)block_key(lq, db, h, t), D);
+                quant_encode_row_channels(g->keys + (uint64_t)t * D, ks, (int8_t *)block_key(lq, db, h, t),
+                                          D);
                 memcpy(block_value(lq, db, h, t), g->vq + (uint64_t)t * D, D);
                 *block_vscale(lq, db, h, t) = g->vs[t];
                 for (int a = 0; a < SIDE_ARRAYS; a++)
-                        memcpy(block_side(lq, db, C->q8_side[a], h, t), g->side + ((uint64_t)t * SIDE_ARRAYS + a) * 4,
-                               4);
+                        memcpy(block_side(lq, db, C->q8_side[a], h, t),
+                               g->side + ((uint64_t)t * SIDE_ARRAYS + a) * 4, 4);
         }
 }
 
@@ -221,7 +225,8 @@ int compact_mixed(const struct mixed_layer *M, const uint32_t *keep, uint32_t ke
         }
         /* a valid keep-set has keep_count <= base_tokens */
         uint32_t new_len = keep_count + (M->n_tokens - base_tokens);
-        if (new_q8 > new_len || div_up(new_q8, T) > M->n_q8_blocks || div_up(new_len - new_q8, T) > M->n_fp_blocks)
+        if (new_q8 > new_len || div_up(new_q8, T) > M->n_q8_blocks ||
+            div_up(new_len - new_q8, T) > M->n_fp_blocks)
                 return -EINVAL;
 
         struct compaction C = {

@@ -25,22 +25,22 @@ int8_t quant_one(float x, float s) {
         return r == r ? (int8_t)r : 0; /* NaN: 0, and no out-of-range conversion */
 }
 
-void quant_row(const float *x, float scale, int8_t *q, uint32_t n) {
+void quant_encode_row(const float *x, float scale, int8_t *q, uint32_t n) {
         for (uint32_t i = 0; i < n; i++)
                 q[i] = quant_one(x[i], scale);
 }
 
-void dequant_row(const int8_t *q, float scale, float *x, uint32_t n) {
+void quant_decode_row(const int8_t *q, float scale, float *x, uint32_t n) {
         for (uint32_t i = 0; i < n; i++)
                 x[i] = (float)q[i] * scale;
 }
 
-void quant_row_channels(const float *x, const float *scales, int8_t *q, uint32_t n) {
+void quant_encode_row_channels(const float *x, const float *scales, int8_t *q, uint32_t n) {
         for (uint32_t i = 0; i < n; i++)
                 q[i] = quant_one(x[i], scales[i]);
 }
 
-void dequant_row_channels(const int8_t *q, const float *scales, float *x, uint32_t n) {
+void quant_decode_row_channels(const int8_t *q, const float *scales, float *x, uint32_t n) {
         for (uint32_t i = 0; i < n; i++)
                 x[i] = (float)q[i] * scales[i];
 }
@@ -68,8 +68,9 @@ int quant_block_fill_head(const struct block_layout *l, uint8_t *block, uint32_t
         for (uint32_t t = 0; t < n; t++) {
                 const float *v = values + (uint64_t)t * D;
                 float vs = quant_scale(v, D);
-                quant_row_channels(keys + (uint64_t)t * D, ks, (int8_t *)block_key(l, block, head, t), D);
-                quant_row(v, vs, (int8_t *)block_value(l, block, head, t), D);
+                quant_encode_row_channels(keys + (uint64_t)t * D, ks, (int8_t *)block_key(l, block, head, t),
+                                          D);
+                quant_encode_row(v, vs, (int8_t *)block_value(l, block, head, t), D);
                 *block_vscale(l, block, head, t) = vs;
         }
         return 0;
@@ -77,12 +78,12 @@ int quant_block_fill_head(const struct block_layout *l, uint8_t *block, uint32_t
 
 void quant_block_load_key(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot,
                           float *dst) {
-        dequant_row_channels((const int8_t *)block_key(l, block, head, slot), block_kscale(l, block, head), dst,
-                             l->head_dim);
+        quant_decode_row_channels((const int8_t *)block_key(l, block, head, slot),
+                                  block_kscale(l, block, head), dst, l->head_dim);
 }
 
 void quant_block_load_value(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot,
                             float *dst) {
-        dequant_row((const int8_t *)block_value(l, block, head, slot), *block_vscale(l, block, head, slot), dst,
-                    l->head_dim);
+        quant_decode_row((const int8_t *)block_value(l, block, head, slot),
+                         *block_vscale(l, block, head, slot), dst, l->head_dim);
 }

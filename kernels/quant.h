@@ -30,10 +30,10 @@ float quant_scale(const float *x, uint32_t n);
 int8_t quant_one(float x, float s);
 
 /* A row with one scale (values), and a row with a scale per element (keys: per channel). */
-void quant_row(const float *x, float scale, int8_t *q, uint32_t n);
-void dequant_row(const int8_t *q, float scale, float *x, uint32_t n);
-void quant_row_channels(const float *x, const float *scales, int8_t *q, uint32_t n);
-void dequant_row_channels(const int8_t *q, const float *scales, float *x, uint32_t n);
+void quant_encode_row(const float *x, float scale, int8_t *q, uint32_t n);
+void quant_decode_row(const int8_t *q, float scale, float *x, uint32_t n);
+void quant_encode_row_channels(const float *x, const float *scales, int8_t *q, uint32_t n);
+void quant_decode_row_channels(const int8_t *q, const float *scales, float *x, uint32_t n);
 
 /* Per-channel scales of n_rows rows of width d (row-major): scales[c] = max_r |rows[r][c]| / 127. */
 void quant_channel_scales(const float *rows, uint32_t n_rows, uint32_t d, float *scales);

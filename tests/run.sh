@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# tests/run.sh BUILD TEST...: runs each cmocka test program from the project root, prints its
-# output, and ends with one summary line: "N passed, M failed" (tests, not programs). Exits
-# non-zero when anything failed or a program crashed.
+# tests/run.sh BUILD TEST...: runs each test program from the project root, prints its output,
+# and ends with one summary line: "N passed, M failed" (tests, not programs). A cmocka program
+# counts its tests; a script (*.sh, given BUILD as its argument) counts as one test that passes
+# when it exits 0. Exits non-zero when anything failed or a program crashed.
 set -u
 build=$1
 shift
@@ -9,6 +10,15 @@ export KVC_BUILD=$build
 passed=0 failed=0 crashed=0
 for t in "$@"; do
         name=$(basename "$t")
+        case "$t" in
+        *.sh)
+                out=$("$t" "$build" 2>&1)
+                rc=$?
+                printf '%s\n' "$out" | sed "s/^/[$name] /"
+                if [ "$rc" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+                continue
+                ;;
+        esac
         out=$("$t" 2>&1)
         rc=$?
         printf '%s\n' "$out" | sed "s/^/[$name] /"

@@ -1,0 +1,76 @@
+# kernels/cuda.mk: the CUDA kernels and the GPU check; the Makefile includes it (after KERNEL_OBJ
+# is defined) and `make cuda` builds:
+#
+#   $(BUILD)/cuda/libkvc_cuda.a   the .cu files of kernels/cuda/, behind kernels/cuda.h
+#   $(BUILD)/bin/kvc-gpucheck      tests/gpu/gpucheck.c: every CUDA kernel against its CPU reference
+#
+# Built on every machine that has nvcc (CUDA=1, the Makefile's default when nvcc is found), so CI
+# checks that the CUDA code compiles and links without a GPU; the CPU build never needs any of it.
+# Code for sm_90 (H100, H200) plus compute_90 PTX that later GPUs JIT-compile. The CUDA runtime is
+# linked statically and opens the driver with dlopen: nothing here links -lcuda, so kvc-gpucheck
+# starts on a machine without a driver and says that there is no device.
+#
+# No --use_fast_math: the INT8 codes must be the CPU reference's bit for bit (IEEE division,
+# round to nearest even), and expf must stay accurate.
+
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_LIBDIR ?= $(dir $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart_static.a \
+	$(CUDA_HOME)/targets/x86_64-linux/lib/libcudart_static.a)))
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-Wall,-Wextra --Werror all-warnings
+
+CUDA_SRC := $(wildcard kernels/cuda/*.cu)
+CUDA_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CUDA_SRC))
+CUDA_LIB := $(BUILD)/cuda/libkvc_cuda.a
+GPUCHECK := $(BUILD)/bin/kvc-gpucheck
+GPUCHECK_OBJ := $(BUILD)/obj/tests/gpu/gpucheck.o
+
+$(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Ikernels -MMD -MP -c $< -o $@
+
+$(CUDA_LIB): $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+# a C program of the CUDA runtime API: its headers, as system headers (no warnings of theirs)
+$(GPUCHECK_OBJ): CFLAGS += -isystem $(CUDA_HOME)/include
+
+$(GPUCHECK): $(GPUCHECK_OBJ) $(CUDA_LIB) $(KERNEL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(filter %.o,$^) $(CUDA_LIB) -o $@ -L$(CUDA_LIBDIR) -lcudart_static \
+		-ldl -lrt -lpthread -lstdc++ $(LDLIBS)
+
+ifeq ($(CUDA),1)
+cuda: $(CUDA_LIB) $(GPUCHECK)
+endif
+
+# The same kernel sources compiled by the host C++ compiler against tests/gpu/emu (a host thread
+# per CUDA thread, see kvc_emu.h), linked with the same harness: `make cuda-emu` builds
+# $(BUILD)/emu/kvc-gpucheck-emu, and tests/gpu/emulate.sh runs its matrix of small cases against
+# the CPU references. Needs no CUDA toolkit and no GPU, so any machine can check the kernels' index
+# arithmetic, lane mappings and barriers; timing and the GPU memory model it cannot check.
+EMU_CXXFLAGS := -std=c++20 -O2 -g -fno-strict-aliasing -ffp-contract=off -Wall -Wextra -Werror \
+	-Wno-unknown-pragmas -Itests/gpu/emu -Ikernels -MMD -MP $(if $(SAN),$(SAN_FLAGS))
+EMU_OBJ := $(patsubst kernels/cuda/%.cu,$(BUILD)/emu/obj/%.o,$(CUDA_SRC)) $(BUILD)/emu/obj/emu.o
+GPUCHECK_EMU := $(BUILD)/emu/kvc-gpucheck-emu
+
+$(BUILD)/emu/obj/%.o: kernels/cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -x c++ -include kvc_emu.h -c $< -o $@
+
+$(BUILD)/emu/obj/emu.o: tests/gpu/emu/emu.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
+$(BUILD)/emu/obj/gpucheck.o: tests/gpu/gpucheck.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/gpu/emu -c $< -o $@
+
+$(GPUCHECK_EMU): $(BUILD)/emu/obj/gpucheck.o $(EMU_OBJ) $(KERNEL_OBJ)
+	$(CXX) $(LDFLAGS) $^ -o $@ -pthread $(LDLIBS)
+
+.PHONY: cuda-emu
+cuda-emu: $(GPUCHECK_EMU)
+
+-include $(wildcard $(BUILD)/emu/obj/*.d)
