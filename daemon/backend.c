@@ -49,11 +49,23 @@ static void host_chunk_destroy(struct backend_chunk *c, uint64_t bytes) {
         c->fd = -1;
 }
 
+static int host_read(const struct backend_chunk *c, uint64_t offset, void *dst, size_t n) {
+        memcpy(dst, c->map + offset, n);
+        return 0;
+}
+
+static int host_write(struct backend_chunk *c, uint64_t offset, const void *src, size_t n) {
+        memcpy(c->map + offset, src, n);
+        return 0;
+}
+
 static const struct backend_ops host_ops = {
         .name = "host",
         .chunk_create = host_chunk_create,
         .chunk_scrub = host_chunk_scrub,
         .chunk_destroy = host_chunk_destroy,
+        .read = host_read,
+        .write = host_write,
 };
 
 static const struct {

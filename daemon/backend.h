@@ -8,6 +8,7 @@
  */
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct backend_chunk {
@@ -23,6 +24,10 @@ struct backend_ops {
         int (*chunk_scrub)(struct backend_chunk *c, uint64_t bytes);
         /* Unmaps and closes; the memory goes when the last client mapping goes too. */
         void (*chunk_destroy)(struct backend_chunk *c, uint64_t bytes);
+        /* kvcd's own reads and writes of chunk memory (side arrays, plan buffers, log-weights):
+         * host memory is read in place, device memory is copied. */
+        int (*read)(const struct backend_chunk *c, uint64_t offset, void *dst, size_t n);
+        int (*write)(struct backend_chunk *c, uint64_t offset, const void *src, size_t n);
 };
 
 /* The backend called name ("host", "auto"); -ENOENT when unknown, -ENOTSUP when not built. */

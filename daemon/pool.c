@@ -269,8 +269,29 @@ int pool_set_capacity(struct pool *p, uint64_t capacity_bytes) {
         return 0;
 }
 
+/* The chunk that holds [offset, offset + n), or NULL. */
+static struct pool_chunk *span(const struct pool *p, uint64_t offset, size_t n, uint64_t *ret_in) {
+        uint64_t idx = offset / p->chunk_bytes, in = offset % p->chunk_bytes;
+        if (idx >= p->n_chunks || !p->chunks[idx].created || in + n > p->chunk_bytes)
+                return NULL;
+        *ret_in = in;
+        return &p->chunks[idx];
+}
+
 uint8_t *pool_ptr(const struct pool *p, uint64_t offset) {
         return p->base + offset;
+}
+
+int pool_read(const struct pool *p, uint64_t offset, void *dst, size_t n) {
+        uint64_t in;
+        struct pool_chunk *c = span(p, offset, n, &in);
+        return c ? p->backend->read(&c->bc, in, dst, n) : -EINVAL;
+}
+
+int pool_write(struct pool *p, uint64_t offset, const void *src, size_t n) {
+        uint64_t in;
+        struct pool_chunk *c = span(p, offset, n, &in);
+        return c ? p->backend->write(&c->bc, in, src, n) : -EINVAL;
 }
 
 int pool_chunk_fd(const struct pool *p, uint32_t idx) {

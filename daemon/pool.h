@@ -64,6 +64,12 @@ int pool_owns(const struct pool *p, uint64_t owner, uint64_t offset, uint32_t un
  * falls under it. -EINVAL out of range. */
 int pool_set_capacity(struct pool *p, uint64_t capacity_bytes);
 
+/* kvcd's access to pool memory through the backend: n bytes at a pool offset, inside one chunk
+ * that exists. -EINVAL otherwise (nothing read or written). */
+int pool_read(const struct pool *p, uint64_t offset, void *dst, size_t n);
+int pool_write(struct pool *p, uint64_t offset, const void *src, size_t n);
+/* The daemon's own mapping of a host chunk's byte (tests look at pool memory this way); kvcd itself
+ * goes through pool_read and pool_write, which work for every backend. */
 uint8_t *pool_ptr(const struct pool *p, uint64_t offset);
 int pool_chunk_fd(const struct pool *p, uint32_t idx);
 uint64_t pool_chunk_bytes(const struct pool *p);

@@ -419,17 +419,18 @@ static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, st
         for (uint32_t i = 0; i < n;) {
                 const struct block_layout *lay;
                 uint32_t at;
-                uint8_t *blk = pool_ptr(d->pool, slot_block(s, L, i, &lay, &at));
+                uint64_t blk = slot_block(s, L, i, &lay, &at);
                 uint32_t cnt = T - at < n - i ? T - at : n - i;
                 if (i < L->n_q8 && cnt > L->n_q8 - i)
                         cnt = L->n_q8 - i; /* the INT8 part ends inside this block */
                 for (uint32_t h = 0; h < s->n_kv_heads; h++) {
                         size_t to = (size_t)h * n + i;
-                        memcpy(sc->pos + to, block_side(lay, blk, lay->pos_offset, h, at), cnt * 4u);
-                        memcpy(sc->sum + to, block_side(lay, blk, lay->sum_offset, h, at), cnt * 4u);
-                        memcpy(sc->ema + to, block_side(lay, blk, lay->ema_offset, h, at), cnt * 4u);
-                        memcpy(sc->last + to, block_side(lay, blk, lay->last_offset, h, at), cnt * 4u);
-                        memcpy(sc->logw + to, block_side(lay, blk, lay->logw_offset, h, at), cnt * 4u);
+                        uint64_t at_head = ((uint64_t)h * T + at) * 4u;
+                        pool_read(d->pool, blk + lay->pos_offset + at_head, sc->pos + to, cnt * 4u);
+                        pool_read(d->pool, blk + lay->sum_offset + at_head, sc->sum + to, cnt * 4u);
+                        pool_read(d->pool, blk + lay->ema_offset + at_head, sc->ema + to, cnt * 4u);
+                        pool_read(d->pool, blk + lay->last_offset + at_head, sc->last + to, cnt * 4u);
+                        pool_read(d->pool, blk + lay->logw_offset + at_head, sc->logw + to, cnt * 4u);
                 }
                 i += cnt;
         }
@@ -458,8 +459,13 @@ static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const 
                                 continue;
                         const struct block_layout *lay;
                         uint32_t at;
-                        uint8_t *blk = pool_ptr(d->pool, slot_block(s, L, kh[i], &lay, &at));
-                        *(float *)block_side(lay, blk, lay->logw_offset, h, at) += dh[i];
+                        uint64_t blk = slot_block(s, L, kh[i], &lay, &at);
+                        uint64_t where = blk + lay->logw_offset + ((uint64_t)h * lay->block_tokens + at) * 4u;
+                        float w;
+                        if (pool_read(d->pool, where, &w, sizeof(w)) == 0) {
+                                w += dh[i];
+                                pool_write(d->pool, where, &w, sizeof(w));
+                        }
                 }
         }
 }
@@ -546,8 +552,7 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                 L->planned_q8 = q8;
                 if (deltas)
                         add_logw(d, s, l, keep, k, d->scratch.logw_delta);
-                memcpy(pool_ptr(d->pool, s->plan_offset) + l * per_layer * 4u, keep,
-                       (size_t)k * heads * sizeof(uint32_t));
+                pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep, (size_t)k * heads * sizeof(uint32_t));
 
                 if (!p) {
                         p = wire_arena_alloc(d->out, sizeof(*p));
