@@ -236,6 +236,8 @@ static int open_session(struct runner *r) {
                 .n_params = r->o.n_params,
                 .tenant = r->o.tenant,
                 .prompt_tokens = (uint32_t)r->n_prompt,
+                .prompt_token_ids = (const uint32_t *)r->prompt,
+                .n_prompt_token_ids = (size_t)r->n_prompt,
         };
         e = kvc_session_open(r->client, &sc, &r->session);
         if (e < 0)

@@ -693,6 +693,8 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         os.budget_tokens = cfg->budget_tokens;
         os.tenant = (char *)(cfg->tenant ? cfg->tenant : "");
         os.prompt_tokens = cfg->prompt_tokens;
+        os.prompt_token_ids = (uint32_t *)cfg->prompt_token_ids;
+        os.n_prompt_token_ids = cfg->n_prompt_token_ids;
         os.int8 = true; /* libkvc stores INT8 blocks (kernels/mixed.h) */
         os.params = pp;
         for (size_t i = 0; i < cfg->n_params; i++) {

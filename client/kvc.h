@@ -87,6 +87,9 @@ struct kvc_session_config {
         const char *tenant; /* NULL: the default tenant */
         uint32_t prompt_tokens; /* the prompt's length (BOS included) if known: the prefill policies
                                    (snapkv, scope) compress the prompt once it is in */
+        const uint32_t *prompt_token_ids; /* optional: the prompt's tokens, whose 16-token blocks
+                                             kvcd publishes as KV events (prefix routing) */
+        size_t n_prompt_token_ids;
 };
 
 struct kvc_session_stats {

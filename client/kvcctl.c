@@ -55,7 +55,8 @@ static void usage(FILE *f) {
                    "  drain [--timeout S] [--resume]\n"
                    "                            refuse new sessions; wait until the open ones end\n"
                    "  audit                     recompute the accounting from the blocks (exit 1 on a mismatch)\n"
-                   "  metrics                   Prometheus text\n\n"
+                   "  metrics                   Prometheus text\n"
+                   "  events [--count N]        KV events as they happen (block stored / removed / cleared)\n\n"
                    "  --socket PATH   kvcd's admin socket or its runtime directory\n"
                    "  --json          machine-readable output\n"
                    "  --timeout MS    how long to wait for kvcd (default 5000)\n\n"
@@ -524,10 +525,91 @@ static int verb_metrics(struct ctl *c) {
         return 0;
 }
 
+/* events: subscribe to kvcd.events.sock and print each event; stops after --count events or
+ * when none comes for --timeout. */
+static int verb_events(struct ctl *c) {
+        long count = -1;
+        for (int i = 0; i < c->argc; i++) {
+                if (strcmp(c->argv[i], "--count") == 0 && i + 1 < c->argc)
+                        count = atol(c->argv[++i]);
+                else
+                        return EXIT_USAGE;
+        }
+        char ep[320];
+        snprintf(ep, sizeof(ep), "ipc://%s/kvcd.events.sock", c->dir);
+        c->zctx = zmq_ctx_new();
+        c->zsock = c->zctx ? zmq_socket(c->zctx, ZMQ_SUB) : NULL;
+        int zero = 0;
+        if (!c->zsock || zmq_setsockopt(c->zsock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+            zmq_setsockopt(c->zsock, ZMQ_SUBSCRIBE, "kv-events", 9) < 0 || zmq_connect(c->zsock, ep) < 0 ||
+            wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena) < 0) {
+                fprintf(stderr, "kvcctl: cannot subscribe to %s\n", ep);
+                return EXIT_UNREACHABLE;
+        }
+        if (!c->json)
+                printf("%8s  %-8s %8s  %s\n", "SEQ", "EVENT", "SESSION", "BLOCKS");
+        fflush(stdout);
+        for (long seen = 0; count < 0 || seen < count;) {
+                zmq_pollitem_t item = { .socket = c->zsock, .events = ZMQ_POLLIN };
+                if (zmq_poll(&item, 1, c->timeout_ms) <= 0)
+                        return count < 0 ? 0 : EXIT_UNREACHABLE; /* quiet: a tail stops when idle */
+                zmq_msg_t part[3];
+                int got = 0;
+                for (; got < 3; got++) {
+                        zmq_msg_init(&part[got]);
+                        if (zmq_msg_recv(&part[got], c->zsock, 0) < 0 || !zmq_msg_more(&part[got]))
+                                break;
+                }
+                if (got == 2 && zmq_msg_size(&part[1]) == 8) {
+                        const uint8_t *sq = zmq_msg_data(&part[1]);
+                        unsigned long long seq = 0;
+                        for (int i = 0; i < 8; i++)
+                                seq = seq << 8 | sq[i];
+                        Kvc__KvEventBatch *b;
+                        if (wire_event_decode(c->arena, zmq_msg_data(&part[2]), zmq_msg_size(&part[2]), &b) == 0) {
+                                for (size_t i = 0; i < b->n_events; i++, seen++) {
+                                        const Kvc__KvEvent *e = b->events[i];
+                                        const char *kind = e->event_case == KVC__KV_EVENT__EVENT_STORED    ? "stored"
+                                                           : e->event_case == KVC__KV_EVENT__EVENT_REMOVED ? "removed"
+                                                                                                             : "cleared";
+                                        size_t n = e->event_case == KVC__KV_EVENT__EVENT_STORED    ? e->stored->n_block_hashes
+                                                   : e->event_case == KVC__KV_EVENT__EVENT_REMOVED ? e->removed->n_block_hashes
+                                                                                                     : 0;
+                                        const uint64_t *h = e->event_case == KVC__KV_EVENT__EVENT_STORED    ? e->stored->block_hashes
+                                                            : e->event_case == KVC__KV_EVENT__EVENT_REMOVED ? e->removed->block_hashes
+                                                                                                              : NULL;
+                                        unsigned long long sid = e->event_case == KVC__KV_EVENT__EVENT_STORED ? e->stored->session_id
+                                                                 : e->event_case == KVC__KV_EVENT__EVENT_REMOVED
+                                                                         ? e->removed->session_id
+                                                                         : 0;
+                                        if (c->json) {
+                                                printf("{\"seq\":%llu,\"ts_usec\":%llu,\"event\":\"%s\",\"session\":%llu,"
+                                                       "\"block_hashes\":[",
+                                                       seq, (unsigned long long)b->ts_usec, kind, sid);
+                                                for (size_t k = 0; k < n; k++)
+                                                        printf("%s\"%016llx\"", k ? "," : "", (unsigned long long)h[k]);
+                                                printf("]}\n");
+                                        } else {
+                                                printf("%8llu  %-8s %8llu  %zu", seq, kind, sid, n);
+                                                if (n)
+                                                        printf(" (%016llx..)", (unsigned long long)h[0]);
+                                                printf("\n");
+                                        }
+                                }
+                                fflush(stdout);
+                        }
+                }
+                for (int i = 0; i <= got && i < 3; i++)
+                        zmq_msg_close(&part[i]);
+        }
+        return 0;
+}
+
 static const struct {
         const char *name;
         int (*run)(struct ctl *c);
 } verbs[] = {
+        { "events", verb_events },
         { "status", verb_status }, { "sessions", verb_sessions }, { "top", verb_top },
         { "budget", verb_budget }, { "evict", verb_evict },       { "drain", verb_drain },
         { "audit", verb_audit },   { "metrics", verb_metrics },

@@ -124,6 +124,13 @@ struct session {
         uint64_t pending_since_usec;
         float confidence;
         uint64_t bytes; /* pool bytes held: blocks of both classes and the plan buffer */
+        /* the prompt's 16-token blocks, for KV events (events.c) */
+        uint32_t *prompt_ids;
+        uint64_t *block_hashes;
+        uint32_t prompt_blocks;  /* full blocks in the prompt */
+        uint32_t prompt_alive;   /* of those, the leading ones no plan has evicted from */
+        uint32_t blocks_stored;  /* published as stored */
+        uint32_t plan_intact;    /* the outstanding plan leaves this many prompt blocks whole */
         struct session_stats stats;
         uint64_t opened_usec;
 };
@@ -147,10 +154,13 @@ struct kvcd {
         void *zctx;
         void *zclient; /* ROUTER for libkvc */
         void *zadmin;  /* ROUTER for kvcctl */
+        void *zevents; /* PUB for KV events */
+        int events_fd; /* a socket-activated listening fd for it, or -1 */
+        uint64_t event_seq;
         int fd_listen;
         int sig_fd;
         int lock_fd;
-        char sock_path[256], fd_path[256], admin_path[256], lock_path[256];
+        char sock_path[256], fd_path[256], admin_path[256], events_path[256], lock_path[256];
 
         struct client *clients[KVCD_MAX_CLIENTS];
         uint32_t n_clients;

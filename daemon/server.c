@@ -29,6 +29,7 @@
 #include <zmq.h>
 
 #include "admin.h"
+#include "events.h"
 #include "http.h"
 #include "kvcd.h"
 #include "log.h"
@@ -116,7 +117,7 @@ int server_start(struct kvcd *d) {
         const char *dir = d->cfg.runtime_dir;
         int r;
 
-        d->fd_listen = d->sig_fd = d->lock_fd = -1;
+        d->fd_listen = d->sig_fd = d->lock_fd = d->events_fd = -1;
         if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
                 log_error("cannot create runtime directory %s: %s", dir, strerror(errno));
                 return -errno;
@@ -124,6 +125,7 @@ int server_start(struct kvcd *d) {
         if ((r = path_in(d->sock_path, sizeof(d->sock_path), dir, "kvcd.sock")) < 0 ||
             (r = path_in(d->fd_path, sizeof(d->fd_path), dir, "kvcd.fd.sock")) < 0 ||
             (r = path_in(d->admin_path, sizeof(d->admin_path), dir, "kvcd.admin.sock")) < 0 ||
+            (r = path_in(d->events_path, sizeof(d->events_path), dir, "kvcd.events.sock")) < 0 ||
             (r = path_in(d->lock_path, sizeof(d->lock_path), dir, "kvcd.lock")) < 0) {
                 log_error("runtime directory path too long for a socket: %s", dir);
                 return r;
@@ -159,7 +161,7 @@ int server_start(struct kvcd *d) {
         if (!d->zctx)
                 return -ENOMEM;
         if ((r = listen_fd_channel(d)) < 0 || (r = bind_router(d, &d->zclient, d->sock_path, 0660)) < 0 ||
-            (r = bind_router(d, &d->zadmin, d->admin_path, 0600)) < 0) {
+            (r = bind_router(d, &d->zadmin, d->admin_path, 0600)) < 0 || (r = events_open(d)) < 0) {
                 log_error("cannot bind the sockets in %s: %s", dir, strerror(-r));
                 return r;
         }
@@ -287,6 +289,7 @@ void server_stop(struct kvcd *d) {
         http_stop(d);
         while (d->n_clients)
                 client_destroy(d, d->clients[d->n_clients - 1], false);
+        events_close(d);
         if (d->zclient)
                 zmq_close(d->zclient);
         if (d->zadmin)
@@ -298,6 +301,7 @@ void server_stop(struct kvcd *d) {
                 unlink(d->fd_path);
                 unlink(d->sock_path);
                 unlink(d->admin_path);
+                unlink(d->events_path);
         }
         if (d->sig_fd >= 0)
                 close(d->sig_fd);

@@ -25,6 +25,7 @@
 #include <sys/random.h>
 
 #include "compact.h"
+#include "events.h"
 #include "summarize.h"
 #include "kvcd.h"
 #include "log.h"
@@ -298,12 +299,18 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
                 }
                 s->plan_units = (uint32_t)units;
         }
+        r = events_session_opened(d, s, m->prompt_token_ids, m->n_prompt_token_ids);
+        if (r < 0) {
+                session_close(d, s);
+                return r;
+        }
         d->n.sessions_opened++;
         *ret = s;
         return 0;
 }
 
 void session_close(struct kvcd *d, struct session *s) {
+        events_session_closed(d, s);
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 for (uint32_t b = 0; b < s->layers[l].fp.n; b++)
                         free_units(d, s, false, s->layers[l].fp.blocks[b], 1);
@@ -514,6 +521,7 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
         uint32_t heads = s->per_head ? s->n_kv_heads : 1;
         uint64_t per_layer = (uint64_t)s->max_keep * heads;
         Kvc__Plan *p = NULL;
+        s->plan_intact = s->prompt_alive;
 
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 uint32_t n = s->layers[l].n_tokens, k = targets[l].keep;
@@ -550,6 +558,13 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                         }
                 }
                 L->planned_q8 = q8;
+                for (uint32_t h = 0; h < heads && s->prompt_alive; h++) { /* prompt blocks left whole */
+                        uint32_t same = 0;
+                        while (same < k && keep[(size_t)h * k + same] == same)
+                                same++;
+                        if (same / 16 < s->plan_intact)
+                                s->plan_intact = same / 16;
+                }
                 if (deltas)
                         add_logw(d, s, l, keep, k, d->scratch.logw_delta);
                 pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep, (size_t)k * heads * sizeof(uint32_t));
@@ -619,6 +634,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
         s->last_step = st->step;
         s->stepped = true;
         s->stats.steps++;
+        events_session_progress(d, s);
         s->confidence = policy_confidence(s->policy->conf_weights, st->entropy, st->top1_prob, st->margin);
         histogram_observe(&d->confidence, s->confidence);
         d->n.steps++;
@@ -736,6 +752,7 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 L->n_q8 = L->planned_q8;
         }
         s->pending_plan_id = 0;
+        events_session_evicted(d, s, s->plan_intact);
         histogram_observe(&d->plan_latency, (double)(now_usec() - s->pending_since_usec) / 1e6);
         d->n.plans_applied++;
         return 0;

@@ -217,6 +217,8 @@ static int v_open_session(const Kvc__Envelope *env, char *why, size_t why_len) {
                 return r;
         if (m->budget_tokens > WIRE_MAX_TOKENS)
                 return BAD("budget %u exceeds %u", m->budget_tokens, WIRE_MAX_TOKENS);
+        if (m->n_prompt_token_ids > WIRE_MAX_TOKENS || m->n_prompt_token_ids > m->geometry->max_tokens)
+                return BAD("%zu prompt token ids exceed the context", m->n_prompt_token_ids);
         if (m->prompt_tokens > m->geometry->max_tokens)
                 return BAD("prompt of %u tokens exceeds the context of %u", m->prompt_tokens,
                            m->geometry->max_tokens);
@@ -509,6 +511,30 @@ int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_b
         if (r < 0)
                 return r;
         *ret = env;
+        return 0;
+}
+
+size_t wire_event_packed_size(const Kvc__KvEventBatch *b) {
+        return kvc__kv_event_batch__get_packed_size(b);
+}
+
+size_t wire_event_pack(const Kvc__KvEventBatch *b, uint8_t *out) {
+        return kvc__kv_event_batch__pack(b, out);
+}
+
+int wire_event_decode(struct wire_arena *a, const void *data, size_t len, Kvc__KvEventBatch **ret) {
+        if (len > WIRE_REPLY_MAX_BYTES)
+                return -EMSGSIZE;
+        wire_arena_reset(a);
+        Kvc__KvEventBatch *b = kvc__kv_event_batch__unpack(&a->allocator, len, data);
+        if (!b)
+                return a->exhausted ? -EMSGSIZE : -EPROTO;
+        for (size_t i = 0; i < b->n_events; i++) {
+                const Kvc__KvEvent *e = b->events[i];
+                if (e->event_case == KVC__KV_EVENT__EVENT__NOT_SET || !e->stored)
+                        return -EPROTO;
+        }
+        *ret = b;
         return 0;
 }
 

@@ -63,6 +63,11 @@ int wire_validate(const Kvc__Envelope *env, char *why, size_t why_len);
 size_t wire_packed_size(const Kvc__Envelope *env);
 size_t wire_pack(const Kvc__Envelope *env, uint8_t *out);
 
+/* KV event batches (the third frame on kvcd.events.sock): pack, and decode with validation. */
+size_t wire_event_packed_size(const Kvc__KvEventBatch *b);
+size_t wire_event_pack(const Kvc__KvEventBatch *b, uint8_t *out);
+int wire_event_decode(struct wire_arena *a, const void *data, size_t len, Kvc__KvEventBatch **ret);
+
 /* The name of a body case ("step_batch"), for logs. */
 const char *wire_body_name(Kvc__Envelope__BodyCase c);
 
