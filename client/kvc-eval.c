@@ -150,8 +150,8 @@ static int default_suite(struct eval *e) {
                 "conf-naive=conf:%u:gate=naive",
                 "conf-defer=conf:%u:gate=defer",
                 "conf-l=conf-l:%u",
-                "conf-int8=conf:%u:gate=fixed,int8=1,fp_window=16",
-                "conf-defer-int8=conf:%u:gate=defer,int8=1,fp_window=16",
+                "conf-int8=conf:%u:gate=fixed,int8=1",
+                "conf-defer-int8=conf:%u:gate=defer,int8=1",
                 "snapkv:%u",
                 "prob-none=prob:%u:correction=none",
                 "prob-ht=prob:%u:correction=ht",
@@ -175,6 +175,11 @@ static int default_suite(struct eval *e) {
                         r = add_config(e, spec);
                 }
         }
+        /* the INT8 curve is measured finer where it crosses a 64-token FP16 window's bytes */
+        if (r == 0)
+                r = add_config(e, "conf-int8-80=conf:80:gate=fixed,int8=1");
+        if (r == 0)
+                r = add_config(e, "conf-int8-96=conf:96:gate=fixed,int8=1");
         return r;
 }
 

@@ -1603,14 +1603,14 @@ static void conf_budgets_at_given_confidences_for_each_gate(void **state) {
         policy_free(p);
 }
 
-/* int8=1: of the kept tokens all but the newest fp_window (32) go to INT8. */
+/* int8=1: of the kept tokens all but the newest fp_window (32, set: the default is 8) go to INT8. */
 static void conf_int8_marks_all_but_the_fp_window(void **state) {
         struct policy_setup s = setup_of(2, 2, 4096, 16, 100, 0);
         struct policy_target t[3];
         const uint32_t lens[] = { 166, 100 };
         (void)state;
 
-        const struct policy_param fixed[] = { NUM("int8", 1), TEXT("gate", "fixed") };
+        const struct policy_param fixed[] = { NUM("int8", 1), TEXT("gate", "fixed"), NUM("fp_window", 32) };
         struct policy *p = policy_make("conf", &s, fixed, N_OF(fixed));
         assert_true(limits_of(p).int8);
         struct policy_step st = step_of(166, lens, 0.9f);
@@ -1621,7 +1621,7 @@ static void conf_int8_marks_all_but_the_fp_window(void **state) {
         assert_int_equal(t[1].q8, 0);
         policy_free(p);
 
-        const struct policy_param naive[] = { NUM("int8", 1), TEXT("gate", "naive") };
+        const struct policy_param naive[] = { NUM("int8", 1), TEXT("gate", "naive"), NUM("fp_window", 32) };
         p = policy_make("conf", &s, naive, N_OF(naive));
         decide_into(p, &st, t);
         assert_int_equal(t[0].keep, 50);
