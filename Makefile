@@ -29,7 +29,7 @@ LDLIBS_ZMQ := -lzmq -lprotobuf-c
 LDLIBS := -lm
 
 DEB_PACKAGES := build-essential pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
-	libsystemd-dev libcmocka-dev libmicrohttpd-dev
+	libsystemd-dev libcmocka-dev libmicrohttpd-dev systemd
 
 GEN := $(BUILD)/gen/kvc.pb-c.c
 GEN_H := $(BUILD)/gen/kvc.pb-c.h
@@ -37,7 +37,7 @@ PROTO_SRC := proto/wire.c proto/fdwire.c
 KERNEL_SRC := kernels/block.c kernels/compact.c kernels/attention.c kernels/summary.c \
 	$(wildcard kernels/quant.c kernels/mixed.c) kernels/summarize.c
 DAEMON_SRC := $(wildcard daemon/*.c daemon/policy/*.c)
-LIBKVC_SRC := client/kvc.c
+LIBKVC_SRC := client/kvc.c client/devpool.c daemon/cuda_driver.c
 MODEL_SRC := client/model.c client/tokenizer.c client/sampler.c
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
@@ -53,7 +53,7 @@ LIB := $(BUILD)/lib
 PROGRAMS := $(BIN)/kvcd $(BIN)/kvcctl $(BIN)/kvc-run $(BIN)/kvc-eval
 UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
-HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c)
+HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c tests/integration/sdharness.c)
 
 .PHONY: all deps test check demo cuda install clean tests quality quality-deps
 .SECONDARY:
@@ -112,6 +112,7 @@ TEST_LIBS := $(LIB)/libkvc.a
 $(BUILD)/tests/test_model: $(MODEL_OBJ)
 $(BUILD)/tests/test_pool: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
+$(BUILD)/tests/test_cuda_backend: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(filter %.o,$^) $(TEST_LIBS) -o $@ -lcmocka -lsystemd -lmicrohttpd $(LDLIBS_ZMQ) $(LDLIBS)
@@ -125,7 +126,7 @@ tests: all $(UNIT_TESTS) $(INTEGRATION_TESTS) $(if $(filter 1,$(CUDA)),cuda) cud
 # The CUDA kernels run on the CPU under tests/gpu/emu as one more test program (any machine).
 test: deps
 	@$(MAKE) --no-print-directory tests
-	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/gpu/emulate.sh
+	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/gpu/emulate.sh tests/systemd/verify.sh tests/systemd/man.sh
 
 check: deps
 	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 OPT=-O1 tests
@@ -154,8 +155,16 @@ endif
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
 	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 $(LIB)/libkvc.a $(LIB)/libkvc.so $(DESTDIR)$(PREFIX)/lib/
+	install -m 0644 $(LIB)/libkvc.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 0755 $(LIB)/libkvc.so $(DESTDIR)$(PREFIX)/lib/libkvc.so.0
+	ln -sf libkvc.so.0 $(DESTDIR)$(PREFIX)/lib/libkvc.so
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man1 man/kvcctl.1 man/kvc-run.1
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man8 man/kvcd.8
 	install -m 0644 client/kvc.h $(DESTDIR)$(PREFIX)/include/
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/sysusers.d
+	sed 's|/usr/local/bin/kvcd|$(PREFIX)/bin/kvcd|' systemd/kvcd.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/kvcd.service
+	install -m 0644 systemd/kvcd.socket systemd/kvcd-admin.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/
+	install -m 0644 systemd/kvcd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/kvcd.conf
 
 clean:
 	rm -rf build

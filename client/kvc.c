@@ -6,6 +6,15 @@
  * before it touches memory (offsets inside mapped chunks, keep-sets sorted and inside the cache,
  * plan entries inside the plan buffer, which is copied out before use), so a faulty kvcd cannot
  * make a client write out of bounds. A plan that fails the checks is refused and reported.
+ *
+ * Device pools (kvcd's cuda backend, docs/gpu.md): kvcd says so on the side channel, with the
+ * GPU's UUID; the range is then reserved on that GPU and chunks are imported and mapped there
+ * (devpool.c, through the driver loaded with dlopen). The CPU kernels cannot touch that memory:
+ * kvc_append and kvc_attend answer -ENOTSUP, the caller writes tokens with its own kernels
+ * (kvc_append_slots, kvc_layer_view) and plans are applied by the compactor it registered
+ * (kvc_set_compactor), after the same checks on a copy of the plan buffer. The host path is
+ * untouched by any of this. Chunks kvcd asks back (UNMAP) are unmapped and acknowledged when
+ * nothing of the client's lies in them.
  */
 #define _GNU_SOURCE
 #include "kvc.h"
@@ -28,6 +37,8 @@
 #include "attention.h"
 #include "block.h"
 #include "compact.h"
+#include "cuda_driver.h"
+#include "devpool.h"
 #include "fdwire.h"
 #include "mixed.h"
 #include "summarize.h"
@@ -96,8 +107,13 @@ struct kvc_client {
         uint64_t pool_bytes;
         uint32_t n_chunks;
         uint32_t block_tokens;
-        uint8_t *base;
+        uint8_t *base;   /* the pool's range: host memory, or a device pointer when dev */
         uint8_t *mapped; /* per chunk: 0, or 1 when mapped */
+        struct cuda_driver drv; /* loaded for a device pool */
+        struct devpool *dev;    /* a device pool; NULL: host memory */
+        uint8_t device_uuid[16];
+        kvc_compactor compactor;
+        void *compactor_ctx;
         int timeout_ms;
         uint32_t plan_lag;
         struct wire_arena *arena;
@@ -128,8 +144,23 @@ static int set_error(struct kvc_client *c, int code, const char *fmt, ...) {
         return code;
 }
 
+/* Why the last kvc_connect of this thread failed, when it knows more than the code. */
+static __thread char connect_error[640];
+
 const char *kvc_last_error(const struct kvc_client *c) {
-        return c ? c->error : "no client";
+        return c ? c->error : connect_error[0] ? connect_error : "no client";
+}
+
+struct uuid_text {
+        char s[41];
+};
+
+static struct uuid_text uuid_text(const uint8_t bytes[16]) {
+        struct cuda_uuid u;
+        struct uuid_text t;
+        memcpy(u.bytes, bytes, sizeof(u.bytes));
+        cuda_uuid_format(&u, t.s);
+        return t;
 }
 
 int kvc_default_runtime_dir(char *buf, size_t len) {
@@ -192,6 +223,8 @@ static int send_env(struct kvc_client *c, Kvc__Envelope *env) {
         return 0;
 }
 
+static int side_record(struct kvc_client *c, const struct fdwire_msg *m, int fd);
+
 /* Receives one message (valid until the next receive). -ETIMEDOUT, -ENOTCONN when kvcd's side
  * channel hung up (it died), -EPROTO for a message that fails validation. */
 static int recv_env(struct kvc_client *c, int timeout_ms, Kvc__Envelope **ret) {
@@ -207,14 +240,22 @@ static int recv_env(struct kvc_client *c, int timeout_ms, Kvc__Envelope **ret) {
                         return set_error(c, -EIO, "poll: %s", zmq_strerror(zmq_errno()));
                 if (n == 0)
                         return set_error(c, -ETIMEDOUT, "no answer from kvcd within %d ms", timeout_ms);
+                /* the side channel first, as kvcd sent it first: a chunk ahead of the message that
+                 * names it, one kvcd asks back, or kvcd hung up */
+                if (items[1].revents) {
+                        struct fdwire_msg m;
+                        int fd, r = fdwire_recv(c->fd, &m, &fd, 0);
+                        if (r == -ENOTCONN)
+                                return set_error(c, -ENOTCONN, "kvcd closed the connection");
+                        if (r == 0 && (r = side_record(c, &m, fd)) < 0)
+                                return r;
+                        if (r < 0 && r != -ETIMEDOUT && r != -EPROTO)
+                                return set_error(c, r, "side channel: %s", strerror(-r));
+                        if (r == 0)
+                                continue; /* there may be more */
+                }
                 if (items[0].revents)
                         break;
-                /* the side channel speaks only before a grant that needs it; readable now means
-                 * kvcd hung up (or sent a chunk early: leave it for ensure_chunk) */
-                char b;
-                if (recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
-                        return set_error(c, -ENOTCONN, "kvcd closed the connection");
-                items[1].events = 0;
         }
         zmq_msg_t msg;
         zmq_msg_init(&msg);
@@ -233,6 +274,95 @@ static int recv_env(struct kvc_client *c, int timeout_ms, Kvc__Envelope **ret) {
         return 0;
 }
 
+/* Maps chunk record m's fd (closed here either way). */
+static int map_chunk(struct kvc_client *c, const struct fdwire_msg *m, int fd) {
+        struct stat st;
+        bool device = (m->flags & FDWIRE_DEVICE_MEM) != 0;
+        if (fd < 0 || m->chunk_idx >= c->n_chunks || m->chunk_bytes != c->chunk_bytes || device != (c->dev != NULL) ||
+            (!device && (fstat(fd, &st) < 0 || (uint64_t)st.st_size < c->chunk_bytes))) {
+                if (fd >= 0)
+                        close(fd);
+                return set_error(c, -EPROTO, "kvcd sent an invalid chunk record");
+        }
+        bool read_only = (m->flags & FDWIRE_READ_ONLY) != 0;
+        if (c->dev) {
+                char why[256];
+                int r = devpool_map(c->dev, m->chunk_idx, fd, read_only, why, sizeof(why));
+                close(fd);
+                if (r < 0)
+                        return set_error(c, r, "mapping chunk %llu on the GPU: %s", (unsigned long long)m->chunk_idx,
+                                         why);
+        } else {
+                int prot = PROT_READ | (read_only ? 0 : PROT_WRITE);
+                void *p = mmap(c->base + m->chunk_idx * c->chunk_bytes, c->chunk_bytes, prot, MAP_SHARED | MAP_FIXED,
+                               fd, 0);
+                close(fd);
+                if (p == MAP_FAILED)
+                        return set_error(c, -errno, "mapping chunk %llu: %s", (unsigned long long)m->chunk_idx,
+                                         strerror(errno));
+        }
+        c->mapped[m->chunk_idx] = 1;
+        return 0;
+}
+
+static bool in_chunk(const struct kvc_client *c, uint64_t off, uint64_t idx) {
+        return off / c->chunk_bytes == idx;
+}
+
+/* Whether anything of the client's (a block, a plan buffer) lies in chunk idx. */
+static bool chunk_in_use(const struct kvc_client *c, uint64_t idx) {
+        for (const struct kvc_session *s = c->sessions; s; s = s->next) {
+                if (s->plan_bytes && in_chunk(c, s->plan_offset, idx))
+                        return true;
+                for (uint32_t l = 0; s->layers && l < s->g.n_layers; l++) {
+                        const struct layer *L = &s->layers[l];
+                        for (uint32_t b = 0; b < L->fp.n; b++)
+                                if (in_chunk(c, L->fp.offs[b], idx))
+                                        return true;
+                        for (uint32_t b = 0; b < L->q8.n; b++)
+                                if (in_chunk(c, L->q8.offs[b], idx))
+                                        return true;
+                }
+        }
+        return false;
+}
+
+/* kvcd asks chunk idx back: unmap it and say so. A chunk that is not mapped, or still holds
+ * something of ours, is kept and not acknowledged (kvcd then keeps it marked until we go). */
+static int unmap_chunk(struct kvc_client *c, uint64_t idx) {
+        if (idx >= c->n_chunks || !c->mapped[idx] || chunk_in_use(c, idx))
+                return 0;
+        if (c->dev) {
+                char why[256];
+                int r = devpool_unmap(c->dev, idx, why, sizeof(why));
+                if (r < 0)
+                        return set_error(c, r, "giving chunk %llu back: %s", (unsigned long long)idx, why);
+        } else if (mmap(c->base + idx * c->chunk_bytes, c->chunk_bytes, PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
+                return set_error(c, -errno, "giving chunk %llu back: %s", (unsigned long long)idx, strerror(errno));
+        }
+        c->mapped[idx] = 0;
+        struct fdwire_msg m = { .magic = FDWIRE_MAGIC,
+                                .version = FDWIRE_VERSION,
+                                .kind = FDWIRE_UNMAPPED,
+                                .chunk_idx = idx,
+                                .chunk_bytes = c->chunk_bytes };
+        int r = fdwire_send(c->fd, &m, -1);
+        return r < 0 ? set_error(c, r, "telling kvcd chunk %llu is unmapped: %s", (unsigned long long)idx, strerror(-r))
+                     : 0;
+}
+
+/* Handles one side-channel record (its fd, if any, is consumed). */
+static int side_record(struct kvc_client *c, const struct fdwire_msg *m, int fd) {
+        if (m->kind == FDWIRE_CHUNK)
+                return map_chunk(c, m, fd);
+        if (fd >= 0)
+                close(fd);
+        if (m->kind == FDWIRE_UNMAP)
+                return unmap_chunk(c, m->chunk_idx);
+        return set_error(c, -EPROTO, "kvcd sent an unexpected side-channel record (kind %u)", m->kind);
+}
+
 static int ensure_chunk(struct kvc_client *c, uint64_t idx) {
         while (!c->mapped[idx]) {
                 struct fdwire_msg m;
@@ -240,23 +370,17 @@ static int ensure_chunk(struct kvc_client *c, uint64_t idx) {
                 if (r < 0)
                         return set_error(c, r, "waiting for chunk %llu: %s", (unsigned long long)idx,
                                          strerror(-r));
-                struct stat st;
-                if (m.kind != FDWIRE_CHUNK || fd < 0 || m.chunk_idx >= c->n_chunks ||
-                    m.chunk_bytes != c->chunk_bytes || fstat(fd, &st) < 0 ||
-                    (uint64_t)st.st_size < c->chunk_bytes) {
-                        if (fd >= 0)
-                                close(fd);
-                        return set_error(c, -EPROTO, "kvcd sent an invalid chunk record");
-                }
-                int prot = PROT_READ | ((m.flags & FDWIRE_READ_ONLY) ? 0 : PROT_WRITE);
-                void *p = mmap(c->base + m.chunk_idx * c->chunk_bytes, c->chunk_bytes, prot,
-                               MAP_SHARED | MAP_FIXED, fd, 0);
-                close(fd);
-                if (p == MAP_FAILED)
-                        return set_error(c, -errno, "mapping chunk %llu: %s", (unsigned long long)m.chunk_idx,
-                                         strerror(errno));
-                c->mapped[m.chunk_idx] = 1;
+                if ((r = side_record(c, &m, fd)) < 0)
+                        return r;
         }
+        return 0;
+}
+
+/* Copies n bytes at a pool offset out of the pool (host memory, or the GPU's). */
+static int pool_copy_out(const struct kvc_client *c, uint64_t off, void *dst, size_t n) {
+        if (c->dev)
+                return devpool_read(c->dev, off, dst, n);
+        memcpy(dst, c->base + off, n);
         return 0;
 }
 
@@ -412,7 +536,12 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                 }
                 /* copy out of the shared buffer, then check the copy */
                 uint32_t *keep = s->plan_copy + used;
-                memcpy(keep, (uint8_t *)c->base + s->plan_offset + (uint64_t)lp->keep_offset * 4, n * 4);
+                if (pool_copy_out(c, s->plan_offset + (uint64_t)lp->keep_offset * 4, keep, n * 4) < 0) {
+                        status = EIO;
+                        set_error(c, -EIO, "plan %llu: cannot copy the plan buffer off the GPU",
+                                  (unsigned long long)p->plan_id);
+                        break;
+                }
                 for (uint32_t h = 0; h < (lp->per_head ? s->g.n_kv_heads : 1u); h++) {
                         if (compact_check_keep(keep + (uint64_t)h * lp->keep_count, lp->keep_count,
                                                lp->base_tokens) < 0) {
@@ -424,6 +553,11 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                         }
                 }
                 used += n;
+        }
+        if (status == 0 && c->dev && !c->compactor) {
+                status = ENOTSUP;
+                set_error(c, -ENOTSUP, "plan %llu: the pool is GPU memory and no compactor is registered "
+                                       "(kvc_set_compactor)", (unsigned long long)p->plan_id);
         }
         if (status != 0) {
                 int r = send_plan_applied(c, s, p->plan_id, status, NULL);
@@ -438,7 +572,22 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                 struct layer *L = &s->layers[lp->layer];
                 uint32_t new_len;
                 int r;
-                if (L->n_q8 == 0 && lp->q8_tokens == 0) {
+                if (c->dev) {
+                        struct kvc_compaction job = {
+                                .layer = lp->layer,
+                                .keep = s->plan_copy + used,
+                                .keep_device = (const uint32_t *)(c->base + s->plan_offset + (uint64_t)lp->keep_offset * 4),
+                                .keep_count = lp->keep_count,
+                                .per_head = lp->per_head,
+                                .base_tokens = lp->base_tokens,
+                                .q8_tokens = lp->q8_tokens,
+                                .summary_slot = lp->summary_slot,
+                                .new_tokens = lp->keep_count + (L->n_tokens - lp->base_tokens),
+                        };
+                        kvc_layer_view(s, lp->layer, &job.view);
+                        r = c->compactor(c->compactor_ctx, s, &job);
+                        new_len = job.new_tokens;
+                } else if (L->n_q8 == 0 && lp->q8_tokens == 0) {
                         struct block_layer bl = layer_of(s, lp->layer);
                         r = lp->summary_slot ? summarize_evicted(&bl, s->plan_copy + used, lp->keep_count, lp->base_tokens,
                                                                  lp->summary_slot - 1, s->compact_scratch)
@@ -546,6 +695,7 @@ int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
         struct kvc_client *c = calloc(1, sizeof(*c));
         if (!c)
                 return -ENOMEM;
+        connect_error[0] = 0;
         c->fd = -1;
         c->base = MAP_FAILED;
         c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : KVC_DEFAULT_TIMEOUT_MS;
@@ -570,6 +720,18 @@ int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
                 if (fd >= 0)
                         close(fd);
                 r = -EPROTO;
+        }
+        bool device = r == 0 && (m.flags & FDWIRE_DEVICE_MEM);
+        if (device) { /* the GPU's UUID follows */
+                struct fdwire_msg dm;
+                r = fdwire_recv(c->fd, &dm, &fd, c->timeout_ms);
+                if (r == 0 && (dm.kind != FDWIRE_DEVICE || fd >= 0)) {
+                        if (fd >= 0)
+                                close(fd);
+                        r = -EPROTO;
+                }
+                if (r == 0)
+                        memcpy(c->device_uuid, dm.token, sizeof(c->device_uuid));
         }
         if (r < 0 || (r = wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena)) < 0) {
                 kvc_disconnect(c);
@@ -606,10 +768,29 @@ int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
         c->n_chunks = (uint32_t)(w->pool_bytes / w->chunk_bytes);
         c->block_tokens = w->block_tokens;
         c->mapped = calloc(c->n_chunks, 1);
-        c->base = mmap(NULL, c->pool_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (!c->mapped || c->base == MAP_FAILED) {
+        if (!c->mapped) {
                 kvc_disconnect(c);
                 return -ENOMEM;
+        }
+        if (device) {
+                char why[512];
+                r = cuda_driver_load(NULL, &c->drv, why, sizeof(why));
+                if (r == 0)
+                        r = devpool_open(&c->drv, c->device_uuid, c->pool_bytes, c->chunk_bytes, &c->dev, why,
+                                         sizeof(why));
+                if (r < 0) {
+                        snprintf(connect_error, sizeof(connect_error), "the pool is on GPU %s: %s",
+                                 uuid_text(c->device_uuid).s, why);
+                        kvc_disconnect(c);
+                        return r;
+                }
+                c->base = (uint8_t *)(uintptr_t)devpool_base(c->dev);
+        } else {
+                c->base = mmap(NULL, c->pool_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                if (c->base == MAP_FAILED) {
+                        kvc_disconnect(c);
+                        return -ENOMEM;
+                }
         }
         *ret = c;
         return 0;
@@ -656,6 +837,11 @@ struct kvc_client *kvc_disconnect(struct kvc_client *c) {
                 zmq_ctx_term(c->zctx);
         if (c->fd >= 0)
                 close(c->fd); /* kvcd frees everything of ours when this closes */
+        if (c->dev) {
+                c->dev = devpool_free(c->dev);
+                c->base = MAP_FAILED;
+        }
+        cuda_driver_unload(&c->drv);
         if (c->base != MAP_FAILED)
                 munmap(c->base, c->pool_bytes);
         free(c->mapped);
@@ -828,14 +1014,22 @@ int kvc_session_reserve(struct kvc_session *s, uint32_t n_tokens) {
         return r < 0 ? r : apply_grant(c, in->grant);
 }
 
+#define DEVICE_POOL_HINT                                                                                     \
+        "the pool is GPU memory: write and read it with CUDA kernels (kernels/cuda.h) at the blocks "       \
+        "kvc_layer_view shows, and count tokens with kvc_append_slots"
+
 int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *k, const float *v) {
         if (layer >= s->g.n_layers)
                 return set_error(s->c, -EINVAL, "layer %u of %u", layer, s->g.n_layers);
+        if (s->c->dev)
+                return set_error(s->c, -ENOTSUP, "kvc_append: " DEVICE_POOL_HINT);
         if (s->closed_by_kvcd)
                 return set_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
         struct layer *L = &s->layers[layer];
         const struct block_layout *l = &s->layout;
         uint32_t T = l->block_tokens, fp = L->n_tokens - L->n_q8;
+        if (L->n_tokens >= s->max_layer_tokens) /* the scratch is sized for it, whatever kvcd granted */
+                return set_error(s->c, -ENOSPC, "layer %u holds the %u tokens the session allows", layer, s->max_layer_tokens);
         if (fp >= L->fp.n * T) {
                 int r = kvc_session_reserve(s, L->n_tokens + 1);
                 if (r < 0)
@@ -862,6 +1056,8 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
 int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out) {
         if (layer >= s->g.n_layers)
                 return set_error(s->c, -EINVAL, "layer %u of %u", layer, s->g.n_layers);
+        if (s->c->dev)
+                return set_error(s->c, -ENOTSUP, "kvc_attend: " DEVICE_POOL_HINT);
         int r;
         if (s->layers[layer].n_q8 == 0) { /* the reference: exactly the model's own attention */
                 struct block_layer bl = layer_of(s, layer);
@@ -871,6 +1067,44 @@ int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out
                 r = attn_decode_mixed(&ml, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch);
         }
         return r < 0 ? set_error(s->c, r, "attention over an empty layer %u", layer) : 0;
+}
+
+int kvc_append_slots(struct kvc_session *s, uint32_t layer, uint32_t n) {
+        if (layer >= s->g.n_layers)
+                return set_error(s->c, -EINVAL, "layer %u of %u", layer, s->g.n_layers);
+        if (s->closed_by_kvcd)
+                return set_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
+        struct layer *L = &s->layers[layer];
+        uint32_t T = s->layout.block_tokens;
+        if (n > s->max_layer_tokens || L->n_tokens > s->max_layer_tokens - n)
+                return set_error(s->c, -ENOSPC, "layer %u: %u more tokens pass the session's limit of %u", layer, n,
+                                 s->max_layer_tokens);
+        if (L->n_tokens - L->n_q8 + n > L->fp.n * T) {
+                int r = kvc_session_reserve(s, L->n_tokens + n);
+                if (r < 0)
+                        return r;
+                if (L->n_tokens - L->n_q8 + n > L->fp.n * T)
+                        return set_error(s->c, -EPROTO, "kvcd granted no room for %u more tokens", n);
+        }
+        L->n_tokens += n;
+        return 0;
+}
+
+int kvc_pool_is_device(const struct kvc_client *c) {
+        return c->dev != NULL;
+}
+
+void *kvc_pool_base(const struct kvc_client *c) {
+        return c->base == MAP_FAILED ? NULL : c->base;
+}
+
+int kvc_pool_device(const struct kvc_client *c) {
+        return c->dev ? devpool_device(c->dev) : -1;
+}
+
+void kvc_set_compactor(struct kvc_client *c, kvc_compactor fn, void *ctx) {
+        c->compactor = fn;
+        c->compactor_ctx = ctx;
 }
 
 uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer) {

@@ -55,10 +55,15 @@ struct kvc_options {
         uint32_t plan_lag;  /* steps the client may run ahead of kvcd's answers (default 0) */
 };
 
+/* On a device pool (kvcd --backend cuda) this also loads the CUDA driver (dlopen), finds the GPU
+ * kvcd named by UUID, makes its primary context current on the calling thread and reserves the
+ * pool's range there; -ENODEV (no driver, a stub, no device) or -ENXIO (the GPU is not visible to
+ * this process) then, with the reason in kvc_last_error(NULL). */
 int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret);
 /* Closes every session (kvcd frees their blocks) and the connection. Accepts NULL. */
 struct kvc_client *kvc_disconnect(struct kvc_client *c);
-/* The reason for the last failure, or "". */
+/* The reason for the last failure, or "". With NULL: why the last kvc_connect() of this thread
+ * failed, when it knows more than its return code. */
 const char *kvc_last_error(const struct kvc_client *c);
 /* The runtime directory a client would use without options (buf gets at most len bytes). */
 int kvc_default_runtime_dir(char *buf, size_t len);
@@ -141,6 +146,61 @@ struct kvc_layer_view {
         uint8_t *const *q8_blocks;
 };
 int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer_view *ret);
+
+/* ---- device pools (kvcd --backend cuda; docs/gpu.md) ----
+ *
+ * The pool is then GPU memory: kvc_pool_base() and the block addresses of kvc_layer_view() are
+ * device pointers on the GPU kvc_pool_device() names (this process's CUDA ordinal), and the CPU
+ * kernels behind kvc_append() and kvc_attend() answer -ENOTSUP. The caller runs its own kernels
+ * (kernels/cuda.h has the compaction, attention and summary kernels) on the blocks:
+ *
+ *   - a token goes in with kvc_append_slots() (room is granted, the length counted), then the
+ *     caller writes its key, value and side arrays (position; zero scores and log-weight) at the
+ *     slot kvc_layer_view() shows; its stream must be synchronized before kvc_flush(), which
+ *     reports the lengths (kvcd reads the score arrays from the GPU when it plans);
+ *   - plans are checked by libkvc on a copy of the plan buffer, then handed, one layer at a time,
+ *     to the compactor the caller registered; without one a plan is refused (-ENOTSUP, and kvcd
+ *     is told).
+ */
+
+/* 1 when the pool is GPU memory. */
+int kvc_pool_is_device(const struct kvc_client *c);
+/* The base of the pool's range (a device pointer on a device pool): chunk i at i * chunk bytes. */
+void *kvc_pool_base(const struct kvc_client *c);
+/* The CUDA device ordinal (in this process) of a device pool; -1 for host memory. */
+int kvc_pool_device(const struct kvc_client *c);
+
+/* Counts n more tokens at the end of the layer, which the caller writes itself (any pool): their
+ * slots are the layer's old length and on, in the blocks kvc_layer_view() shows after the call.
+ * Reserves blocks from kvcd as kvc_append() does. -ENOSPC past the session's limit. */
+int kvc_append_slots(struct kvc_session *s, uint32_t layer, uint32_t n);
+
+/* One layer of a plan, for a compactor: gather slots keep[...] (per KV head when per_head, head
+ * after head) of the first base_tokens into a dense prefix, move slots [base_tokens, old length)
+ * right after them, leave the oldest q8_tokens slots INT8 (kernels/mixed.h): the contract of
+ * compact_mixed and kvc_cuda_compact_mixed. summary_slot, when not 0, asks for a summary of the
+ * evicted tokens in slot summary_slot - 1 (kernels/summarize.h); a compactor that cannot make
+ * one refuses the layer. */
+struct kvc_compaction {
+        uint32_t layer;
+        const uint32_t *keep;        /* host memory: libkvc's checked copy */
+        const uint32_t *keep_device; /* the same entries in the plan buffer (device memory); kvcd
+                                        could rewrite them after the check, so kernels that read
+                                        them must check them again (kvc_cuda_compact_mixed does) */
+        uint32_t keep_count;
+        int per_head;
+        uint32_t base_tokens;
+        uint32_t q8_tokens;
+        uint32_t summary_slot;
+        uint32_t new_tokens;         /* the layer's length after compaction */
+        struct kvc_layer_view view;  /* the layer before it */
+};
+/* Compacts one layer and returns 0 once the work is complete (the stream synchronized: kvcd may
+ * grant the blocks the layer gives back to another session), or -errno, which fails the plan. */
+typedef int (*kvc_compactor)(void *ctx, struct kvc_session *s, const struct kvc_compaction *job);
+/* Registers the compactor for plans on a device pool (NULL: none). Host pools use libkvc's CPU
+ * kernels whatever is registered. */
+void kvc_set_compactor(struct kvc_client *c, kvc_compactor fn, void *ctx);
 
 /* The logits summary: normalized entropy, top-1 probability and top-1 minus top-2 margin. */
 struct kvc_summary {

@@ -166,29 +166,6 @@ static const char *human_bytes(uint64_t b, char *buf, size_t len) {
         return buf;
 }
 
-/* "256M", "2G", "4096": bytes, or -EINVAL. */
-static int parse_bytes(const char *s, uint64_t *ret) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(s, &end, 10);
-        if (errno || end == s || s[0] == '-')
-                return -EINVAL;
-        uint64_t mul = 1;
-        switch (*end) {
-        case 'K': case 'k': mul = 1ull << 10; end++; break;
-        case 'M': case 'm': mul = 1ull << 20; end++; break;
-        case 'G': case 'g': mul = 1ull << 30; end++; break;
-        case 'T': case 't': mul = 1ull << 40; end++; break;
-        }
-        if (*end == 'i')
-                end++;
-        if (*end == 'B')
-                end++;
-        if (*end || v > UINT64_MAX / mul)
-                return -EINVAL;
-        *ret = v * mul;
-        return 0;
-}
 
 /* Prints a string as a JSON string literal. */
 static void json_string(const char *s) {
@@ -394,22 +371,22 @@ static int verb_budget(struct ctl *c) {
                         i++;
                         if (strcmp(a, "--capacity") == 0) {
                                 bs.set_capacity = true;
-                                if (parse_bytes(v, &bs.capacity_bytes) < 0)
+                                if (wire_parse_bytes(v, &bs.capacity_bytes) < 0)
                                         return EXIT_USAGE;
                         } else if (strcmp(a, "--tenant") == 0) {
                                 bs.tenant = (char *)v;
                         } else if (strcmp(a, "--quota") == 0) {
                                 bs.set_quota = true;
-                                if (parse_bytes(v, &bs.quota_bytes) < 0)
+                                if (wire_parse_bytes(v, &bs.quota_bytes) < 0)
                                         return EXIT_USAGE;
                         } else if (strcmp(a, "--session") == 0) {
                                 bs.set_session = true;
                                 bs.session_id = strtoull(v, NULL, 10);
                         } else if (strcmp(a, "--min") == 0) {
-                                if (parse_bytes(v, &bs.session_min_bytes) < 0)
+                                if (wire_parse_bytes(v, &bs.session_min_bytes) < 0)
                                         return EXIT_USAGE;
                         } else if (strcmp(a, "--max") == 0) {
-                                if (parse_bytes(v, &bs.session_max_bytes) < 0)
+                                if (wire_parse_bytes(v, &bs.session_max_bytes) < 0)
                                         return EXIT_USAGE;
                         } else if (strcmp(a, "--priority") == 0) {
                                 bs.priority = atoi(v);

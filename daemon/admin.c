@@ -102,26 +102,51 @@ int admin_metrics(struct kvcd *d, Kvc__Envelope *reply) {
 
 int admin_budgets(struct kvcd *d, Kvc__Envelope *reply) {
         struct pool_stats ps;
+        const struct budget *bu = &d->budget;
         Kvc__Budgets *b = wire_arena_alloc(d->out, sizeof(*b));
-        if (!b)
+        Kvc__TenantBudget **v = wire_arena_alloc(d->out, (bu->n_tenants + 1) * sizeof(*v));
+        if (!b || !v)
                 return -ENOMEM;
         pool_get_stats(d->pool, &ps);
         kvc__budgets__init(b);
         b->capacity_bytes = ps.capacity_bytes;
         b->used_bytes = ps.used_bytes;
-        b->default_quota_bytes = ps.capacity_bytes;
+        b->default_quota_bytes = bu->default_quota == BUDGET_NO_LIMIT ? ps.capacity_bytes : bu->default_quota;
+        b->tenants = v;
+        for (uint32_t i = 0; i < bu->n_tenants; i++) {
+                const struct tenant *t = bu->tenants[i];
+                Kvc__TenantBudget *tb = wire_arena_alloc(d->out, sizeof(*tb));
+                if (!tb)
+                        return -ENOMEM;
+                kvc__tenant_budget__init(tb);
+                tb->name = (char *)t->name;
+                uint64_t q = budget_quota(bu, t);
+                tb->quota_bytes = q == BUDGET_NO_LIMIT ? ps.capacity_bytes : q;
+                tb->used_bytes = t->used_bytes;
+                tb->sessions = t->n_sessions;
+                tb->reserved_bytes = t->reserved_bytes;
+                tb->uid = t->uid;
+                tb->gid = t->gid;
+                tb->declared = t->declared;
+                b->tenants[b->n_tenants++] = tb;
+        }
         reply->body_case = KVC__ENVELOPE__BODY_BUDGETS;
         reply->budgets = b;
         return 0;
 }
 
 int admin_budget_set(struct kvcd *d, const Kvc__BudgetSet *m, Kvc__Envelope *reply, char *why, size_t why_len) {
-        if (m->set_quota || m->set_session) {
-                snprintf(why, why_len, "tenant and session limits are not supported by this kvcd");
-                return -ENOTSUP;
+        int r;
+        struct session *s = NULL;
+        if (m->set_session && !(s = idmap_get(&d->sessions, m->session_id))) {
+                snprintf(why, why_len, "no session %llu", (unsigned long long)m->session_id);
+                return -ENOENT;
         }
+        /* changes are made in order (capacity, tenant, session); the first refused stops the rest */
+        if (m->set_capacity && (r = budget_check_capacity(d, m->capacity_bytes, why, why_len)) < 0)
+                return r;
         if (m->set_capacity) {
-                int r = pool_set_capacity(d->pool, m->capacity_bytes);
+                r = pool_set_capacity(d->pool, m->capacity_bytes);
                 if (r < 0) {
                         snprintf(why, why_len, "capacity must be between one chunk (%llu) and the pool's maximum (%llu)",
                                  (unsigned long long)pool_chunk_bytes(d->pool),
@@ -129,7 +154,26 @@ int admin_budget_set(struct kvcd *d, const Kvc__BudgetSet *m, Kvc__Envelope *rep
                         return r;
                 }
                 log_notice("capacity set to %llu bytes", (unsigned long long)m->capacity_bytes);
+                budget_limits_changed(d); /* shrinking below use makes plans, growing lets waits through */
+                d->freed = true;
         }
+        if (m->set_quota || m->set_binding) {
+                r = budget_set_tenant(d, m->tenant ? m->tenant : "", m->set_quota, m->quota_bytes, m->set_binding,
+                                      m->tenant_uid, m->tenant_gid, why, why_len);
+                if (r < 0)
+                        return r;
+                log_notice("tenant %s: quota %llu bytes%s", m->tenant && *m->tenant ? m->tenant : "(default)",
+                           (unsigned long long)m->quota_bytes, m->set_binding ? ", binding changed" : "");
+        }
+        if (s) {
+                r = budget_set_session(d, s, m->set_min, m->session_min_bytes, m->set_max, m->session_max_bytes,
+                                       m->set_priority, m->priority, why, why_len);
+                if (r < 0)
+                        return r;
+                log_notice("session %llu: limits %llu..%llu bytes, priority %d", (unsigned long long)s->id,
+                           (unsigned long long)s->min_bytes, (unsigned long long)s->max_bytes, s->priority);
+        }
+        budget_arbitrate(d);
         return admin_budgets(d, reply);
 }
 

@@ -1,4 +1,4 @@
-/* backend.c: the backend table, and the host backend (sealed memfd chunks).
+/* backend.c: the backend table, selection (auto), and the host backend (sealed memfd chunks).
  *
  * Host chunks are memfds sealed against shrinking and growing, so a client that holds the fd
  * cannot truncate the pool under kvcd (SIGBUS) or grow it past its budget. Scrubbing punches a
@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int host_chunk_create(uint64_t bytes, uint8_t *addr, struct backend_chunk *ret) {
@@ -30,6 +31,18 @@ static int host_chunk_create(uint64_t bytes, uint8_t *addr, struct backend_chunk
                 close(fd);
                 return r;
         }
+        ret->fd = fd;
+        ret->map = m;
+        return 0;
+}
+
+static int host_chunk_adopt(int fd, uint64_t bytes, uint8_t *addr, struct backend_chunk *ret) {
+        struct stat st;
+        if (fstat(fd, &st) < 0 || (uint64_t)st.st_size != bytes)
+                return -EINVAL;
+        void *m = mmap(addr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+        if (m == MAP_FAILED)
+                return -errno;
         ret->fd = fd;
         ret->map = m;
         return 0;
@@ -61,7 +74,9 @@ static int host_write(struct backend_chunk *c, uint64_t offset, const void *src,
 
 static const struct backend_ops host_ops = {
         .name = "host",
+        .device = false,
         .chunk_create = host_chunk_create,
+        .chunk_adopt = host_chunk_adopt,
         .chunk_scrub = host_chunk_scrub,
         .chunk_destroy = host_chunk_destroy,
         .read = host_read,
@@ -70,21 +85,63 @@ static const struct backend_ops host_ops = {
 
 static const struct {
         const char *name;
-        const struct backend_ops *ops; /* NULL: known but not built */
+        const struct backend_ops *ops;
 } backends[] = {
         { "host", &host_ops },
-        { "auto", &host_ops }, /* auto picks cuda when a driver and a device exist; host for now */
-        { "cuda", NULL },
+        { "cuda", &backend_cuda_ops },
+        { "auto", &host_ops }, /* backend_select() tries cuda first */
 };
 
 int backend_find(const char *name, const struct backend_ops **ret) {
         for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++) {
-                if (strcmp(backends[i].name, name) != 0)
-                        continue;
-                if (!backends[i].ops)
-                        return -ENOTSUP;
-                *ret = backends[i].ops;
-                return 0;
+                if (strcmp(backends[i].name, name) == 0) {
+                        *ret = backends[i].ops;
+                        return 0;
+                }
         }
         return -ENOENT;
+}
+
+static int backend_open(const struct backend_ops *ops, const struct backend_params *p, char *why,
+                        size_t why_len) {
+        return ops->open ? ops->open(p, why, why_len) : 0;
+}
+
+int backend_select(const char *name, const struct backend_params *p, const struct backend_ops **ret, char *why,
+                   size_t why_len) {
+        const struct backend_ops *ops;
+        int r;
+        why[0] = 0;
+        if ((r = backend_find(name, &ops)) < 0) {
+                snprintf(why, why_len, "unknown backend %s (host, cuda, auto)", name);
+                return r;
+        }
+        if (strcmp(name, "auto") == 0) {
+                r = backend_open(&backend_cuda_ops, p, why, why_len);
+                if (r == 0) {
+                        why[0] = 0;
+                        *ret = &backend_cuda_ops;
+                        return 0;
+                }
+                if (r != -ENODEV)
+                        return r;
+                /* keep cuda's reason: the caller logs why auto chose host */
+                size_t n = strlen(why);
+                snprintf(why + n, why_len - n, "; using the host backend");
+        }
+        if ((r = backend_open(ops, p, why, why_len)) < 0) /* host: no open, why stays cuda's */
+                return r;
+        *ret = ops;
+        return 0;
+}
+
+void backend_close(const struct backend_ops *ops) {
+        if (ops && ops->close)
+                ops->close();
+}
+
+void backend_get_info(const struct backend_ops *ops, struct backend_info *ret) {
+        *ret = (struct backend_info){ 0 };
+        if (ops && ops->get_info)
+                ops->get_info(ret);
 }

@@ -9,6 +9,11 @@
  * The connection's hang-up is the client's death certificate: the kernel closes it when the
  * process exits, however it exits. client_destroy() then closes every session of the client
  * and gives its chunks back to the pool, scrubbed.
+ *
+ * On a device pool (the cuda backend) the WELCOME record says so and a DEVICE record with the
+ * GPU's UUID follows it; chunk records carry the DEVICE_MEM flag. The one record a client sends
+ * is UNMAPPED, its answer to UNMAP (cooperative shrink, docs/gpu.md); anything else it writes is
+ * read and dropped.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -57,18 +62,27 @@ int client_accept(struct kvcd *d) {
                 return r;
         }
         c->id = ++d->next_client_id;
+        restart_record_ids(d);
         c->fd = fd;
         c->pid = cred.pid;
         c->uid = cred.uid;
         c->gid = cred.gid;
         c->connected_usec = now_usec();
 
+        struct backend_info bi;
+        backend_get_info(d->backend, &bi);
         struct fdwire_msg m = { .magic = FDWIRE_MAGIC,
                                 .version = FDWIRE_VERSION,
                                 .kind = FDWIRE_WELCOME,
-                                .chunk_bytes = pool_chunk_bytes(d->pool) };
+                                .chunk_bytes = pool_chunk_bytes(d->pool),
+                                .flags = bi.device ? FDWIRE_DEVICE_MEM : 0 };
         memcpy(m.token, c->token, sizeof(m.token));
         int r = fdwire_send(fd, &m, -1);
+        if (r == 0 && bi.device) {
+                m.kind = FDWIRE_DEVICE;
+                memcpy(m.token, bi.device_uuid, sizeof(m.token));
+                r = fdwire_send(fd, &m, -1);
+        }
         if (r < 0) {
                 log_warning("client pid %d: cannot send its token: %s", (int)c->pid, strerror(-r));
                 close(fd);
@@ -102,21 +116,67 @@ int client_send_chunk(struct kvcd *d, struct client *c, uint32_t idx) {
                                 .version = FDWIRE_VERSION,
                                 .kind = FDWIRE_CHUNK,
                                 .chunk_idx = idx,
-                                .chunk_bytes = pool_chunk_bytes(d->pool) };
+                                .chunk_bytes = pool_chunk_bytes(d->pool),
+                                .flags = d->backend->device ? FDWIRE_DEVICE_MEM : 0 };
         return fdwire_send(c->fd, &m, pool_chunk_fd(d->pool, idx));
 }
 
+int client_send_unmap(struct kvcd *d, struct client *c, uint32_t idx) {
+        struct fdwire_msg m = { .magic = FDWIRE_MAGIC,
+                                .version = FDWIRE_VERSION,
+                                .kind = FDWIRE_UNMAP,
+                                .chunk_idx = idx,
+                                .chunk_bytes = pool_chunk_bytes(d->pool) };
+        return fdwire_send(c->fd, &m, -1);
+}
+
+struct client *client_by_id(struct kvcd *d, uint64_t id) {
+        for (uint32_t i = 0; i < d->n_clients; i++)
+                if (d->clients[i]->id == id)
+                        return d->clients[i];
+        return NULL;
+}
+
 int client_drain(struct kvcd *d, struct client *c) {
-        (void)d;
         for (int i = 0; i < 64; i++) {
-                char buf[256];
-                ssize_t n = recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
-                if (n == 0)
+                struct fdwire_msg m;
+                int fd = -1, r = fdwire_recv(c->fd, &m, &fd, 0);
+                if (r == -ETIMEDOUT)
+                        return 0;
+                if (r == -ENOTCONN)
+                        return r;
+                if (fd >= 0)
+                        close(fd); /* clients send no fds */
+                if (r == -EPROTO)
+                        continue; /* not a record: dropped */
+                if (r < 0)
                         return -ENOTCONN;
-                if (n < 0)
-                        return errno == EAGAIN || errno == EINTR ? 0 : -ENOTCONN;
+                if (m.kind != FDWIRE_UNMAPPED || m.chunk_idx > UINT32_MAX)
+                        continue;
+                if (pool_reclaim_done(d->pool, c->id, (uint32_t)m.chunk_idx) == 0)
+                        log_info("client %llu gave back chunk %llu (scrubbed)", (unsigned long long)c->id,
+                                 (unsigned long long)m.chunk_idx);
+                else
+                        log_warning("client %llu says it unmapped chunk %llu, which was not asked back",
+                                    (unsigned long long)c->id, (unsigned long long)m.chunk_idx);
         }
         return 0;
+}
+
+void client_reclaim(struct kvcd *d) {
+        uint32_t idx[16];
+        uint64_t owner[16];
+        uint32_t n = pool_reclaim_pick(d->pool, 16, idx, owner);
+        for (uint32_t i = 0; i < n; i++) {
+                struct client *c = client_by_id(d, owner[i]);
+                int r = c ? client_send_unmap(d, c, idx[i]) : -ENOENT;
+                if (r < 0) /* stays marked: the owner's death gives it back */
+                        log_warning("cannot ask client %llu for chunk %u back: %s", (unsigned long long)owner[i], idx[i],
+                                    strerror(-r));
+                else
+                        log_info("asked client %llu for chunk %u back (it holds nothing there)",
+                                 (unsigned long long)owner[i], idx[i]);
+        }
 }
 
 void client_destroy(struct kvcd *d, struct client *c, bool died) {
@@ -124,6 +184,9 @@ void client_destroy(struct kvcd *d, struct client *c, bool died) {
         while (c->sessions)
                 session_close(d, c->sessions);
         uint32_t n_chunks = pool_release_owner(d->pool, c->id);
+        for (uint32_t i = 0; n_chunks && i < pool_n_chunks(d->pool); i++)
+                if (pool_chunk_owner(d->pool, i) == 0)
+                        restart_record_chunk_owner(d, i, 0);
         if (died && n_sessions)
                 d->n.client_deaths++;
         log_info("client %llu (pid %d) %s: %u sessions closed, %u chunks scrubbed", (unsigned long long)c->id,

@@ -63,24 +63,10 @@ static int handle_hello(struct request *rq) {
         return 0;
 }
 
-static int handle_open_session(struct request *rq) {
-        struct kvcd *d = rq->d;
-        struct session *s;
-        if (d->draining) {
-                d->n.admission_refusals++;
-                snprintf(rq->why, sizeof(rq->why), "kvcd is draining: no new sessions");
-                return -ESHUTDOWN;
-        }
-        int r = session_open(d, rq->client, rq->env->open_session, &s, rq->why, sizeof(rq->why));
-        if (r == -ENOSPC)
-                d->n.admission_refusals++;
-        if (r < 0)
-                return r;
+static Kvc__SessionOpened *opened_reply(struct kvcd *d, struct session *s) {
         Kvc__SessionOpened *o = wire_arena_alloc(d->out, sizeof(*o));
-        if (!o) {
-                session_close(d, s);
-                return -ENOMEM;
-        }
+        if (!o)
+                return NULL;
         kvc__session_opened__init(o);
         o->session_id = s->id;
         o->token.data = s->token;
@@ -94,11 +80,47 @@ static int handle_open_session(struct request *rq) {
         o->policy = s->policy_name;
         o->budget_tokens = s->budget_tokens;
         o->q8_block_bytes = s->int8 ? s->q8_layout.block_bytes : 0;
+        o->min_bytes = s->min_bytes;
+        o->max_bytes = budget_max(d, s);
+        o->priority = s->priority;
+        o->tenant = s->tenant;
+        return o;
+}
+
+static void log_opened(const struct session *s) {
+        log_info("session %llu opened by client %llu: policy %s budget %u, %u layers x %u kv heads x %u dims, "
+                 "tenant %s, %llu..%llu bytes, priority %d",
+                 (unsigned long long)s->id, (unsigned long long)s->owner->id, s->policy_name, s->budget_tokens,
+                 s->n_layers, s->n_kv_heads, s->head_dim, s->tenant, (unsigned long long)s->min_bytes,
+                 (unsigned long long)s->max_bytes, s->priority);
+}
+
+static int handle_open_session(struct request *rq) {
+        struct kvcd *d = rq->d;
+        struct session *s;
+        if (d->draining) {
+                d->n.admission_refusals++;
+                snprintf(rq->why, sizeof(rq->why), "kvcd is draining: no new sessions");
+                return -ESHUTDOWN;
+        }
+        int r = session_open(d, rq->client, rq->env->open_session, &s, rq->why, sizeof(rq->why));
+        if (r == -ENOSPC || r == -EACCES)
+                d->n.admission_refusals++;
+        if (r < 0)
+                return r;
+        if (r == 1) { /* answered when its plan buffer is there */
+                s->wait.request_id = rq->env->request_id;
+                rq->no_reply = true;
+                return 0;
+        }
+        Kvc__SessionOpened *o = opened_reply(d, s);
+        if (!o) {
+                session_close(d, s);
+                return -ENOMEM;
+        }
         rq->reply.body_case = KVC__ENVELOPE__BODY_SESSION_OPENED;
         rq->reply.session_opened = o;
-        log_info("session %llu opened by client %llu: policy %s budget %u, %u layers x %u kv heads x %u dims",
-                 (unsigned long long)s->id, (unsigned long long)rq->client->id, s->policy_name,
-                 s->budget_tokens, s->n_layers, s->n_kv_heads, s->head_dim);
+        log_opened(s);
         return 0;
 }
 
@@ -119,7 +141,17 @@ static int handle_reserve(struct request *rq) {
         int r = lookup(rq, m->session_id, &s);
         if (r < 0)
                 return r;
+        if (s->wait.kind != WAIT_NONE) {
+                snprintf(rq->why, sizeof(rq->why), "session %llu already waits for memory",
+                         (unsigned long long)s->id);
+                return -EBUSY;
+        }
         r = session_reserve(rq->d, s, m->n_tokens, &g, rq->why, sizeof(rq->why));
+        if (r == -EINPROGRESS) { /* answered when the arbiter's plans have freed memory */
+                session_wait_for_memory(rq->d, s, WAIT_RESERVE, m->n_tokens, rq->env->request_id);
+                rq->no_reply = true;
+                return 0;
+        }
         if (r < 0)
                 return r;
         rq->reply.body_case = KVC__ENVELOPE__BODY_GRANT;
@@ -289,6 +321,21 @@ static int handle_list_sessions(struct request *rq) {
         return 0;
 }
 
+static int handle_resume(struct request *rq) {
+        struct kvcd *d = rq->d;
+        int r = restart_resume(d, rq->client, rq->env->resume, rq->why, sizeof(rq->why));
+        if (r < 0)
+                return r;
+        Kvc__Resumed *m = wire_arena_alloc(d->out, sizeof(*m));
+        if (!m)
+                return -ENOMEM;
+        kvc__resumed__init(m);
+        m->session_id = rq->env->resume->session_id;
+        rq->reply.body_case = KVC__ENVELOPE__BODY_RESUMED;
+        rq->reply.resumed = m;
+        return 0;
+}
+
 static int handle_evict(struct request *rq) {
         return admin_evict(rq->d, rq->env->evict->session_id, &rq->reply, rq->why, sizeof(rq->why));
 }
@@ -325,6 +372,7 @@ static const struct {
         { KVC__ENVELOPE__BODY_STEP_BATCH, CHANNEL_CLIENT, true, handle_step_batch },
         { KVC__ENVELOPE__BODY_PLAN_APPLIED, CHANNEL_CLIENT, true, handle_plan_applied },
         { KVC__ENVELOPE__BODY_CLOSE_SESSION, CHANNEL_CLIENT, true, handle_close_session },
+        { KVC__ENVELOPE__BODY_RESUME, CHANNEL_CLIENT, true, handle_resume },
         { KVC__ENVELOPE__BODY_STATUS_REQUEST, CHANNEL_ADMIN, false, handle_status },
         { KVC__ENVELOPE__BODY_LIST_SESSIONS, CHANNEL_ADMIN, false, handle_list_sessions },
         { KVC__ENVELOPE__BODY_EVICT, CHANNEL_ADMIN, false, handle_evict },
@@ -334,6 +382,64 @@ static const struct {
         { KVC__ENVELOPE__BODY_BUDGET_REQUEST, CHANNEL_ADMIN, false, handle_budget_get },
         { KVC__ENVELOPE__BODY_BUDGET_SET, CHANNEL_ADMIN, false, handle_budget_set },
 };
+
+/* One waiting request (session.wait) tried again: answered when done, refused at its deadline. */
+static void retry_wait(struct kvcd *d, struct session *s, uint64_t now) {
+        char why[WIRE_MAX_MESSAGE] = "";
+        Kvc__Envelope env = KVC__ENVELOPE__INIT;
+        Kvc__Grant *g = NULL;
+        bool open = s->wait.kind == WAIT_OPEN;
+        int r = open ? session_retry_open(d, s, why, sizeof(why)) : session_retry_reserve(d, s, &g, why, sizeof(why));
+        if (r == -EINPROGRESS && now < s->wait.deadline_usec)
+                return;
+        env.version = WIRE_VERSION;
+        env.request_id = s->wait.request_id;
+        if (r == -EINPROGRESS) {
+                r = -ENOSPC;
+                snprintf(why, sizeof(why), "%s: waited %.1f s for memory the arbiter was reclaiming from other sessions",
+                         open ? "open" : "reserve", KVCD_WAIT_USEC / 1e6);
+        }
+        if (r == 0 && open) {
+                env.body_case = KVC__ENVELOPE__BODY_SESSION_OPENED;
+                if (!(env.session_opened = opened_reply(d, s)))
+                        r = -ENOMEM;
+        } else if (r == 0) {
+                env.body_case = KVC__ENVELOPE__BODY_GRANT;
+                env.grant = g;
+        }
+        if (r < 0) {
+                d->n.errors++;
+                env.body_case = KVC__ENVELOPE__BODY_ERROR;
+                if (!(env.error = error_new(d, -r, s->id, why[0] ? why : strerror(-r))))
+                        return;
+        }
+        session_wait_done(d, s);
+        struct client *c = s->owner;
+        if (r == 0 && open)
+                log_opened(s);
+        else if (r < 0 && open) {
+                log_notice("session %llu could not open: %s", (unsigned long long)s->id, why);
+                d->n.admission_refusals++;
+                session_close(d, s);
+        }
+        send_envelope(d, d->zclient, c->rid, c->rid_len, &env);
+}
+
+void handlers_retry_waits(struct kvcd *d, uint64_t now) {
+        if (!d->n_waiting)
+                return;
+        d->freed = false;
+        for (uint32_t i = 0; i < d->n_clients && d->n_waiting; i++) {
+                struct session *next;
+                for (struct session *s = d->clients[i]->sessions; s; s = next) {
+                        next = s->next; /* retry_wait may close s */
+                        if (s->wait.kind != WAIT_NONE) {
+                                wire_arena_reset(d->out);
+                                retry_wait(d, s, now);
+                        }
+                }
+        }
+}
 
 void send_envelope(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_len, const Kvc__Envelope *env) {
         size_t n = wire_packed_size(env);

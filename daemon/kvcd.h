@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include "block.h"
+#include "budget.h"
 #include "idmap.h"
 #include "metrics.h"
 #include "policy/policy.h"
@@ -29,14 +30,19 @@
 #define KVCD_MAX_SESSIONS            4096u
 #define KVCD_MAX_SESSIONS_PER_CLIENT 1024u
 #define KVCD_ROUTING_ID_MAX          255u
+#define KVCD_WAIT_USEC               2000000u /* a request waits this long for memory the arbiter reclaims */
 
 struct kvcd_config {
         const char *runtime_dir;
         const char *backend;
+        const char *device; /* cuda: the GPU's UUID; NULL: device 0 */
         uint64_t capacity_bytes;
         uint64_t chunk_bytes;
         uint64_t pool_max_bytes; /* the most `kvcctl budget set --capacity` may raise it to */
         uint16_t metrics_port;   /* 0: no HTTP endpoint */
+        uint64_t stop_timeout_usec; /* SIGTERM waits this long for open sessions to end */
+        bool fd_store;              /* keep chunks and the state record in systemd's fd store */
+        uint64_t resume_grace_usec; /* after a restart, clients have this long to resume */
 };
 
 struct kvcd_counters {
@@ -65,6 +71,8 @@ struct client {
         char name[WIRE_MAX_NAME + 1];
         uint32_t n_sessions;
         struct session *sessions; /* list through session.next */
+        struct client *orphan_next;
+        uint64_t adopted_from; /* after a restart: the id of the connection this one took over */
         uint64_t connected_usec;
 };
 
@@ -124,6 +132,21 @@ struct session {
         uint64_t pending_since_usec;
         float confidence;
         uint64_t bytes; /* pool bytes held: blocks of both classes and the plan buffer */
+        /* limits (budget.c) */
+        struct tenant *ten;   /* charged with bytes */
+        uint64_t floor_bytes; /* the least it runs with: its plan buffer and a block per layer */
+        uint64_t min_bytes;   /* guaranteed */
+        uint64_t max_bytes;
+        uint64_t cap_bytes;    /* the arbiter's limit: max_bytes unless memory is short */
+        uint64_t demand_bytes; /* what its policy wanted at its last step, clamped to min..max */
+        int32_t priority;
+        /* a request answered later, when memory frees up (the arbiter is shrinking others) */
+        struct session_wait {
+                enum { WAIT_NONE, WAIT_OPEN, WAIT_RESERVE } kind;
+                uint64_t request_id;
+                uint32_t n_tokens;
+                uint64_t deadline_usec;
+        } wait;
         /* the prompt's 16-token blocks, for KV events (events.c) */
         uint32_t *prompt_ids;
         uint64_t *block_hashes;
@@ -133,6 +156,7 @@ struct session {
         uint32_t plan_intact;    /* the outstanding plan leaves this many prompt blocks whole */
         struct session_stats stats;
         uint64_t opened_usec;
+        int32_t state_slot; /* in the restart record, or -1 */
 };
 
 /* Plan-building scratch, shared by all sessions (one thread builds one plan at a time), grown
@@ -145,6 +169,7 @@ struct plan_scratch {
         uint32_t *work; /* 6 * cap */
         float *logw_delta;
         struct policy_target targets[WIRE_MAX_LAYERS];
+        bool forced[WIRE_MAX_LAYERS]; /* the arbiter's cap, not the policy, asked for this layer's plan */
 };
 
 struct kvcd {
@@ -158,6 +183,8 @@ struct kvcd {
         int events_fd; /* a socket-activated listening fd for it, or -1 */
         uint64_t event_seq;
         int fd_listen;
+        int act_client_fd; /* listening sockets passed by systemd, or -1 */
+        int act_admin_fd;
         int sig_fd;
         int lock_fd;
         char sock_path[256], fd_path[256], admin_path[256], events_path[256], lock_path[256];
@@ -167,6 +194,13 @@ struct kvcd {
         uint64_t next_client_id;
         struct idmap sessions;
         uint64_t next_session_id;
+        struct budget budget;
+        uint32_t n_waiting;  /* sessions with a request waiting for memory */
+        bool freed;          /* memory went back to the pool since the waits were last tried */
+        char refusal[256];   /* why the last allocation was refused by a limit */
+        bool refusal_own;    /* ... and it was the session's own cap */
+        struct restart *restart; /* the fd store and the state record (restart.c) */
+        struct client *orphans;  /* clients from before a restart, until they resume (list via orphan_next) */
 
         struct plan_scratch scratch;
         struct wire_arena *in;  /* the request being handled */
@@ -186,6 +220,7 @@ struct kvcd {
         uint64_t started_usec;
         uint64_t watchdog_usec;
         bool stopping;
+        uint64_t stop_deadline_usec; /* a graceful stop is under way until then */
 };
 
 uint64_t now_usec(void);
@@ -197,16 +232,35 @@ struct client *client_by_rid(struct kvcd *d, const uint8_t *rid, size_t len);
 struct client *client_by_token(struct kvcd *d, const uint8_t *token);
 /* Sends the fd of chunk idx to c. */
 int client_send_chunk(struct kvcd *d, struct client *c, uint32_t idx);
-/* Reads and drops whatever the client wrote on its side channel; -ENOTCONN when it hung up. */
+/* Reads what the client wrote on its side channel (UNMAPPED acknowledgements; the rest is
+ * dropped); -ENOTCONN when it hung up. */
 int client_drain(struct kvcd *d, struct client *c);
+struct client *client_by_id(struct kvcd *d, uint64_t id);
+/* Asks client c to unmap chunk idx (an UNMAP record). */
+int client_send_unmap(struct kvcd *d, struct client *c, uint32_t idx);
+/* When the pool ran short of chunks, asks the owners of chunks that hold none of their units to
+ * give them back (cooperative shrink). */
+void client_reclaim(struct kvcd *d);
 /* Ends a client: closes its sessions, gives its chunks back scrubbed, frees it. */
 void client_destroy(struct kvcd *d, struct client *c, bool died);
 
 /* session.c */
 void plan_scratch_done(struct plan_scratch *sc);
+/* Admits and opens a session. 1: opened, but it waits for its plan buffer (session.wait) while
+ * the arbiter reclaims memory: the reply comes when session_retry_open() succeeds. */
 int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret, char *why,
                  size_t why_len);
+/* A waiting request, tried again: 0 done, -EINPROGRESS still waiting, else refused. */
+int session_retry_open(struct kvcd *d, struct session *s, char *why, size_t why_len);
+int session_retry_reserve(struct kvcd *d, struct session *s, Kvc__Grant **ret_g, char *why, size_t why_len);
+void session_wait_for_memory(struct kvcd *d, struct session *s, int kind, uint32_t n_tokens, uint64_t request_id);
+void session_wait_done(struct kvcd *d, struct session *s);
 void session_close(struct kvcd *d, struct session *s);
+/* After a restart: a session from its record, under the orphan that stands for its old client,
+ * its plan buffer claimed back; its blocks come with the client's Resume. */
+int session_restore(struct kvcd *d, struct client *orphan, const Kvc__OpenSession *m, uint64_t id,
+                    const uint8_t *token, uint64_t plan_offset, uint32_t plan_units, struct session **ret, char *why,
+                    size_t why_len);
 /* The session id names, if it is c's: -ENOENT unknown, -EPERM another client's. */
 int session_lookup(struct kvcd *d, struct client *c, uint64_t id, struct session **ret);
 /* Grows every layer to room for n_tokens, all or nothing; the new blocks go into g. */
@@ -230,6 +284,28 @@ enum channel {
 /* Handles one frame from peer rid on the channel and sends the reply. */
 void handle_frame(struct kvcd *d, enum channel ch, void *zsock, const uint8_t *rid, size_t rid_len,
                   const uint8_t *data, size_t len);
+/* Tries the requests waiting for memory again; answers them, or refuses them at their deadline. */
+void handlers_retry_waits(struct kvcd *d, uint64_t now);
+
+/* restart.c: the fd store (chunks and the state record) across a restart */
+/* Keeps a passed fd named `name` (chunk-N, state) for restore; -ENOENT when it is not one. */
+int restore_keep_fd(struct kvcd *d, const char *name, int fd);
+/* After the pool exists: takes back the kept chunks and sessions (orphaned until their clients
+ * resume them), or starts a fresh record. Under no service manager it does nothing. */
+int restart_begin(struct kvcd *d);
+/* The state record follows sessions and chunk owners. */
+int restart_record_session(struct kvcd *d, struct session *s, const Kvc__OpenSession *m);
+void restart_forget_session(struct kvcd *d, struct session *s);
+/* The session's plan buffer came later than its record (it waited for memory). */
+void restart_record_plan(struct kvcd *d, struct session *s);
+void restart_record_chunk_owner(struct kvcd *d, uint32_t idx, uint64_t owner);
+void restart_record_ids(struct kvcd *d);
+/* A client takes back a session after the restart. */
+int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char *why, size_t why_len);
+/* Orphans nobody resumed within the grace period are closed; call every loop round. */
+void restart_tick(struct kvcd *d, uint64_t now);
+/* A clean stop: nothing is restored next time. */
+void restart_end(struct kvcd *d);
 
 /* server.c */
 int server_start(struct kvcd *d);

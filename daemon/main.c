@@ -18,79 +18,68 @@ static void usage(FILE *f) {
                 "runs their eviction policies and answers with compaction plans.\n\n"
                 "  --runtime-dir DIR    sockets and lock live here (default: $RUNTIME_DIRECTORY,\n"
                 "                       else $XDG_RUNTIME_DIR/kvcd, else /tmp/kvcd-$UID)\n"
-                "  --backend NAME       host (memfd chunks; default), cuda, auto\n"
+                "  --backend NAME       host (memfd chunks; default), cuda (GPU memory), auto (cuda when a\n"
+                "                       driver and a device are present, else host)\n"
+                "  --device UUID        cuda: the GPU, as nvidia-smi -L names it (default: device 0)\n"
                 "  --capacity BYTES     node capacity of the pool (default 256M; suffixes K M G)\n"
-                "  --chunk-bytes BYTES  chunk size, a multiple of 2M (default 2M)\n"
+                "  --chunk-bytes BYTES  chunk size, a multiple of 2M and of the GPU's allocation granularity\n"
+                "                       (default 2M)\n"
                 "  --pool-max BYTES     the most the capacity can be raised to at run time (default: the capacity)\n"
+                "  --tenant NAME[:uid=N][:gid=N][:quota=BYTES]\n"
+                "                       declare a tenant: the uid or gid whose sessions may charge it, and\n"
+                "                       its quota (repeatable; default: no quota of its own)\n"
+                "  --default-quota BYTES  the quota of every tenant without one (default: none)\n"
                 "  --metrics-port PORT  serve Prometheus metrics on http://127.0.0.1:PORT/metrics (default: off)\n"
+                "  --stop-timeout SEC   on SIGTERM, refuse new sessions and wait this long for open ones\n"
+                "                       to end before stopping (default 10; a second SIGTERM stops at once)\n"
+                "  --fd-store           keep the pool chunks and a state record in systemd's fd store, so\n"
+                "                       that a restarted kvcd gives every client its caches back (needs\n"
+                "                       FileDescriptorStoreMax= in the unit; on by itself when $FDSTORE is set)\n"
+                "  --resume-grace SEC   after such a restart, how long clients have to resume their sessions\n"
+                "                       before kvcd closes them and scrubs their memory (default 30)\n"
                 "  --log-level LEVEL    error, warning, notice, info (default), debug\n"
                 "  -h, --help           this text\n"
-                "  -V, --version        the version\n");
-}
-
-/* "256M", "2G", "4096": bytes, or -EINVAL. */
-static int parse_bytes(const char *s, uint64_t *ret) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(s, &end, 10);
-        if (errno || end == s || s[0] == '-')
-                return -EINVAL;
-        uint64_t mul = 1;
-        switch (*end) {
-        case 'K':
-        case 'k':
-                mul = 1ull << 10;
-                end++;
-                break;
-        case 'M':
-        case 'm':
-                mul = 1ull << 20;
-                end++;
-                break;
-        case 'G':
-        case 'g':
-                mul = 1ull << 30;
-                end++;
-                break;
-        case 'T':
-        case 't':
-                mul = 1ull << 40;
-                end++;
-                break;
-        }
-        if (*end == 'i')
-                end++;
-        if (*end == 'B')
-                end++;
-        if (*end || v > UINT64_MAX / mul)
-                return -EINVAL;
-        *ret = v * mul;
-        return 0;
+                "  -V, --version        the version\n"
+                "Exit status: 0 stopped cleanly, 1 failed, 2 bad usage, 69 the backend cannot run here (no\n"
+                "CUDA driver, a stub driver, no device).\n");
 }
 
 int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "runtime-dir", required_argument, NULL, 'r' },
                 { "backend", required_argument, NULL, 'b' },
+                { "device", required_argument, NULL, 'd' },
                 { "capacity", required_argument, NULL, 'c' },
                 { "chunk-bytes", required_argument, NULL, 'k' },
                 { "log-level", required_argument, NULL, 'l' },
                 { "pool-max", required_argument, NULL, 'M' },
                 { "metrics-port", required_argument, NULL, 'p' },
+                { "stop-timeout", required_argument, NULL, 's' },
+                { "fd-store", no_argument, NULL, 'F' },
+                { "resume-grace", required_argument, NULL, 'g' },
+                { "tenant", required_argument, NULL, 't' },
+                { "default-quota", required_argument, NULL, 'Q' },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, 'V' },
                 {},
         };
         struct kvcd d = {
-                .cfg = { .backend = "host", .capacity_bytes = 256ull << 20, .chunk_bytes = 2ull << 20 }
+                .cfg = { .backend = "host",
+                         .capacity_bytes = 256ull << 20,
+                         .chunk_bytes = 2ull << 20,
+                         .stop_timeout_usec = 10000000,
+                         .resume_grace_usec = 30000000 }
         };
-        char dir[256];
+        char dir[256], why[256];
         int c, r;
+        budget_init(&d.budget);
 
         while ((c = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
                 switch (c) {
                 case 'r': d.cfg.runtime_dir = optarg; break;
                 case 'b': d.cfg.backend = optarg; break;
+                case 'd': d.cfg.device = optarg; break;
+                case 'F': d.cfg.fd_store = true; break;
                 case 'p': {
                         char *end;
                         unsigned long port = strtoul(optarg, &end, 10);
@@ -101,11 +90,30 @@ int main(int argc, char **argv) {
                         d.cfg.metrics_port = (uint16_t)port;
                         break;
                 }
+                case 's':
+                case 'g': {
+                        char *end;
+                        double sec = strtod(optarg, &end);
+                        if (*end || !(sec >= 0 && sec <= 3600)) {
+                                fprintf(stderr, "kvcd: %s is not a number of seconds\n", optarg);
+                                return 2;
+                        }
+                        *(c == 's' ? &d.cfg.stop_timeout_usec : &d.cfg.resume_grace_usec) = (uint64_t)(sec * 1e6);
+                        break;
+                }
+                case 't':
+                        if (budget_declare(&d.budget, optarg, why, sizeof(why)) < 0) {
+                                fprintf(stderr, "kvcd: --tenant %s\n", why);
+                                return 2;
+                        }
+                        break;
                 case 'c':
                 case 'k':
                 case 'M':
-                        if (parse_bytes(optarg, c == 'c'   ? &d.cfg.capacity_bytes
+                case 'Q':
+                        if (wire_parse_bytes(optarg, c == 'c'   ? &d.cfg.capacity_bytes
                                                 : c == 'k' ? &d.cfg.chunk_bytes
+                                                : c == 'Q' ? &d.budget.default_quota
                                                            : &d.cfg.pool_max_bytes) < 0) {
                                 fprintf(stderr, "kvcd: %s is not a size in bytes\n", optarg);
                                 return 2;
@@ -142,5 +150,6 @@ int main(int argc, char **argv) {
         if (r == 0)
                 r = server_run(&d);
         server_stop(&d);
-        return r < 0 ? 1 : 0;
+        budget_done(&d.budget);
+        return r == -ENODEV ? 69 /* EX_UNAVAILABLE */ : r < 0 ? 1 : 0;
 }

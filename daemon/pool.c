@@ -21,17 +21,22 @@ struct pool_chunk {
         uint32_t unit_bytes;
         uint32_t n_units;
         uint32_t n_used;
+        bool reclaiming; /* asked back from its owner (pool_reclaim_pick) */
         uint64_t *bits;
 };
 
 struct pool {
         const struct backend_ops *backend;
+        void (*created)(void *ctx, uint32_t idx, int fd);
+        void *created_ctx;
         uint64_t capacity_bytes;
         uint64_t chunk_bytes;
         uint64_t used_bytes;
         uint32_t n_chunks;
         uint32_t chunks_owned;
         uint32_t chunks_created;
+        uint32_t chunks_reclaiming;
+        bool short_of_chunks;
         uint8_t *base;
         struct pool_chunk *chunks;
 };
@@ -149,7 +154,7 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
         /* 1: a chunk of the owner's with this unit size and room */
         for (uint32_t i = 0; i < p->n_chunks; i++) {
                 struct pool_chunk *c = &p->chunks[i];
-                if (c->owner == owner && c->unit_bytes == unit_bytes &&
+                if (c->owner == owner && !c->reclaiming && c->unit_bytes == unit_bytes &&
                     take_units(p, i, n_units, ret_offset) == 0) {
                         *ret_new_chunk = -1;
                         return 0;
@@ -158,7 +163,7 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
         /* 2: an empty chunk of the owner's, re-carved */
         for (uint32_t i = 0; i < p->n_chunks; i++) {
                 struct pool_chunk *c = &p->chunks[i];
-                if (c->owner == owner && c->n_used == 0) {
+                if (c->owner == owner && !c->reclaiming && c->n_used == 0) {
                         int r = carve(p, c, unit_bytes);
                         if (r < 0)
                                 return r;
@@ -178,6 +183,8 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
                                 return r;
                         c->created = true;
                         p->chunks_created++;
+                        if (p->created)
+                                p->created(p->created_ctx, i, c->bc.fd);
                 }
                 int r = carve(p, c, unit_bytes);
                 if (r < 0)
@@ -187,6 +194,7 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
                 *ret_new_chunk = i;
                 return take_units(p, i, n_units, ret_offset);
         }
+        p->short_of_chunks = true; /* the capacity has room, the chunks are all owned */
         return -ENOSPC;
 }
 
@@ -230,7 +238,20 @@ static void chunk_reset(struct pool *p, struct pool_chunk *c) {
         c->unit_bytes = 0;
         c->n_units = 0;
         c->n_used = 0;
+        if (c->reclaiming)
+                p->chunks_reclaiming--;
+        c->reclaiming = false;
         p->chunks_owned--;
+}
+
+/* Scrubs a chunk leaving its owner; one that cannot be proved clean is retired (a fresh one
+ * replaces it). */
+static void chunk_scrub(struct pool *p, struct pool_chunk *c) {
+        if (p->backend->chunk_scrub(&c->bc, p->chunk_bytes) < 0) {
+                p->backend->chunk_destroy(&c->bc, p->chunk_bytes);
+                c->created = false;
+                p->chunks_created--;
+        }
 }
 
 uint32_t pool_release_owner(struct pool *p, uint64_t owner) {
@@ -239,16 +260,40 @@ uint32_t pool_release_owner(struct pool *p, uint64_t owner) {
                 struct pool_chunk *c = &p->chunks[i];
                 if (owner == 0 || c->owner != owner)
                         continue;
-                if (p->backend->chunk_scrub(&c->bc, p->chunk_bytes) < 0) {
-                        /* cannot prove it is clean: retire it, a fresh one replaces it */
-                        p->backend->chunk_destroy(&c->bc, p->chunk_bytes);
-                        c->created = false;
-                        p->chunks_created--;
-                }
+                chunk_scrub(p, c);
                 chunk_reset(p, c);
                 n++;
         }
         return n;
+}
+
+bool pool_short_of_chunks(const struct pool *p) {
+        return p->short_of_chunks;
+}
+
+uint32_t pool_reclaim_pick(struct pool *p, uint32_t max, uint32_t *ret_idx, uint64_t *ret_owner) {
+        uint32_t n = 0;
+        for (uint32_t i = p->n_chunks; i-- > 0 && n < max;) {
+                struct pool_chunk *c = &p->chunks[i];
+                if (c->owner == 0 || c->reclaiming || c->n_used)
+                        continue;
+                c->reclaiming = true;
+                p->chunks_reclaiming++;
+                ret_idx[n] = i;
+                ret_owner[n] = c->owner;
+                n++;
+        }
+        p->short_of_chunks = false;
+        return n;
+}
+
+int pool_reclaim_done(struct pool *p, uint64_t owner, uint32_t idx) {
+        if (idx >= p->n_chunks || owner == 0 || p->chunks[idx].owner != owner || !p->chunks[idx].reclaiming)
+                return -EINVAL;
+        struct pool_chunk *c = &p->chunks[idx];
+        chunk_scrub(p, c);
+        chunk_reset(p, c);
+        return 0;
 }
 
 void pool_disown_chunk(struct pool *p, uint32_t idx) {
@@ -276,6 +321,64 @@ static struct pool_chunk *span(const struct pool *p, uint64_t offset, size_t n, 
                 return NULL;
         *ret_in = in;
         return &p->chunks[idx];
+}
+
+void pool_set_created_hook(struct pool *p, void (*fn)(void *ctx, uint32_t idx, int fd), void *ctx) {
+        p->created = fn;
+        p->created_ctx = ctx;
+}
+
+int pool_adopt_chunk(struct pool *p, uint32_t idx, int fd, uint64_t owner) {
+        if (idx >= p->n_chunks || p->chunks[idx].created || !p->backend->chunk_adopt)
+                return -EINVAL;
+        struct pool_chunk *c = &p->chunks[idx];
+        int r = p->backend->chunk_adopt(fd, p->chunk_bytes, p->base + (uint64_t)idx * p->chunk_bytes, &c->bc);
+        if (r < 0)
+                return r;
+        c->created = true;
+        p->chunks_created++;
+        if (owner) {
+                c->owner = owner;
+                p->chunks_owned++;
+        }
+        return 0;
+}
+
+int pool_claim(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes, uint32_t n_units) {
+        uint64_t idx = offset / p->chunk_bytes, in = offset % p->chunk_bytes;
+        if (idx >= p->n_chunks || owner == 0 || unit_bytes == 0 || unit_bytes % 64 || n_units == 0)
+                return -EINVAL;
+        struct pool_chunk *c = &p->chunks[idx];
+        if (!c->created || c->owner != owner || in % unit_bytes)
+                return -EINVAL;
+        if (c->unit_bytes == 0 && carve(p, c, unit_bytes) < 0)
+                return -ENOMEM;
+        if (c->unit_bytes != unit_bytes || in / unit_bytes + n_units > c->n_units)
+                return -EINVAL;
+        uint32_t first = (uint32_t)(in / unit_bytes);
+        for (uint32_t u = 0; u < n_units; u++)
+                if (bit_get(c->bits, first + u))
+                        return -EINVAL;
+        if (p->used_bytes + (uint64_t)unit_bytes * n_units > p->capacity_bytes)
+                return -ENOSPC;
+        bits_set(c->bits, first, n_units, true);
+        c->n_used += n_units;
+        p->used_bytes += (uint64_t)unit_bytes * n_units;
+        return 0;
+}
+
+void pool_transfer_owner(struct pool *p, uint64_t from, uint64_t to) {
+        for (uint32_t i = 0; i < p->n_chunks; i++)
+                if (from && p->chunks[i].owner == from)
+                        p->chunks[i].owner = to;
+}
+
+uint64_t pool_chunk_owner(const struct pool *p, uint32_t idx) {
+        return idx < p->n_chunks ? p->chunks[idx].owner : 0;
+}
+
+uint32_t pool_n_chunks(const struct pool *p) {
+        return p->n_chunks;
 }
 
 uint8_t *pool_ptr(const struct pool *p, uint64_t offset) {
@@ -314,6 +417,7 @@ void pool_get_stats(const struct pool *p, struct pool_stats *ret) {
                 .chunks_total = p->n_chunks,
                 .chunks_owned = p->chunks_owned,
                 .chunks_created = p->chunks_created,
+                .chunks_reclaiming = p->chunks_reclaiming,
         };
 }
 
@@ -332,6 +436,10 @@ int pool_audit(const struct pool *p, char *why, size_t why_len) {
                 }
                 if (c->owner == 0 && n) {
                         snprintf(why, why_len, "free chunk %u has %u units in use", i, n);
+                        return -EUCLEAN;
+                }
+                if (c->reclaiming && n) {
+                        snprintf(why, why_len, "chunk %u is being reclaimed with %u units in use", i, n);
                         return -EUCLEAN;
                 }
                 used += (uint64_t)n * c->unit_bytes;

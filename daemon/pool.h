@@ -8,7 +8,8 @@
  * blocks (isolation: nobody can map another client's KV). Inside a chunk, units of one size
  * (the session geometry's block size) are carved and tracked in a bitmap; a chunk whose units
  * are all free may be re-carved for another size by the same owner. Chunks go back to the free
- * list, scrubbed, only when their owner disconnects or dies.
+ * list, scrubbed, when their owner disconnects or dies, or when it gives one back on request
+ * (cooperative shrink: pool_reclaim_pick, then pool_reclaim_done once the owner unmapped it).
  *
  * Accounting: used_bytes is the sum of allocated units; pool_alloc never lets it pass
  * capacity_bytes, and pool_audit() recomputes it from the bitmaps.
@@ -30,6 +31,7 @@ struct pool_stats {
         uint32_t chunks_total;
         uint32_t chunks_owned;
         uint32_t chunks_created;
+        uint32_t chunks_reclaiming; /* asked back, not yet given back */
 };
 
 /* chunk_bytes: a multiple of 2 MiB. -EINVAL when the capacity holds no chunk. */
@@ -52,6 +54,34 @@ int pool_release(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_
 
 /* Gives back, scrubbed, every chunk of owner (its process ended). Returns the count. */
 uint32_t pool_release_owner(struct pool *p, uint64_t owner);
+
+/* Cooperative shrink (docs/gpu.md). No API lets kvcd take a mapping away from a client, so a chunk
+ * is asked back and stays its owner's until the owner says it unmapped it.
+ *
+ * pool_short_of_chunks: an allocation failed since the last pick because every chunk was owned,
+ * though the capacity had room. pool_reclaim_pick then marks up to max owned chunks that hold no
+ * units (highest index first) as being reclaimed: nothing more is allocated from them. It returns
+ * how many, with their indices and owners, and clears the shortage. pool_reclaim_done takes the
+ * owner's acknowledgement: the chunk is scrubbed and free again. -EINVAL (nothing changes) for a
+ * chunk that is not being reclaimed from that owner. An owner that dies first gives it back with
+ * the rest (pool_release_owner). */
+bool pool_short_of_chunks(const struct pool *p);
+uint32_t pool_reclaim_pick(struct pool *p, uint32_t max, uint32_t *ret_idx, uint64_t *ret_owner);
+int pool_reclaim_done(struct pool *p, uint64_t owner, uint32_t idx);
+
+/* Called with each chunk the backend creates (kvcd puts its fd in systemd's fd store). */
+void pool_set_created_hook(struct pool *p, void (*fn)(void *ctx, uint32_t idx, int fd), void *ctx);
+
+/* Restart: takes over chunk idx from a kept fd, owned by owner (0: free). */
+int pool_adopt_chunk(struct pool *p, uint32_t idx, int fd, uint64_t owner);
+/* Restart: marks [offset, n_units units) allocated to owner, carving the chunk for unit_bytes if it
+ * is not yet. -EINVAL when the chunk is not owner's, is carved for another size, or the units are
+ * taken; -ENOSPC beyond the capacity. */
+int pool_claim(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes, uint32_t n_units);
+/* Restart: every chunk of from now belongs to to. */
+void pool_transfer_owner(struct pool *p, uint64_t from, uint64_t to);
+uint64_t pool_chunk_owner(const struct pool *p, uint32_t idx);
+uint32_t pool_n_chunks(const struct pool *p);
 
 /* Undoes the grant of a chunk to owner when its fd could not be delivered (no units in use). */
 void pool_disown_chunk(struct pool *p, uint32_t idx);

@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <stddef.h>
 #include <systemd/sd-daemon.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,8 +63,50 @@ static int take_lock(struct kvcd *d) {
         return 0;
 }
 
+/* Takes the sockets systemd (or a test playing it) passed: each listening Unix socket is known by
+ * the name of the path it listens on. Returns how many. */
+static int take_activated_sockets(struct kvcd *d) {
+        char **names = NULL;
+        int n = sd_listen_fds_with_names(1, &names), taken = 0;
+        for (int i = 0; i < n; i++) {
+                int fd = SD_LISTEN_FDS_START + i;
+                struct sockaddr_un sa;
+                socklen_t len = sizeof(sa);
+                const char *base = NULL;
+                if (sd_is_socket(fd, AF_UNIX, 0, 1) > 0 && getsockname(fd, (struct sockaddr *)&sa, &len) == 0 &&
+                    len > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0]) {
+                        base = strrchr(sa.sun_path, '/');
+                        base = base ? base + 1 : sa.sun_path;
+                }
+                int *slot = !base                                 ? NULL
+                            : strcmp(base, "kvcd.sock") == 0        ? &d->act_client_fd
+                            : strcmp(base, "kvcd.fd.sock") == 0     ? &d->fd_listen
+                            : strcmp(base, "kvcd.admin.sock") == 0  ? &d->act_admin_fd
+                            : strcmp(base, "kvcd.events.sock") == 0 ? &d->events_fd
+                                                                    : NULL;
+                if (slot && *slot < 0) {
+                        *slot = fd;
+                        taken++;
+                } else if (names && names[i] && restore_keep_fd(d, names[i], fd) == 0) {
+                        /* a chunk or the state record kept in the fd store (restart.c) */
+                } else {
+                        log_warning("ignoring passed fd %d (%s)", fd, names && names[i] ? names[i] : "?");
+                        close(fd);
+                }
+        }
+        if (names)
+                for (int i = 0; i < n; i++)
+                        free(names[i]);
+        free(names);
+        if (taken)
+                log_info("%d sockets from socket activation", taken);
+        return taken;
+}
+
 static int listen_fd_channel(struct kvcd *d) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        if (d->fd_listen >= 0) /* activated */
+                return fcntl(d->fd_listen, F_SETFL, fcntl(d->fd_listen, F_GETFL) | O_NONBLOCK) < 0 ? -errno : 0;
         memcpy(sa.sun_path, d->fd_path, strlen(d->fd_path) + 1); /* path_in() checked the length */
         d->fd_listen = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (d->fd_listen < 0)
@@ -75,7 +118,7 @@ static int listen_fd_channel(struct kvcd *d) {
         return 0;
 }
 
-static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode) {
+static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode, int act_fd) {
         void *s = zmq_socket(d->zctx, ZMQ_ROUTER);
         if (!s)
                 return -zmq_errno();
@@ -83,8 +126,10 @@ static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode
         int64_t max = KVCD_ZMQ_MAXMSGSIZE;
         char ep[300];
         snprintf(ep, sizeof(ep), "ipc://%s", path);
-        unlink(path);
-        if (zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
+        if (act_fd < 0)
+                unlink(path);
+        if ((act_fd >= 0 && zmq_setsockopt(s, ZMQ_USE_FD, &act_fd, sizeof(act_fd)) < 0) ||
+            zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
             zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max)) < 0 ||
             zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
             zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
@@ -96,7 +141,7 @@ static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode
                 return r;
         }
         *ret = s;
-        return chmod(path, mode) < 0 ? -errno : 0;
+        return act_fd < 0 && chmod(path, mode) < 0 ? -errno : 0;
 }
 
 static int open_signals(struct kvcd *d) {
@@ -117,7 +162,8 @@ int server_start(struct kvcd *d) {
         const char *dir = d->cfg.runtime_dir;
         int r;
 
-        d->fd_listen = d->sig_fd = d->lock_fd = d->events_fd = -1;
+        d->fd_listen = d->sig_fd = d->lock_fd = d->events_fd = d->act_client_fd = d->act_admin_fd = -1;
+        bool activated = take_activated_sockets(d) > 0;
         if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
                 log_error("cannot create runtime directory %s: %s", dir, strerror(errno));
                 return -errno;
@@ -130,7 +176,7 @@ int server_start(struct kvcd *d) {
                 log_error("runtime directory path too long for a socket: %s", dir);
                 return r;
         }
-        r = take_lock(d);
+        r = activated ? 0 : take_lock(d); /* systemd owns activated paths: nobody can steal them */
         if (r == -EBUSY) {
                 log_error("another kvcd is serving %s: refusing to start", dir);
                 return r;
@@ -139,12 +185,23 @@ int server_start(struct kvcd *d) {
                 log_error("cannot lock %s: %s", d->lock_path, strerror(-r));
                 return r;
         }
-        if ((r = backend_find(d->cfg.backend, &d->backend)) < 0) {
-                log_error("backend %s: %s", d->cfg.backend,
-                          r == -ENOTSUP ? "not built into this kvcd (use --backend host)" : "unknown");
+        uint64_t max = d->cfg.pool_max_bytes > d->cfg.capacity_bytes ? d->cfg.pool_max_bytes : d->cfg.capacity_bytes;
+        struct backend_params bp = { .va_bytes = d->cfg.chunk_bytes ? max - max % d->cfg.chunk_bytes : 0,
+                                     .chunk_bytes = d->cfg.chunk_bytes,
+                                     .device = d->cfg.device };
+        char why[512];
+        if ((r = backend_select(d->cfg.backend, &bp, &d->backend, why, sizeof(why))) < 0) {
+                log_error("backend %s: %s", d->cfg.backend, why);
                 return r;
         }
-        uint64_t max = d->cfg.pool_max_bytes > d->cfg.capacity_bytes ? d->cfg.pool_max_bytes : d->cfg.capacity_bytes;
+        if (why[0])
+                log_notice("backend auto: %s", why);
+        struct backend_info bi;
+        backend_get_info(d->backend, &bi);
+        if (bi.device)
+                log_notice("cuda backend: %s (%s), driver %d.%d, allocation granularity %llu bytes", bi.device_text,
+                           bi.device_name, bi.driver_version / 1000, bi.driver_version % 1000 / 10,
+                           (unsigned long long)bi.granularity);
         if ((r = pool_new(d->backend, max, d->cfg.chunk_bytes, &d->pool)) < 0 ||
             (r = pool_set_capacity(d->pool, d->cfg.capacity_bytes)) < 0) {
                 log_error("cannot create a pool of %llu bytes in %llu-byte chunks: %s",
@@ -156,12 +213,16 @@ int server_start(struct kvcd *d) {
             (r = wire_arena_new(WIRE_REQUEST_MAX_BYTES * 16, &d->in)) < 0 ||
             (r = wire_arena_new(WIRE_REPLY_MAX_BYTES, &d->out)) < 0 || (r = open_signals(d)) < 0)
                 return r;
+        if ((r = restart_begin(d)) < 0) {
+                log_error("cannot set up the fd store: %s", strerror(-r));
+                return r;
+        }
 
         d->zctx = zmq_ctx_new();
         if (!d->zctx)
                 return -ENOMEM;
-        if ((r = listen_fd_channel(d)) < 0 || (r = bind_router(d, &d->zclient, d->sock_path, 0660)) < 0 ||
-            (r = bind_router(d, &d->zadmin, d->admin_path, 0600)) < 0 || (r = events_open(d)) < 0) {
+        if ((r = listen_fd_channel(d)) < 0 || (r = bind_router(d, &d->zclient, d->sock_path, 0660, d->act_client_fd)) < 0 ||
+            (r = bind_router(d, &d->zadmin, d->admin_path, 0600, d->act_admin_fd)) < 0 || (r = events_open(d)) < 0) {
                 log_error("cannot bind the sockets in %s: %s", dir, strerror(-r));
                 return r;
         }
@@ -189,6 +250,15 @@ static void handle_signals(struct kvcd *d) {
         while (read(d->sig_fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
                 if (si.ssi_signo == SIGHUP) {
                         log_info("SIGHUP: nothing to reload");
+                        continue;
+                }
+                if (si.ssi_signo == SIGTERM && !d->stop_deadline_usec && d->sessions.n && d->cfg.stop_timeout_usec) {
+                        /* a graceful stop: no new sessions, the open ones get stop_timeout to end */
+                        d->draining = true;
+                        d->stop_deadline_usec = now_usec() + d->cfg.stop_timeout_usec;
+                        log_notice("SIGTERM: draining %u sessions for at most %.1f s (again to stop now)",
+                                   d->sessions.n, (double)d->cfg.stop_timeout_usec / 1e6);
+                        sd_notifyf(0, "STOPPING=1\nSTATUS=draining %u sessions", d->sessions.n);
                         continue;
                 }
                 log_notice("signal %u: stopping", si.ssi_signo);
@@ -274,8 +344,17 @@ int server_run(struct kvcd *d) {
                         drain_router(d, d->zadmin, CHANNEL_ADMIN);
                 if (items[4].revents)
                         http_run(d);
+                if (pool_short_of_chunks(d->pool))
+                        client_reclaim(d);
                 uint64_t now = now_usec();
                 admin_tick(d, now);
+                restart_tick(d, now);
+                handlers_retry_waits(d, now);
+                if (d->stop_deadline_usec && (d->sessions.n == 0 || now >= d->stop_deadline_usec)) {
+                        if (d->sessions.n)
+                                log_warning("stop timeout: %u sessions still open are closed", d->sessions.n);
+                        d->stopping = true;
+                }
                 if (now >= next_ping) {
                         notify_status(d);
                         next_ping = now + (d->watchdog_usec ? d->watchdog_usec / 2 : 1000000u);
@@ -289,6 +368,8 @@ void server_stop(struct kvcd *d) {
         http_stop(d);
         while (d->n_clients)
                 client_destroy(d, d->clients[d->n_clients - 1], false);
+        if (d->pool)
+                restart_end(d);
         events_close(d);
         if (d->zclient)
                 zmq_close(d->zclient);
@@ -298,10 +379,12 @@ void server_stop(struct kvcd *d) {
                 zmq_ctx_term(d->zctx);
         if (d->fd_listen >= 0) {
                 close(d->fd_listen);
-                unlink(d->fd_path);
-                unlink(d->sock_path);
-                unlink(d->admin_path);
-                unlink(d->events_path);
+                if (d->act_client_fd < 0) { /* our own paths; activated ones are systemd's */
+                        unlink(d->fd_path);
+                        unlink(d->sock_path);
+                        unlink(d->admin_path);
+                        unlink(d->events_path);
+                }
         }
         if (d->sig_fd >= 0)
                 close(d->sig_fd);
@@ -311,6 +394,8 @@ void server_stop(struct kvcd *d) {
         d->in = wire_arena_free(d->in);
         d->out = wire_arena_free(d->out);
         d->pool = pool_free(d->pool);
+        backend_close(d->backend); /* after the pool: its chunks go first */
+        d->backend = NULL;
         if (d->lock_fd >= 0)
                 close(d->lock_fd);
         log_notice("kvcd stopped");

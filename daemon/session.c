@@ -12,6 +12,13 @@
  * INT8 blocks it needs are granted with the plan, and the client releases what it no longer
  * needs of either table with PlanApplied.
  *
+ * Memory limits (budget.c): every block granted is first allowed by the budget (the session's
+ * cap, its tenant's quota, the others' guaranteed minimums). Each step the policy's wish becomes
+ * the session's demand; when the arbiter caps a session below it, the cap overrides the policy's
+ * target: the layer is compacted to fit (the policy still chooses which tokens stay). A request
+ * within a session's guaranteed minimum that finds the pool full waits (session.wait) while the
+ * arbiter's plans free memory, and is answered when they have, or refused at its deadline.
+ *
  * Nothing a client says is taken on trust: lengths must fit the blocks granted, released blocks
  * must be exactly the tail of the layer's table, steps must move forward, and a session answers
  * only to the client that opened it.
@@ -100,10 +107,16 @@ static uint32_t unit_of(const struct session *s, bool q8) {
 static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, uint64_t *ret_off) {
         int64_t new_chunk;
         uint32_t unit = unit_of(s, q8);
-        int r = pool_alloc(d->pool, s->owner->id, unit, n, ret_off, &new_chunk);
+        d->refusal[0] = '\0';
+        d->refusal_own = false;
+        int r = budget_may_grow(d, s, (uint64_t)n * unit, d->refusal, sizeof(d->refusal));
+        if (r < 0)
+                return r;
+        r = pool_alloc(d->pool, s->owner->id, unit, n, ret_off, &new_chunk);
         if (r < 0)
                 return r;
         if (new_chunk >= 0) {
+                restart_record_chunk_owner(d, (uint32_t)new_chunk, s->owner->id);
                 r = client_send_chunk(d, s->owner, (uint32_t)new_chunk);
                 if (r < 0) {
                         log_warning("client %llu: cannot send chunk %lld: %s", (unsigned long long)s->owner->id,
@@ -113,7 +126,7 @@ static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, u
                         return -EIO;
                 }
         }
-        s->bytes += (uint64_t)n * unit;
+        budget_charge(d, s, (int64_t)n * unit);
         if (s->bytes > s->stats.peak_bytes)
                 s->stats.peak_bytes = s->bytes;
         return 0;
@@ -125,7 +138,8 @@ static void free_units(struct kvcd *d, struct session *s, bool q8, uint64_t off,
         if (r < 0) /* a bookkeeping bug of ours: say so loudly, keep serving */
                 log_error("session %llu: releasing %u units at %llu failed: %s", (unsigned long long)s->id, n,
                           (unsigned long long)off, strerror(-r));
-        s->bytes -= (uint64_t)n * unit;
+        budget_charge(d, s, -(int64_t)n * unit);
+        d->freed = true;
 }
 
 /* Where slot i of layer L lives: its block (a pool offset), its layout and its slot there. */
@@ -153,7 +167,9 @@ static enum block_dtype dtype_of(Kvc__Dtype t) {
 static int capacity_error(struct kvcd *d, int r, char *why, size_t why_len, const char *what) {
         struct pool_stats ps;
         pool_get_stats(d->pool, &ps);
-        if (r == -ENOSPC)
+        if (r == -ENOSPC && d->refusal[0])
+                snprintf(why, why_len, "%s: %s", what, d->refusal);
+        else if (r == -ENOSPC)
                 snprintf(why, why_len,
                          "%s: pool capacity exhausted (%llu of %llu bytes in use, %u of %u chunks owned)",
                          what, (unsigned long long)ps.used_bytes, (unsigned long long)ps.capacity_bytes,
@@ -175,8 +191,10 @@ static struct session *session_free(struct session *s) {
         return NULL;
 }
 
-int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret, char *why,
-                 size_t why_len) {
+/* A session of client c from its parameters: geometry, layout, policy, tables. No id, no memory
+ * from the pool yet, not in any index. */
+static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret,
+                          char *why, size_t why_len) {
         const Kvc__Geometry *g = m->geometry;
         int r;
 
@@ -189,6 +207,7 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
         if (!s)
                 return -ENOMEM;
         s->owner = c;
+        s->state_slot = -1;
         s->n_layers = g->n_layers;
         s->n_heads = g->n_heads;
         s->n_kv_heads = g->n_kv_heads;
@@ -273,44 +292,161 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
                 return r;
         }
 
-        if (getrandom(s->token, sizeof(s->token), 0) != (ssize_t)sizeof(s->token)) {
-                session_free(s);
-                return -EIO;
-        }
-        s->id = ++d->next_session_id;
-        r = idmap_put(&d->sessions, s->id, s);
-        if (r < 0) {
-                session_free(s);
+        *ret = s;
+        return 0;
+}
+
+/* Puts a created session under its id and into its client's list. */
+static int session_register(struct kvcd *d, struct session *s, uint64_t id) {
+        s->id = id;
+        int r = idmap_put(&d->sessions, s->id, s);
+        if (r < 0)
                 return r;
-        }
+        struct client *c = s->owner;
         s->next = c->sessions;
         if (c->sessions)
                 c->sessions->prev = s;
         c->sessions = s;
         c->n_sessions++;
+        return 0;
+}
 
-        if (s->max_keep > 0) {
-                uint64_t entries = (uint64_t)s->n_layers * s->max_keep * (s->per_head ? s->n_kv_heads : 1);
-                uint64_t units = (entries * 4 + s->layout.block_bytes - 1) / s->layout.block_bytes;
-                r = units > UINT32_MAX ? -EINVAL : alloc_units(d, s, false, (uint32_t)units, &s->plan_offset);
-                if (r < 0) {
-                        session_close(d, s);
-                        return capacity_error(d, r, why, why_len, "plan buffer");
-                }
-                s->plan_units = (uint32_t)units;
+/* Blocks of the plan buffer: one keep-set entry (4 bytes) per layer, head and token kept. */
+static uint64_t plan_units_of(const struct session *s) {
+        if (!s->max_keep)
+                return 0;
+        uint64_t entries = (uint64_t)s->n_layers * s->max_keep * (s->per_head ? s->n_kv_heads : 1);
+        return (entries * 4 + s->layout.block_bytes - 1) / s->layout.block_bytes;
+}
+
+/* Whether a request refused for lack of memory is worth waiting for: it was not the session's
+ * own cap, and the arbiter is taking memory back from others. */
+static bool worth_waiting(struct kvcd *d, int r) {
+        if (r != -ENOSPC || d->refusal_own)
+                return false;
+        budget_arbitrate(d);
+        return d->budget.pressure;
+}
+
+void session_wait_for_memory(struct kvcd *d, struct session *s, int kind, uint32_t n_tokens, uint64_t request_id) {
+        if (s->wait.kind == WAIT_NONE)
+                d->n_waiting++;
+        s->wait = (struct session_wait){ .kind = kind, .n_tokens = n_tokens, .request_id = request_id,
+                                         .deadline_usec = now_usec() + KVCD_WAIT_USEC };
+}
+
+void session_wait_done(struct kvcd *d, struct session *s) {
+        if (s->wait.kind != WAIT_NONE)
+                d->n_waiting--;
+        s->wait.kind = WAIT_NONE;
+}
+
+/* The plan buffer: 0 when there, -EINPROGRESS when the session waits for it. */
+static int alloc_plan_buffer(struct kvcd *d, struct session *s, char *why, size_t why_len) {
+        uint64_t units = plan_units_of(s);
+        if (!units || s->plan_units)
+                return 0;
+        int r = alloc_units(d, s, false, (uint32_t)units, &s->plan_offset);
+        if (r < 0 && worth_waiting(d, r))
+                return -EINPROGRESS;
+        if (r < 0)
+                return capacity_error(d, r, why, why_len, "plan buffer");
+        s->plan_units = (uint32_t)units;
+        restart_record_plan(d, s);
+        return 0;
+}
+
+int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret, char *why,
+                 size_t why_len) {
+        struct session *s;
+        int r = session_create(d, c, m, &s, why, why_len);
+        if (r < 0)
+                return r;
+        uint64_t units = plan_units_of(s);
+        if (units > UINT32_MAX) {
+                snprintf(why, why_len, "a plan buffer of %llu blocks", (unsigned long long)units);
+                session_free(s);
+                return -EINVAL;
         }
+        uint64_t floor = (units + s->n_layers) * s->layout.block_bytes;
+        if ((r = budget_admit(d, s, c, m, true, floor, why, why_len)) < 0) {
+                session_free(s);
+                return r;
+        }
+        if (getrandom(s->token, sizeof(s->token), 0) != (ssize_t)sizeof(s->token)) {
+                budget_leave(d, s);
+                session_free(s);
+                return -EIO;
+        }
+        if ((r = session_register(d, s, d->next_session_id + 1)) < 0) {
+                budget_leave(d, s);
+                session_free(s);
+                return r;
+        }
+        d->next_session_id++;
         r = events_session_opened(d, s, m->prompt_token_ids, m->n_prompt_token_ids);
-        if (r < 0) {
+        if (r == 0)
+                r = restart_record_session(d, s, m);
+        if (r == 0)
+                r = alloc_plan_buffer(d, s, why, why_len);
+        if (r == -EINPROGRESS) {
+                session_wait_for_memory(d, s, WAIT_OPEN, 0, 0);
+                log_info("session %llu waits for its plan buffer: the arbiter is reclaiming memory",
+                         (unsigned long long)s->id);
+        } else if (r < 0) {
                 session_close(d, s);
                 return r;
         }
         d->n.sessions_opened++;
         *ret = s;
+        return r == -EINPROGRESS ? 1 : 0;
+}
+
+int session_retry_open(struct kvcd *d, struct session *s, char *why, size_t why_len) {
+        return alloc_plan_buffer(d, s, why, why_len);
+}
+
+int session_restore(struct kvcd *d, struct client *orphan, const Kvc__OpenSession *m, uint64_t id,
+                    const uint8_t *token, uint64_t plan_offset, uint32_t plan_units, struct session **ret, char *why,
+                    size_t why_len) {
+        struct session *s;
+        int r = session_create(d, orphan, m, &s, why, why_len);
+        if (r < 0)
+                return r;
+        memcpy(s->token, token, sizeof(s->token));
+        uint64_t floor = ((uint64_t)plan_units + s->n_layers) * s->layout.block_bytes;
+        if ((r = budget_admit(d, s, orphan, m, false, floor, why, why_len)) < 0) {
+                session_free(s);
+                return r;
+        }
+        if ((r = session_register(d, s, id)) < 0) {
+                budget_leave(d, s);
+                session_free(s);
+                return r;
+        }
+        if (plan_units) {
+                r = pool_claim(d->pool, orphan->id, plan_offset, (uint32_t)s->layout.block_bytes, plan_units);
+                if (r < 0) {
+                        snprintf(why, why_len, "its plan buffer is not in its client's chunks");
+                        session_close(d, s);
+                        return r;
+                }
+                s->plan_offset = plan_offset;
+                s->plan_units = plan_units;
+                budget_charge(d, s, (int64_t)plan_units * s->layout.block_bytes);
+        }
+        *ret = s;
         return 0;
 }
 
+int session_retry_reserve(struct kvcd *d, struct session *s, Kvc__Grant **ret_g, char *why, size_t why_len) {
+        return session_reserve(d, s, s->wait.n_tokens, ret_g, why, why_len);
+}
+
 void session_close(struct kvcd *d, struct session *s) {
+        session_wait_done(d, s);
         events_session_closed(d, s);
+        restart_forget_session(d, s);
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 for (uint32_t b = 0; b < s->layers[l].fp.n; b++)
                         free_units(d, s, false, s->layers[l].fp.blocks[b], 1);
@@ -319,6 +455,7 @@ void session_close(struct kvcd *d, struct session *s) {
         }
         if (s->plan_units)
                 free_units(d, s, false, s->plan_offset, s->plan_units);
+        budget_leave(d, s);
         idmap_del(&d->sessions, s->id);
         if (s->prev)
                 s->prev->next = s->next;
@@ -385,6 +522,55 @@ static Kvc__LayerBlocks *grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, 
         return lb;
 }
 
+/* Bytes the session holds when every layer has want(l) tokens: its plan buffer, its INT8 blocks
+ * as they are, and the full-precision blocks for the rest. */
+static uint64_t bytes_for(const struct session *s, const struct policy_target *targets, uint32_t n_tokens) {
+        uint32_t T = s->layout.block_tokens;
+        uint64_t bytes = (uint64_t)s->plan_units * s->layout.block_bytes;
+        for (uint32_t l = 0; l < s->n_layers; l++) {
+                const struct session_layer *L = &s->layers[l];
+                uint32_t want = n_tokens;
+                if (targets)
+                        want = targets[l].keep < L->n_tokens ? targets[l].keep : L->n_tokens + 1;
+                if (want > s->max_layer_tokens)
+                        want = s->max_layer_tokens;
+                uint32_t fp = want > L->n_q8 ? want - L->n_q8 : 0;
+                bytes += (uint64_t)L->q8.n * s->q8_layout.block_bytes + (uint64_t)((fp + T - 1) / T) * s->layout.block_bytes;
+        }
+        return bytes;
+}
+
+/* The arbiter's cap overrides the policy: a layer that would outgrow it is compacted, leaving
+ * half a block of room so that the next plans are not one token apart. */
+static void apply_cap(struct kvcd *d, struct session *s, struct policy_target *targets) {
+        memset(d->scratch.forced, 0, s->n_layers * sizeof(d->scratch.forced[0]));
+        if (s->cap_bytes >= s->demand_bytes || !s->max_keep)
+                return;
+        uint32_t T = s->layout.block_tokens;
+        uint64_t fixed = (uint64_t)s->plan_units * s->layout.block_bytes, row = (uint64_t)s->n_layers * s->layout.block_bytes;
+        for (uint32_t l = 0; l < s->n_layers; l++)
+                fixed += (uint64_t)s->layers[l].q8.n * s->q8_layout.block_bytes;
+        uint64_t rows = s->cap_bytes > fixed ? (s->cap_bytes - fixed) / row : 0;
+        if (rows < 1)
+                rows = 1;
+        for (uint32_t l = 0; l < s->n_layers; l++) {
+                const struct session_layer *L = &s->layers[l];
+                uint64_t limit = L->n_q8 + rows * T;
+                uint32_t want = targets[l].keep < L->n_tokens ? targets[l].keep : L->n_tokens + 1;
+                if (want <= limit)
+                        continue;
+                uint32_t keep = limit > T / 2 ? (uint32_t)(limit - T / 2) : 1;
+                if (keep > s->max_keep)
+                        keep = s->max_keep;
+                if (keep >= L->n_tokens)
+                        continue;
+                targets[l].keep = keep;
+                if (targets[l].q8 > keep)
+                        targets[l].q8 = keep;
+                d->scratch.forced[l] = true;
+        }
+}
+
 int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__Grant **ret_g, char *why,
                     size_t why_len) {
         uint32_t T = s->layout.block_tokens;
@@ -393,6 +579,7 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
                          s->policy_name, s->max_layer_tokens);
                 return -ENOSPC;
         }
+        budget_demand(d, s, bytes_for(s, NULL, n_tokens));
         Kvc__Grant *g = grant_new(d, s);
         if (!g)
                 return -ENOMEM;
@@ -409,6 +596,8 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
                                 for (size_t b = 0; b < g->layers[i]->n_blocks; b++)
                                         free_units(d, s, false, t->blocks[--t->n], 1);
                         }
+                        if (worth_waiting(d, r))
+                                return -EINPROGRESS;
                         return capacity_error(d, r, why, why_len, "reserve");
                 }
         }
@@ -535,6 +724,12 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                         t.keep = k - 1; /* one slot for the summary */
                 int r = s->policy->ops->select(s->policy->state, ps, &view, &t, keep, d->scratch.logw_delta,
                                                d->scratch.work);
+                if (r < 0 && d->scratch.forced[l]) { /* a policy that cannot shrink on demand: the newest stay */
+                        for (uint32_t h = 0; h < heads; h++)
+                                for (uint32_t i = 0; i < t.keep; i++)
+                                        keep[(size_t)h * t.keep + i] = n - t.keep + i;
+                        r = 0;
+                }
                 bool deltas = r == 1;
                 if (r >= 0 && s->summarize && k >= 2)
                         k = keep_summary(&view, keep, t.keep, &summary);
@@ -667,6 +862,9 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         }
                 }
                 ops->decide(s->policy->state, &ps, targets);
+                budget_demand(d, s, bytes_for(s, targets, 0));
+                budget_arbitrate(d);
+                apply_cap(d, s, targets);
                 *ret_plan = build_plan(d, s, &ps, g);
         }
 

@@ -74,3 +74,35 @@ $(GPUCHECK_EMU): $(BUILD)/emu/obj/gpucheck.o $(EMU_OBJ) $(KERNEL_OBJ)
 cuda-emu: $(GPUCHECK_EMU)
 
 -include $(wildcard $(BUILD)/emu/obj/*.d)
+
+# tests/gpu/ipc.sh, the GPU pool check (docs/gpu.md): kvc-ipc-client maps kvcd's GPU pool through
+# libkvc and compacts with the CUDA kernels (built by `make cuda`). For `ipc.sh --fake` the same
+# client is linked with the emulated kernels, and a fake driver (tests/gpu/fakecuda.c, host memory
+# behind the driver API) is built as libcuda.so.1 for kvcd and libkvc to dlopen: the whole flow on
+# a CPU (`make cuda-emu` builds both).
+IPC_CLIENT := $(BUILD)/bin/kvc-ipc-client
+IPC_CLIENT_EMU := $(BUILD)/emu/kvc-ipc-client-emu
+FAKECUDA_LIB := $(BUILD)/fakecuda/libcuda.so.1
+
+$(BUILD)/obj/tests/gpu/ipc_client.o: CFLAGS += -isystem $(CUDA_HOME)/include
+
+$(IPC_CLIENT): $(BUILD)/obj/tests/gpu/ipc_client.o $(CUDA_LIB) $(LIB)/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $< $(CUDA_LIB) $(LIB)/libkvc.a -o $@ -L$(CUDA_LIBDIR) -lcudart_static \
+		-ldl -lrt -lpthread -lstdc++ $(LDLIBS_ZMQ) $(LDLIBS)
+
+$(BUILD)/emu/obj/ipc_client.o: tests/gpu/ipc_client.c | $(GEN_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/gpu/emu -c $< -o $@
+
+$(IPC_CLIENT_EMU): $(BUILD)/emu/obj/ipc_client.o $(EMU_OBJ) $(LIB)/libkvc.a
+	$(CXX) $(LDFLAGS) $^ -o $@ -pthread $(LDLIBS_ZMQ) $(LDLIBS)
+
+$(FAKECUDA_LIB): tests/gpu/fakecuda.c daemon/cuda_driver.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -O1 -g -fPIC -shared -Wall -Wextra -Werror -Idaemon -Wl,-soname,libcuda.so.1 $< -o $@
+
+cuda-emu: $(IPC_CLIENT_EMU) $(FAKECUDA_LIB)
+ifeq ($(CUDA),1)
+cuda: $(IPC_CLIENT)
+endif

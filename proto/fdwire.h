@@ -6,8 +6,18 @@
  * client dies. The records are fixed-size and little-endian (host order: both ends are on one
  * machine).
  *
- *   kvcd -> client  WELCOME  the 16-byte token the client presents in its ZeroMQ Hello
- *   kvcd -> client  CHUNK    one fd: chunk chunk_idx of chunk_bytes, to map at idx * chunk_bytes
+ *   kvcd -> client  WELCOME   the 16-byte token the client presents in its ZeroMQ Hello; flag
+ *                             DEVICE when the pool is GPU memory (a DEVICE record follows)
+ *   kvcd -> client  DEVICE    token holds the GPU's 16-byte UUID: the client maps the pool on
+ *                             the device with that UUID (its own ordinal for it may differ)
+ *   kvcd -> client  CHUNK     one fd: chunk chunk_idx of chunk_bytes, to map at idx * chunk_bytes;
+ *                             flag DEVICE: a CUDA VMM POSIX-fd handle (import it, do not mmap it)
+ *   kvcd -> client  UNMAP     give chunk chunk_idx back: it holds nothing of the client's any more
+ *   client -> kvcd  UNMAPPED  chunk chunk_idx is unmapped here (the answer to UNMAP); kvcd scrubs
+ *                             it and may grant it to another client
+ *
+ * UNMAP/UNMAPPED is the cooperative shrink of docs/gpu.md: no CUDA API lets kvcd revoke a
+ * client's mapping, so a chunk goes back only when its client says it let go.
  */
 #pragma once
 
@@ -19,10 +29,14 @@
 enum fdwire_kind {
         FDWIRE_WELCOME = 1,
         FDWIRE_CHUNK = 2,
+        FDWIRE_DEVICE = 3,
+        FDWIRE_UNMAP = 4,
+        FDWIRE_UNMAPPED = 5,
 };
 
 enum fdwire_flags {
-        FDWIRE_READ_ONLY = 1u << 0, /* map without write access */
+        FDWIRE_READ_ONLY = 1u << 0,   /* map without write access */
+        FDWIRE_DEVICE_MEM = 1u << 1,  /* GPU memory (WELCOME, DEVICE and CHUNK records) */
 };
 
 struct fdwire_msg {

@@ -419,12 +419,19 @@ static int v_text_reply(const Kvc__Envelope *env, char *why, size_t why_len) {
 
 static int v_budget_set(const Kvc__Envelope *env, char *why, size_t why_len) {
         const Kvc__BudgetSet *m = env->budget_set;
-        if (!m->set_capacity && !m->set_quota && !m->set_session)
+        if (!m->set_capacity && !m->set_quota && !m->set_session && !m->set_binding)
                 return BAD("budget set changes nothing");
         if (m->set_session && m->session_id == 0)
                 return BAD("budget set: session id 0");
-        if (m->set_session && m->session_max_bytes && m->session_min_bytes > m->session_max_bytes)
+        if (m->set_session && !m->set_min && !m->set_max && !m->set_priority)
+                return BAD("budget set: a session change names none of min, max, priority");
+        if (m->set_min && m->set_max && m->session_max_bytes && m->session_min_bytes > m->session_max_bytes)
                 return BAD("budget set: session min above max");
+        if (m->set_binding && (!m->tenant || !*m->tenant))
+                return BAD("budget set: a binding needs a tenant");
+        if (m->set_binding && (m->tenant_uid < -1 || m->tenant_uid >= UINT32_MAX || m->tenant_gid < -1 ||
+                               m->tenant_gid >= UINT32_MAX))
+                return BAD("budget set: uid or gid out of range");
         return check_name(m->tenant, WIRE_MAX_NAME, 1, "tenant", why, why_len);
 }
 
@@ -436,6 +443,53 @@ static int v_budgets(const Kvc__Envelope *env, char *why, size_t why_len) {
                         return r;
         }
         return 0;
+}
+
+static int v_resume(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__Resume *m = env->resume;
+        size_t refs = 0;
+        if (m->session_id == 0 || m->token.len != WIRE_TOKEN_BYTES)
+                return BAD("resume: session id 0 or a token of %zu bytes", m->token.len);
+        if (m->n_layers == 0 || m->n_layers > WIRE_MAX_LAYERS)
+                return BAD("resume: %zu layers", m->n_layers);
+        for (size_t l = 0; l < m->n_layers; l++) {
+                const Kvc__ResumeLayer *L = m->layers[l];
+                if (L->n_tokens > WIRE_MAX_TOKENS || L->n_q8 > L->n_tokens)
+                        return BAD("resume: layer %zu lengths out of range", l);
+                refs += L->n_fp_blocks + L->n_q8_blocks;
+                if (refs > WIRE_MAX_BLOCK_REFS)
+                        return BAD("resume: more than %u blocks", WIRE_MAX_BLOCK_REFS);
+        }
+        return 0;
+}
+
+static int v_resumed(const Kvc__Envelope *env, char *why, size_t why_len) {
+        return v_session_id(env->resumed->session_id, why, why_len);
+}
+
+/* The OpenSession kvcd keeps in its restart record. */
+int wire_open_session_pack(const Kvc__OpenSession *m, uint8_t *out, size_t cap, size_t *ret_len) {
+        size_t n = kvc__open_session__get_packed_size(m);
+        if (n > cap)
+                return -EMSGSIZE;
+        *ret_len = kvc__open_session__pack(m, out);
+        return 0;
+}
+
+int wire_open_session_decode(struct wire_arena *a, const void *data, size_t len, Kvc__OpenSession **ret, char *why,
+                             size_t why_len) {
+        Kvc__Envelope env = KVC__ENVELOPE__INIT;
+        wire_arena_reset(a);
+        Kvc__OpenSession *m = kvc__open_session__unpack(&a->allocator, len, data);
+        if (!m)
+                return fail(-EPROTO, why, why_len, "not an OpenSession");
+        env.version = WIRE_VERSION;
+        env.body_case = KVC__ENVELOPE__BODY_OPEN_SESSION;
+        env.open_session = m;
+        int r = wire_validate(&env, why, why_len);
+        if (r == 0)
+                *ret = m;
+        return r;
 }
 
 /* One row per message kind: its name for logs and its validator. */
@@ -470,6 +524,8 @@ static const struct {
         { KVC__ENVELOPE__BODY_BUDGET_REQUEST, "budget_request", v_empty },
         { KVC__ENVELOPE__BODY_BUDGET_SET, "budget_set", v_budget_set },
         { KVC__ENVELOPE__BODY_BUDGETS, "budgets", v_budgets },
+        { KVC__ENVELOPE__BODY_RESUME, "resume", v_resume },
+        { KVC__ENVELOPE__BODY_RESUMED, "resumed", v_resumed },
 };
 
 const char *wire_body_name(Kvc__Envelope__BodyCase c) {
@@ -563,4 +619,33 @@ const char *wire_errno_name(int code) {
                 if (names[i].code == code)
                         return names[i].name;
         return "E?";
+}
+
+int wire_parse_bytes(const char *s, uint64_t *ret) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (errno || end == s || s[0] == '-')
+                return -EINVAL;
+        uint64_t mul = 1;
+        switch (*end) {
+        case 'K':
+        case 'k': mul = 1ull << 10; break;
+        case 'M':
+        case 'm': mul = 1ull << 20; break;
+        case 'G':
+        case 'g': mul = 1ull << 30; break;
+        case 'T':
+        case 't': mul = 1ull << 40; break;
+        }
+        if (mul > 1)
+                end++;
+        if (*end == 'i')
+                end++;
+        if (*end == 'B')
+                end++;
+        if (*end || v > UINT64_MAX / mul)
+                return -EINVAL;
+        *ret = v * mul;
+        return 0;
 }

@@ -63,12 +63,21 @@ int wire_validate(const Kvc__Envelope *env, char *why, size_t why_len);
 size_t wire_packed_size(const Kvc__Envelope *env);
 size_t wire_pack(const Kvc__Envelope *env, uint8_t *out);
 
+/* An OpenSession on its own (kvcd's restart record): pack into cap bytes (-EMSGSIZE), and decode
+ * with the same validation as in an envelope. */
+int wire_open_session_pack(const Kvc__OpenSession *m, uint8_t *out, size_t cap, size_t *ret_len);
+int wire_open_session_decode(struct wire_arena *a, const void *data, size_t len, Kvc__OpenSession **ret, char *why,
+                             size_t why_len);
+
 /* KV event batches (the third frame on kvcd.events.sock): pack, and decode with validation. */
 size_t wire_event_packed_size(const Kvc__KvEventBatch *b);
 size_t wire_event_pack(const Kvc__KvEventBatch *b, uint8_t *out);
 int wire_event_decode(struct wire_arena *a, const void *data, size_t len, Kvc__KvEventBatch **ret);
 
 /* The name of a body case ("step_batch"), for logs. */
+/* A size on a command line: "4096", "256M", "2G", "1GiB", "512KB" (powers of 1024). -EINVAL. */
+int wire_parse_bytes(const char *s, uint64_t *ret);
+
 const char *wire_body_name(Kvc__Envelope__BodyCase c);
 
 /* "EINVAL" for 22 and so on, for the codes the protocol uses; "E?" otherwise. */

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -68,28 +69,17 @@ static pid_t spawn(const char *const *argv, int out_fd, int err_fd, const char *
         _exit(127);
 }
 
-int harness_daemon_start(struct daemon *d, const char *const *extra, int *exit_status) {
-        const char *tmp = getenv("TMPDIR");
-        memset(d, 0, sizeof(*d));
-        d->notify_fd = -1;
-        snprintf(d->root, sizeof(d->root), "%s/kvcd-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(d->root))
-                return -errno;
-        snprintf(d->dir, sizeof(d->dir), "%s/run", d->root);
-        snprintf(d->log, sizeof(d->log), "%s/kvcd.log", d->root);
-
+/* Starts kvcd on d's directory and notify socket (the log truncated or appended to) and waits
+ * for READY=1. */
+static int daemon_exec(struct daemon *d, const char *const *extra, int *exit_status, int log_flags) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", d->root);
-        d->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        if (d->notify_fd < 0 || bind(d->notify_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-                return -errno;
-
         const char *argv[32] = { harness_bin("kvcd"), "--runtime-dir", d->dir, "--log-level", "debug" };
         int n = 5;
         for (int i = 0; extra && extra[i] && n < 31; i++)
                 argv[n++] = extra[i];
         argv[n] = NULL;
-        int log_fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        int log_fd = open(d->log, O_WRONLY | O_CREAT | O_CLOEXEC | log_flags, 0600);
         d->pid = spawn(argv, -1, log_fd, sa.sun_path);
         close(log_fd);
         if (d->pid < 0)
@@ -125,6 +115,67 @@ int harness_daemon_start(struct daemon *d, const char *const *extra, int *exit_s
                         close(pfd);
                         return -ECHILD;
                 }
+        }
+}
+
+int harness_daemon_start(struct daemon *d, const char *const *extra, int *exit_status) {
+        const char *tmp = getenv("TMPDIR");
+        memset(d, 0, sizeof(*d));
+        d->notify_fd = -1;
+        snprintf(d->root, sizeof(d->root), "%s/kvcd-test-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(d->root))
+                return -errno;
+        snprintf(d->dir, sizeof(d->dir), "%s/run", d->root);
+        snprintf(d->log, sizeof(d->log), "%s/kvcd.log", d->root);
+
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", d->root);
+        d->notify_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (d->notify_fd < 0 || bind(d->notify_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+                return -errno;
+        return daemon_exec(d, extra, exit_status, O_TRUNC);
+}
+
+int harness_daemon_kill(struct daemon *d, int *ret_status) {
+        if (d->pid <= 0)
+                return -ESRCH;
+        if (kill(d->pid, SIGKILL) < 0)
+                return -errno;
+        int r = harness_wait(d->pid, ret_status, HARNESS_DEADLINE_MS);
+        d->pid = 0;
+        return r;
+}
+
+int harness_daemon_restart(struct daemon *d, const char *const *extra, int *exit_status) {
+        if (d->pid > 0 || d->notify_fd < 0)
+                return -EBUSY;
+        harness_daemon_drain_notify(d);
+        return daemon_exec(d, extra, exit_status, O_APPEND);
+}
+
+int harness_daemon_drain_notify(struct daemon *d) {
+        int n = 0;
+        for (;;) {
+                char msg[512];
+                union {
+                        char buf[CMSG_SPACE(sizeof(int) * 16)];
+                        struct cmsghdr align;
+                } ctl;
+                struct iovec iov = { .iov_base = msg, .iov_len = sizeof(msg) };
+                struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                                     .msg_controllen = sizeof(ctl.buf) };
+                if (recvmsg(d->notify_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) < 0)
+                        return n;
+                for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+                        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                                continue;
+                        for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                                int fd;
+                                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                                close(fd);
+                        }
+                }
+                n++;
         }
 }
 
@@ -171,6 +222,81 @@ int harness_spawn(struct proc *p, const char *const *argv, bool capture) {
                 close(fds[1]);
         p->out_fd = capture ? fds[0] : -1;
         return p->pid < 0 ? -errno : 0;
+}
+
+int harness_spawn_stderr(struct proc *p, const char *const *argv, int *ret_err_fd) {
+        int out[2], err[2];
+        if (pipe2(out, O_CLOEXEC) < 0)
+                return -errno;
+        if (pipe2(err, O_CLOEXEC) < 0) {
+                int r = -errno;
+                close(out[0]);
+                close(out[1]);
+                return r;
+        }
+        p->pid = spawn(argv, out[1], err[1], NULL);
+        int r = p->pid < 0 ? -errno : 0;
+        close(out[1]);
+        close(err[1]);
+        p->out_fd = out[0];
+        *ret_err_fd = err[0];
+        return r;
+}
+
+char *harness_read_all(int fd) {
+        size_t len = 0, cap = 1024;
+        char *out = malloc(cap);
+        int64_t deadline = now_ms() + HARNESS_DEADLINE_MS;
+        while (out) {
+                struct pollfd pf = { .fd = fd, .events = POLLIN };
+                int64_t left = deadline - now_ms();
+                if (left <= 0 || poll(&pf, 1, (int)left) <= 0)
+                        break;
+                if (len + 256 > cap) {
+                        char *o = realloc(out, cap * 2);
+                        if (!o) {
+                                free(out);
+                                return NULL;
+                        }
+                        out = o;
+                        cap *= 2;
+                }
+                ssize_t r = read(fd, out + len, cap - len - 1);
+                if (r <= 0)
+                        break;
+                len += (size_t)r;
+        }
+        if (out)
+                out[len] = '\0';
+        return out;
+}
+
+int harness_fd_count(pid_t pid, const char *prefix, int *ret_matching) {
+        char path[64], link[512];
+        snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+        DIR *dir = opendir(path);
+        if (!dir)
+                return -errno;
+        int n = 0, matching = 0;
+        struct dirent *e;
+        while ((e = readdir(dir))) {
+                if (e->d_name[0] == '.')
+                        continue;
+                char fdpath[128];
+                snprintf(fdpath, sizeof(fdpath), "%s/%s", path, e->d_name);
+                ssize_t k = readlink(fdpath, link, sizeof(link) - 1);
+                if (k < 0)
+                        continue; /* closed meanwhile */
+                link[k] = '\0';
+                if (prefix && strncmp(link, prefix, strlen(prefix)) == 0)
+                        matching++;
+                else
+                        n++;
+        }
+        closedir(dir);
+        if (ret_matching)
+                *ret_matching = matching;
+        return n;
 }
 
 ssize_t harness_read_some(struct proc *p, char *buf, size_t n) {

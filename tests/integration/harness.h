@@ -32,11 +32,27 @@ const char *harness_bin(const char *name);
 int harness_daemon_start(struct daemon *d, const char *const *extra, int *exit_status);
 /* SIGTERM, wait for the exit, remove the directory. Returns kvcd's exit status (or -errno). */
 int harness_daemon_stop(struct daemon *d);
+/* SIGKILL and reap kvcd (its status in *ret_status); the directory and the notify socket stay,
+ * for harness_daemon_restart(). */
+int harness_daemon_kill(struct daemon *d, int *ret_status);
+/* Starts kvcd again on the same runtime directory and notify socket (appending to the log) and
+ * waits for READY=1, as harness_daemon_start(). -EBUSY while one still runs. */
+int harness_daemon_restart(struct daemon *d, const char *const *extra, int *exit_status);
+/* Reads and drops the notifications kvcd sent since READY=1 (STATUS, WATCHDOG, and FDSTORE with
+ * fds, which are closed), so a long test never fills the socket; returns how many. */
+int harness_daemon_drain_notify(struct daemon *d);
 
 /* Starts argv[0] with argv; its stdout is captured unless capture is false (then /dev/null). */
 int harness_spawn(struct proc *p, const char *const *argv, bool capture);
 /* Reads the child's stdout to the end and waits for it; *ret_out is malloc'd and NUL-terminated. */
 int harness_finish(struct proc *p, char **ret_out, int *ret_status);
+/* harness_spawn() with stdout captured, and stderr too: *ret_err_fd reads it. */
+int harness_spawn_stderr(struct proc *p, const char *const *argv, int *ret_err_fd);
+/* Everything fd gives until EOF (deadline), malloc'd and NUL-terminated; NULL on no memory. */
+char *harness_read_all(int fd);
+/* The open fds of process pid: returns how many do not link to a path starting with prefix (all
+ * when prefix is NULL), and *ret_matching how many do; -errno when /proc cannot tell. */
+int harness_fd_count(pid_t pid, const char *prefix, int *ret_matching);
 /* Reads at least n bytes of the child's stdout (or until EOF): returns how many were read. */
 ssize_t harness_read_some(struct proc *p, char *buf, size_t n);
 /* Waits for pid to exit (deadline). */

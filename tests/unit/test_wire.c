@@ -1283,6 +1283,8 @@ static void wire_names_every_body_case(void **state) {
                 { KVC__ENVELOPE__BODY_BUDGET_REQUEST, "budget_request" },
                 { KVC__ENVELOPE__BODY_BUDGET_SET, "budget_set" },
                 { KVC__ENVELOPE__BODY_BUDGETS, "budgets" },
+                { KVC__ENVELOPE__BODY_RESUME, "resume" },
+                { KVC__ENVELOPE__BODY_RESUMED, "resumed" },
         };
         (void)state;
         /* every oneof member of the generated descriptor has a row */

@@ -1,0 +1,128 @@
+/* test_shrink.c: cooperative shrink end to end (docs/gpu.md), on the host backend: the real kvcd
+ * and two libkvc clients in this process, over real sockets.
+ *
+ * A client that closed its sessions still owns its chunks (empty). When another client's request
+ * finds every chunk owned, kvcd asks the owner of the empty ones to give them back (an UNMAP
+ * record); libkvc unmaps them at its next exchange with kvcd and acknowledges (UNMAPPED); only
+ * then does kvcd scrub them and grant them again. Every wait is a round trip with kvcd.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "kvc.h"
+
+#define CHUNK (2u << 20)
+
+static int setup(void **state) {
+        struct daemon *d = calloc(1, sizeof(*d));
+        const char *extra[] = { "--capacity", "4M", "--chunk-bytes", "2M", NULL };
+        if (!d || harness_daemon_start(d, extra, NULL) < 0)
+                return -1;
+        *state = d;
+        return 0;
+}
+
+static int teardown(void **state) {
+        struct daemon *d = *state;
+        int st = harness_daemon_stop(d);
+        free(d);
+        return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+static struct kvc_client *client(const struct daemon *d, const char *name) {
+        struct kvc_options o = { .socket = d->dir, .name = name, .timeout_ms = HARNESS_DEADLINE_MS };
+        struct kvc_client *c = NULL;
+        assert_int_equal(kvc_connect(&o, &c), 0);
+        assert_int_equal(kvc_pool_is_device(c), 0);
+        assert_int_equal(kvc_pool_device(c), -1);
+        return c;
+}
+
+/* One layer of one 1024-dim KV head in F32: blocks of about 128 KiB, 15 to a chunk. */
+static struct kvc_session *session(struct kvc_client *c) {
+        struct kvc_session_config cfg = {
+                .geometry = { .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 1024,
+                              .dtype = KVC_DTYPE_F32, .max_tokens = 1024 },
+                .policy = "full",
+        };
+        struct kvc_session *s = NULL;
+        assert_int_equal(kvc_session_open(c, &cfg, &s), 0);
+        return s;
+}
+
+static long long status_int(const struct daemon *d, const char *key) {
+        char *j = harness_kvcctl(d, "status");
+        assert_non_null(j);
+        long long v = harness_json_int(j, key);
+        free(j);
+        return v;
+}
+
+static void kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them(void **state) {
+        struct daemon *d = *state;
+        struct kvc_client *a = client(d, "owner"), *b = client(d, "newcomer");
+        struct kvc_session *big = session(a), *idle = session(a);
+        struct kvc_layer_view v;
+
+        /* a fills both chunks (16 blocks: 15 in chunk 0, one in chunk 1), marks every byte, closes */
+        assert_int_equal(kvc_session_reserve(big, 256), 0);
+        assert_int_equal(kvc_layer_view(big, 0, &v), 0);
+        assert_int_equal(v.n_blocks, 16);
+        uint8_t *base = kvc_pool_base(a);
+        assert_int_equal((v.blocks[15] - base) / CHUNK, 1);
+        for (uint32_t i = 0; i < v.n_blocks; i++)
+                memset(v.blocks[i], 0x5a, v.block_bytes);
+        assert_int_equal(kvc_session_close(big, NULL), 0);
+        assert_int_equal(status_int(d, "chunks_in_use"), 2); /* empty, still a's */
+        assert_int_equal(status_int(d, "used_bytes"), 0);
+
+        /* b finds every chunk owned: refused, and kvcd asks a for the empty ones */
+        struct kvc_session *t = session(b);
+        assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC);
+        assert_int_equal(status_int(d, "chunks_in_use"), 2); /* asked, not given back yet */
+
+        /* a's next exchange with kvcd (one that allocates nothing, or a might take a chunk back
+         * itself) handles the request: unmap, acknowledge */
+        assert_int_equal(kvc_session_close(idle, NULL), 0);
+
+        /* now b gets one, scrubbed */
+        assert_int_equal(kvc_session_reserve(t, 16), 0);
+        assert_int_equal(kvc_layer_view(t, 0, &v), 0);
+        assert_int_equal(v.n_blocks, 1);
+        for (uint64_t i = 0; i < v.block_bytes; i++)
+                if (v.blocks[0][i])
+                        fail_msg("byte %llu of a chunk given back is 0x%02x: not scrubbed", (unsigned long long)i,
+                                 v.blocks[0][i]);
+        assert_int_equal(status_int(d, "chunks_in_use"), 1);
+        char *audit = harness_kvcctl(d, "audit");
+        assert_non_null(audit);
+        free(audit);
+
+        /* a carries on: a new grant brings it a chunk again, through the side channel */
+        struct kvc_session *again = session(a);
+        assert_int_equal(kvc_session_reserve(again, 16), 0);
+        assert_int_equal(kvc_layer_view(again, 0, &v), 0);
+        memset(v.blocks[0], 1, v.block_bytes);
+        assert_int_equal(status_int(d, "chunks_in_use"), 2);
+
+        kvc_disconnect(b);
+        kvc_disconnect(a);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test_setup_teardown(kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them, setup,
+                                                teardown),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
