@@ -285,6 +285,10 @@ static int map_chunk(struct kvc_client *c, const struct fdwire_msg *m, int fd) {
                 return set_error(c, -EPROTO, "kvcd sent an invalid chunk record");
         }
         bool read_only = (m->flags & FDWIRE_READ_ONLY) != 0;
+        if (c->dev && c->mapped[m->chunk_idx]) { /* sent again (kvcd called a reclaim off): same memory */
+                close(fd);
+                return 0;
+        }
         if (c->dev) {
                 char why[256];
                 int r = devpool_map(c->dev, m->chunk_idx, fd, read_only, why, sizeof(why));

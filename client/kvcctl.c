@@ -49,7 +49,7 @@ static void usage(FILE *f) {
                    "  top [--interval S] [--iterations N]\n"
                    "                            status and sessions, refreshed in place; q quits\n"
                    "  budget get                the capacity and the tenants' quotas\n"
-                   "  budget set [--capacity BYTES] [--tenant NAME --quota BYTES]\n"
+                   "  budget set [--capacity BYTES] [--tenant NAME [--quota BYTES] [--uid N | --gid N]]\n"
                    "             [--session ID [--min BYTES] [--max BYTES] [--priority N]]\n"
                    "  evict SESSION             close a session; its client is told\n"
                    "  drain [--timeout S] [--resume]\n"
@@ -245,11 +245,13 @@ static void print_sessions(const struct ctl *c, const Kvc__SessionList *l) {
                         json_string(s->client_name);
                         printf(",\"tenant\":\"%s\",\"policy\":\"%s\",\"budget\":%u,\"tokens\":%u,\"peak_tokens\":%u,"
                                "\"blocks\":%u,\"bytes\":%llu,\"int8_bytes\":%llu,\"confidence\":%.4f,\"steps\":%llu,"
-                               "\"plans\":%llu,\"age_usec\":%llu,\"layers\":%u}",
+                               "\"plans\":%llu,\"age_usec\":%llu,\"layers\":%u,\"min_bytes\":%llu,\"max_bytes\":%llu,"
+                               "\"cap_bytes\":%llu,\"priority\":%d}",
                                s->tenant, s->policy, s->budget_tokens, s->tokens, s->peak_tokens, s->blocks,
                                (unsigned long long)s->bytes, (unsigned long long)s->int8_bytes, (double)s->confidence,
                                (unsigned long long)s->steps, (unsigned long long)s->plans,
-                               (unsigned long long)s->age_usec, s->n_layers);
+                               (unsigned long long)s->age_usec, s->n_layers, (unsigned long long)s->min_bytes,
+                               (unsigned long long)s->max_bytes, (unsigned long long)s->cap_bytes, s->priority);
                 }
                 printf("]\n");
                 return;
@@ -336,10 +338,16 @@ static void print_budgets(const struct ctl *c, const Kvc__Budgets *b) {
                 printf("{\"capacity_bytes\":%llu,\"used_bytes\":%llu,\"default_quota_bytes\":%llu,\"tenants\":[",
                        (unsigned long long)b->capacity_bytes, (unsigned long long)b->used_bytes,
                        (unsigned long long)b->default_quota_bytes);
-                for (size_t i = 0; i < b->n_tenants; i++)
-                        printf("%s{\"name\":\"%s\",\"quota_bytes\":%llu,\"used_bytes\":%llu,\"sessions\":%u}", i ? "," : "",
-                               b->tenants[i]->name, (unsigned long long)b->tenants[i]->quota_bytes,
-                               (unsigned long long)b->tenants[i]->used_bytes, b->tenants[i]->sessions);
+                for (size_t i = 0; i < b->n_tenants; i++) {
+                        const Kvc__TenantBudget *t = b->tenants[i];
+                        printf("%s{\"name\":", i ? "," : "");
+                        json_string(t->name);
+                        printf(",\"quota_bytes\":%llu,\"used_bytes\":%llu,\"reserved_bytes\":%llu,\"sessions\":%u,"
+                               "\"uid\":%lld,\"gid\":%lld,\"declared\":%s}",
+                               (unsigned long long)t->quota_bytes, (unsigned long long)t->used_bytes,
+                               (unsigned long long)t->reserved_bytes, t->sessions, (long long)t->uid, (long long)t->gid,
+                               t->declared ? "true" : "false");
+                }
                 printf("]}\n");
                 return;
         }
@@ -347,11 +355,18 @@ static void print_budgets(const struct ctl *c, const Kvc__Budgets *b) {
         printf("capacity  %s (%s in use)\ndefault tenant quota  %s\n", human_bytes(b->capacity_bytes, x, sizeof(x)),
                human_bytes(b->used_bytes, y, sizeof(y)), human_bytes(b->default_quota_bytes, z, sizeof(z)));
         if (b->n_tenants)
-                printf("\n%-16s %12s %12s %8s\n", "TENANT", "QUOTA", "USED", "SESSIONS");
-        for (size_t i = 0; i < b->n_tenants; i++)
-                printf("%-16.16s %12s %12s %8u\n", b->tenants[i]->name,
-                       human_bytes(b->tenants[i]->quota_bytes, x, sizeof(x)),
-                       human_bytes(b->tenants[i]->used_bytes, y, sizeof(y)), b->tenants[i]->sessions);
+                printf("\n%-16s %12s %12s %12s %8s %s\n", "TENANT", "QUOTA", "USED", "GUARANTEED", "SESSIONS", "BOUND TO");
+        for (size_t i = 0; i < b->n_tenants; i++) {
+                const Kvc__TenantBudget *t = b->tenants[i];
+                char bound[48] = "-";
+                if (t->uid >= 0)
+                        snprintf(bound, sizeof(bound), "uid %lld", (long long)t->uid);
+                else if (t->gid >= 0)
+                        snprintf(bound, sizeof(bound), "gid %lld", (long long)t->gid);
+                printf("%-16.16s %12s %12s %12s %8u %s%s\n", t->name, human_bytes(t->quota_bytes, x, sizeof(x)),
+                       human_bytes(t->used_bytes, y, sizeof(y)), human_bytes(t->reserved_bytes, z, sizeof(z)),
+                       t->sessions, bound, t->declared ? "" : " (undeclared)");
+        }
 }
 
 static int verb_budget(struct ctl *c) {
@@ -383,18 +398,37 @@ static int verb_budget(struct ctl *c) {
                                 bs.set_session = true;
                                 bs.session_id = strtoull(v, NULL, 10);
                         } else if (strcmp(a, "--min") == 0) {
+                                bs.set_min = true;
                                 if (wire_parse_bytes(v, &bs.session_min_bytes) < 0)
                                         return EXIT_USAGE;
                         } else if (strcmp(a, "--max") == 0) {
+                                bs.set_max = true;
                                 if (wire_parse_bytes(v, &bs.session_max_bytes) < 0)
                                         return EXIT_USAGE;
                         } else if (strcmp(a, "--priority") == 0) {
-                                bs.priority = atoi(v);
+                                char *end;
+                                long p = strtol(v, &end, 10);
+                                if (*end || p < -1000000 || p > 1000000)
+                                        return EXIT_USAGE;
+                                bs.set_priority = true;
+                                bs.priority = (int32_t)p;
+                        } else if (strcmp(a, "--uid") == 0 || strcmp(a, "--gid") == 0) {
+                                char *end;
+                                long long id = strtoll(v, &end, 10);
+                                if (*end || id < -1 || id >= UINT32_MAX)
+                                        return EXIT_USAGE;
+                                if (!bs.set_binding)
+                                        bs.tenant_uid = bs.tenant_gid = -1;
+                                bs.set_binding = true;
+                                *(a[2] == 'u' ? &bs.tenant_uid : &bs.tenant_gid) = id;
                         } else {
                                 return EXIT_USAGE;
                         }
                 }
-                if (!bs.set_capacity && !bs.set_quota && !bs.set_session)
+                /* --min/--max/--priority belong to --session; --quota/--uid/--gid to --tenant */
+                if ((bs.set_min || bs.set_max || bs.set_priority) != bs.set_session ||
+                    (bs.set_binding && !bs.tenant) ||
+                    (!bs.set_capacity && !bs.set_quota && !bs.set_session && !bs.set_binding))
                         return EXIT_USAGE;
                 req.body_case = KVC__ENVELOPE__BODY_BUDGET_SET;
                 req.budget_set = &bs;

@@ -359,7 +359,8 @@ void budget_arbitrate(struct kvcd *d) {
         if (!b->dirty)
                 return;
         b->dirty = false;
-        uint64_t cap = capacity(d);
+        uint64_t cap = capacity(d), waste = pool_waste_bytes(d->pool);
+        cap = cap > waste ? cap - waste : 0;
         bool short_ = b->demand_bytes > cap;
         for (uint32_t i = 0; i < b->n_tenants && !short_; i++)
                 short_ = b->tenants[i]->demand_bytes > budget_quota(b, b->tenants[i]);

@@ -156,9 +156,9 @@ int client_drain(struct kvcd *d, struct client *c) {
                 if (pool_reclaim_done(d->pool, c->id, (uint32_t)m.chunk_idx) == 0)
                         log_info("client %llu gave back chunk %llu (scrubbed)", (unsigned long long)c->id,
                                  (unsigned long long)m.chunk_idx);
-                else
-                        log_warning("client %llu says it unmapped chunk %llu, which was not asked back",
-                                    (unsigned long long)c->id, (unsigned long long)m.chunk_idx);
+                else /* the owner took it back meanwhile (its fd went out again), or a peer's mistake */
+                        log_info("client %llu unmapped chunk %llu, which is no longer asked back",
+                                 (unsigned long long)c->id, (unsigned long long)m.chunk_idx);
         }
         return 0;
 }

@@ -311,6 +311,10 @@ static int handle_list_sessions(struct request *rq) {
                         i->peak_tokens = s->stats.peak_tokens;
                         i->n_layers = s->n_layers;
                         i->client_name = s->owner->name;
+                        i->min_bytes = s->min_bytes;
+                        i->max_bytes = budget_max(d, s);
+                        i->cap_bytes = s->cap_bytes;
+                        i->priority = s->priority;
                         for (uint32_t layer = 0; layer < s->n_layers; layer++)
                                 i->int8_bytes += (uint64_t)s->layers[layer].q8.n * s->q8_layout.block_bytes;
                         l->sessions[l->n_sessions++] = i;

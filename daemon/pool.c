@@ -37,6 +37,7 @@ struct pool {
         uint32_t chunks_created;
         uint32_t chunks_reclaiming;
         bool short_of_chunks;
+        int64_t regranted; /* the chunk the last pool_alloc took back from being reclaimed, or -1 */
         uint8_t *base;
         struct pool_chunk *chunks;
 };
@@ -67,6 +68,7 @@ int pool_new(const struct backend_ops *backend, uint64_t capacity_bytes, uint64_
         p->chunk_bytes = chunk_bytes;
         p->n_chunks = (uint32_t)n;
         p->base = base;
+        p->regranted = -1;
         for (uint32_t i = 0; i < p->n_chunks; i++)
                 p->chunks[i].bc.fd = -1;
         *ret = p;
@@ -150,6 +152,7 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
                 return -EINVAL;
         if (p->used_bytes + (uint64_t)unit_bytes * n_units > p->capacity_bytes)
                 return -ENOSPC;
+        p->regranted = -1;
 
         /* 1: a chunk of the owner's with this unit size and room */
         for (uint32_t i = 0; i < p->n_chunks; i++) {
@@ -191,6 +194,22 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
                         return r;
                 c->owner = owner;
                 p->chunks_owned++;
+                *ret_new_chunk = i;
+                return take_units(p, i, n_units, ret_offset);
+        }
+        /* 4: the owner's own chunk that was asked back: it needs it after all. Its UNMAP may have
+         * reached it already, so the chunk is reported as new and its fd goes out again (after the
+         * UNMAP on the side channel, so the client maps it again); a late UNMAPPED is ignored. */
+        for (uint32_t i = p->n_chunks; i-- > 0;) {
+                struct pool_chunk *c = &p->chunks[i];
+                if (c->owner != owner || !c->reclaiming)
+                        continue;
+                int r = carve(p, c, unit_bytes);
+                if (r < 0)
+                        return r;
+                c->reclaiming = false;
+                p->chunks_reclaiming--;
+                p->regranted = i;
                 *ret_new_chunk = i;
                 return take_units(p, i, n_units, ret_offset);
         }
@@ -297,8 +316,15 @@ int pool_reclaim_done(struct pool *p, uint64_t owner, uint32_t idx) {
 }
 
 void pool_disown_chunk(struct pool *p, uint32_t idx) {
-        if (idx < p->n_chunks && p->chunks[idx].owner != 0)
-                chunk_reset(p, &p->chunks[idx]);
+        if (idx >= p->n_chunks || p->chunks[idx].owner == 0)
+                return;
+        if (p->regranted == idx) { /* the owner may still map it: back to being asked for it */
+                p->chunks[idx].reclaiming = true;
+                p->chunks_reclaiming++;
+                p->regranted = -1;
+                return;
+        }
+        chunk_reset(p, &p->chunks[idx]);
 }
 
 int pool_owns(const struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_bytes, uint32_t n_units) {
@@ -407,6 +433,16 @@ uint64_t pool_chunk_bytes(const struct pool *p) {
 
 uint64_t pool_va_bytes(const struct pool *p) {
         return (uint64_t)p->n_chunks * p->chunk_bytes;
+}
+
+uint64_t pool_waste_bytes(const struct pool *p) {
+        uint64_t waste = 0;
+        for (uint32_t i = 0; i < p->n_chunks; i++) {
+                const struct pool_chunk *c = &p->chunks[i];
+                if (c->owner && c->n_units)
+                        waste += p->chunk_bytes - (uint64_t)c->n_units * c->unit_bytes;
+        }
+        return waste;
 }
 
 void pool_get_stats(const struct pool *p, struct pool_stats *ret) {

@@ -64,7 +64,8 @@ uint32_t pool_release_owner(struct pool *p, uint64_t owner);
  * how many, with their indices and owners, and clears the shortage. pool_reclaim_done takes the
  * owner's acknowledgement: the chunk is scrubbed and free again. -EINVAL (nothing changes) for a
  * chunk that is not being reclaimed from that owner. An owner that dies first gives it back with
- * the rest (pool_release_owner). */
+ * the rest (pool_release_owner). An owner whose allocation finds no other room takes its chunk
+ * back (the reclaim is called off, and the chunk is reported as new so its fd goes out again). */
 bool pool_short_of_chunks(const struct pool *p);
 uint32_t pool_reclaim_pick(struct pool *p, uint32_t max, uint32_t *ret_idx, uint64_t *ret_owner);
 int pool_reclaim_done(struct pool *p, uint64_t owner, uint32_t idx);
@@ -83,7 +84,8 @@ void pool_transfer_owner(struct pool *p, uint64_t from, uint64_t to);
 uint64_t pool_chunk_owner(const struct pool *p, uint32_t idx);
 uint32_t pool_n_chunks(const struct pool *p);
 
-/* Undoes the grant of a chunk to owner when its fd could not be delivered (no units in use). */
+/* Undoes the grant of a chunk to owner when its fd could not be delivered (no units in use); a
+ * chunk the allocation took back from being reclaimed goes back to being reclaimed. */
 void pool_disown_chunk(struct pool *p, uint32_t idx);
 
 /* 0 when [offset, n_units units) is allocated to owner with that unit size, -EINVAL otherwise. */
@@ -105,6 +107,9 @@ int pool_chunk_fd(const struct pool *p, uint32_t idx);
 uint64_t pool_chunk_bytes(const struct pool *p);
 uint64_t pool_va_bytes(const struct pool *p);
 void pool_get_stats(const struct pool *p, struct pool_stats *ret);
+/* Bytes no unit can use: the tails of carved chunks, where the unit size does not divide the
+ * chunk (the arbiter counts them out of the capacity). */
+uint64_t pool_waste_bytes(const struct pool *p);
 
 /* Recomputes used bytes and owners from the bitmaps; 0 when they agree with the counters,
  * -EUCLEAN otherwise (with what differs in why). Use above the capacity is not a mismatch: an

@@ -542,9 +542,9 @@ static uint64_t bytes_for(const struct session *s, const struct policy_target *t
 
 /* The arbiter's cap overrides the policy: a layer that would outgrow it is compacted, leaving
  * half a block of room so that the next plans are not one token apart. */
-static void apply_cap(struct kvcd *d, struct session *s, struct policy_target *targets) {
+static void apply_cap(struct kvcd *d, struct session *s, struct policy_target *targets, uint64_t wanted) {
         memset(d->scratch.forced, 0, s->n_layers * sizeof(d->scratch.forced[0]));
-        if (s->cap_bytes >= s->demand_bytes || !s->max_keep)
+        if (wanted <= s->cap_bytes || !s->max_keep)
                 return;
         uint32_t T = s->layout.block_tokens;
         uint64_t fixed = (uint64_t)s->plan_units * s->layout.block_bytes, row = (uint64_t)s->n_layers * s->layout.block_bytes;
@@ -862,9 +862,10 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         }
                 }
                 ops->decide(s->policy->state, &ps, targets);
-                budget_demand(d, s, bytes_for(s, targets, 0));
+                uint64_t want = bytes_for(s, targets, 0);
+                budget_demand(d, s, want);
                 budget_arbitrate(d);
-                apply_cap(d, s, targets);
+                apply_cap(d, s, targets, want);
                 *ret_plan = build_plan(d, s, &ps, g);
         }
 

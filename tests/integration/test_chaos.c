@@ -19,8 +19,9 @@
  * fd count is rechecked over further round trips until it settles (bounded by a deadline).
  *
  * KVC_CHAOS_SEED=N replays a loop; KVC_CHAOS_ITERATIONS=N changes its length (default 40).
- * KVC_CHAOS_SLOW=1 adds a client stopped past ZeroMQ's heartbeat timeout (about 15 s; it waits for
- * the timeout itself, so it is the one test that paces its polling).
+ * KVC_CHAOS_SLOW=1 adds a client stopped past ZeroMQ's heartbeat timeout (about 25 s; it waits for
+ * the timeout itself, so it is the one test that paces its polling). KVC_CHAOS_KNOWN_HOLES=1 adds
+ * the reproducer of the isolation hole docs/security.md describes (it fails until that is fixed).
  *
  * The test binary doubles as the rawpeer victim: `test_chaos --victim DIR MODE`.
  */
@@ -35,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,6 +44,7 @@
 
 #include <cmocka.h>
 
+#include "fdwire.h"
 #include "harness.h"
 #include "rawpeer.h"
 #include "wire.h"
@@ -473,7 +476,7 @@ static void killed_clients_leave_nothing_behind(void **state) {
                       "%u rawpeers killed, %u survivors unharmed; kvcd counted %llu client deaths\n",
                       iterations, (long long)(now_ms() - t0), t.before_output, t.mid_run, t.finished, t.rawpeers,
                       t.survivors, (unsigned long long)(after.deaths - before.deaths));
-        assert_true(t.mid_run + t.rawpeers > 0);
+        assert_true(iterations < 10 || t.mid_run + t.rawpeers > 0);
 }
 
 static void peer_that_hangs_up_mid_plan_is_forgotten(void **state) {
@@ -578,7 +581,7 @@ static void stopped_client_resumes_unharmed_while_others_are_served(void **state
 static void client_stopped_past_the_heartbeat_timeout(void **state) {
         struct fixture *f = *state;
         if (!getenv("KVC_CHAOS_SLOW")) {
-                print_message("skipped: KVC_CHAOS_SLOW=1 runs it (about 15 s)\n");
+                print_message("skipped: KVC_CHAOS_SLOW=1 runs it (about 25 s)\n");
                 skip();
         }
         const char *argv[40];
@@ -623,6 +626,59 @@ static void client_stopped_past_the_heartbeat_timeout(void **state) {
         free(rest);
         free(err);
         expect_idle(f, "a client stopped past the heartbeat");
+}
+
+/* The known hole of docs/security.md ("Not defended today"): a holder that hangs up its side
+ * channel but keeps a chunk's fd and mapping still sees the chunk once kvcd grants it to the next
+ * client. Fails today, so it runs only with KVC_CHAOS_KNOWN_HOLES=1: the test for the fix. */
+static void regranted_chunk_is_invisible_to_its_old_holder(void **state) {
+        struct fixture *f = *state;
+        if (!getenv("KVC_CHAOS_KNOWN_HOLES")) {
+                print_message("skipped: a known hole (docs/security.md); KVC_CHAOS_KNOWN_HOLES=1 runs it\n");
+                skip();
+        }
+        struct rawpeer p;
+        uint64_t sid;
+        assert_int_equal(rawpeer_open(&p, f->d.dir, true), 0);
+        assert_int_equal(rawpeer_open_session(&p, "full", 0, &sid), 0);
+        Kvc__Reserve rs = KVC__RESERVE__INIT;
+        rs.session_id = sid;
+        rs.n_tokens = 16;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        env.body_case = KVC__ENVELOPE__BODY_RESERVE;
+        env.reserve = &rs;
+        assert_int_equal(rawpeer_call(&p, &env, &in), 0);
+        assert_int_equal(in->body_case, KVC__ENVELOPE__BODY_GRANT);
+        struct fdwire_msg m;
+        int chunk_fd = -1;
+        assert_int_equal(fdwire_recv(p.fd, &m, &chunk_fd, HARNESS_DEADLINE_MS), 0);
+        assert_true(m.kind == FDWIRE_CHUNK && chunk_fd >= 0);
+        const uint8_t *old = mmap(NULL, m.chunk_bytes, PROT_READ, MAP_SHARED, chunk_fd, 0);
+        assert_true(old != MAP_FAILED);
+        close(p.fd); /* kvcd takes the chunk back, scrubs it, and may grant it again */
+        p.fd = -1;
+        rawpeer_close(&p);
+
+        const char *argv[40];
+        char first[100];
+        struct proc c;
+        int st;
+        run_argv(f, cfg_window, argv);
+        assert_int_equal(harness_spawn(&c, argv, true), 0);
+        assert_int_equal(harness_read_some(&c, first, sizeof(first)), (ssize_t)sizeof(first));
+        kill(c.pid, SIGSTOP);
+        size_t seen = 0;
+        for (size_t i = 0; i < m.chunk_bytes; i++)
+                seen += old[i] != 0;
+        kill(c.pid, SIGCONT);
+        assert_int_equal(harness_finish(&c, NULL, &st), 0);
+        munmap((void *)old, m.chunk_bytes);
+        close(chunk_fd);
+        if (seen)
+                print_error("the old holder of chunk %llu sees %zu non-zero bytes of its next owner\n",
+                            (unsigned long long)m.chunk_idx, seen);
+        expect_idle(f, "a chunk regranted under an old mapping");
+        assert_int_equal(seen, 0);
 }
 
 static void kvcd_killed_under_load_fails_its_clients_and_restarts_clean(void **state) {
@@ -697,6 +753,7 @@ int main(int argc, char **argv) {
                 cmocka_unit_test(peer_that_hangs_up_mid_plan_is_forgotten),
                 cmocka_unit_test(stopped_client_resumes_unharmed_while_others_are_served),
                 cmocka_unit_test(client_stopped_past_the_heartbeat_timeout),
+                cmocka_unit_test(regranted_chunk_is_invisible_to_its_old_holder),
                 cmocka_unit_test(kvcd_killed_under_load_fails_its_clients_and_restarts_clean),
         };
         return cmocka_run_group_tests(tests, setup, teardown);

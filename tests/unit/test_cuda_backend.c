@@ -496,6 +496,39 @@ static void pool_reclaims_an_empty_chunk_only_after_its_owner_acknowledges(void 
         pool_free(p);
 }
 
+static void pool_owner_takes_back_a_chunk_being_reclaimed_when_it_has_no_other(void **state) {
+        struct pool *p = cuda_pool(2);
+        struct pool_stats st;
+        char why[128];
+        uint32_t idx[2];
+        uint64_t owner[2], off;
+        int64_t nc;
+        (void)state;
+        off = alloc(p, 7, 1, NULL);
+        alloc(p, 8, 1, NULL);
+        assert_int_equal(pool_release(p, 7, off, UNIT, 1), 0);
+        assert_int_equal(pool_reclaim_pick(p, 2, idx, owner), 1);
+        assert_int_equal(idx[0], 0);
+
+        assert_int_equal(pool_alloc(p, 8, UNIT, (uint32_t)(CHUNK / UNIT), &off, &nc), -ENOSPC); /* not 8's */
+        off = alloc(p, 7, 1, &nc); /* 7's only room: the reclaim is called off */
+        assert_int_equal(nc, 0);    /* reported as new: its fd goes out again after the UNMAP */
+        pool_get_stats(p, &st);
+        assert_int_equal(st.chunks_reclaiming, 0);
+        assert_int_equal(pool_reclaim_done(p, 7, 0), -EINVAL); /* the late acknowledgement is ignored */
+        assert_int_equal(pool_audit(p, why, sizeof(why)), 0);
+
+        /* the fd could not be sent: the chunk goes back to being asked for, still 7's */
+        assert_int_equal(pool_release(p, 7, off, UNIT, 1), 0);
+        pool_disown_chunk(p, 0);
+        pool_get_stats(p, &st);
+        assert_int_equal(st.chunks_reclaiming, 1);
+        assert_int_equal(st.chunks_owned, 2);
+        assert_int_equal(pool_reclaim_done(p, 7, 0), 0);
+        assert_int_equal(pool_audit(p, why, sizeof(why)), 0);
+        pool_free(p);
+}
+
 static void pool_reclaim_ends_when_the_owner_dies(void **state) {
         struct pool *p = cuda_pool(2);
         struct pool_stats st;
@@ -710,6 +743,7 @@ int main(void) {
                 T(cuda_scrub_failure_retires_the_chunk),
                 T(cuda_adopts_a_chunk_kept_across_a_restart_with_its_bytes),
                 T(pool_reclaims_an_empty_chunk_only_after_its_owner_acknowledges),
+                T(pool_owner_takes_back_a_chunk_being_reclaimed_when_it_has_no_other),
                 T(pool_reclaim_ends_when_the_owner_dies),
                 T(devpool_imports_maps_and_shares_memory_with_kvcd),
                 T(devpool_maps_read_only_chunks_read_only),
