@@ -65,7 +65,7 @@ struct opts {
 
 /* What a worker sends its parent through a pipe when it is done. */
 struct result {
-        uint64_t steps;    /* session steps */
+        uint64_t steps; /* session steps */
         uint64_t flushes;
         uint64_t plans_applied;
         uint64_t reopened; /* sessions that reached the context and were replaced */
@@ -389,15 +389,24 @@ static void usage(FILE *f) {
 
 static int parse(int argc, char **argv, struct opts *o) {
         static const struct option lo[] = {
-                { "socket", required_argument, NULL, 's' },     { "kvcd", required_argument, NULL, 'K' },
-                { "kvcd-pid", required_argument, NULL, 'P' },   { "processes", required_argument, NULL, 'p' },
-                { "sessions", required_argument, NULL, 'S' },   { "seconds", required_argument, NULL, 't' },
-                { "policy", required_argument, NULL, 'y' },     { "budget", required_argument, NULL, 'b' },
-                { "param", required_argument, NULL, 'a' },      { "layers", required_argument, NULL, 'L' },
-                { "heads", required_argument, NULL, 'H' },      { "kv-heads", required_argument, NULL, 'V' },
-                { "head-dim", required_argument, NULL, 'D' },   { "max-tokens", required_argument, NULL, 'M' },
-                { "dtype", required_argument, NULL, 'd' },      { "seed", required_argument, NULL, 'r' },
-                { "json", no_argument, NULL, 'j' },             { "help", no_argument, NULL, 'h' },
+                { "socket", required_argument, NULL, 's' },
+                { "kvcd", required_argument, NULL, 'K' },
+                { "kvcd-pid", required_argument, NULL, 'P' },
+                { "processes", required_argument, NULL, 'p' },
+                { "sessions", required_argument, NULL, 'S' },
+                { "seconds", required_argument, NULL, 't' },
+                { "policy", required_argument, NULL, 'y' },
+                { "budget", required_argument, NULL, 'b' },
+                { "param", required_argument, NULL, 'a' },
+                { "layers", required_argument, NULL, 'L' },
+                { "heads", required_argument, NULL, 'H' },
+                { "kv-heads", required_argument, NULL, 'V' },
+                { "head-dim", required_argument, NULL, 'D' },
+                { "max-tokens", required_argument, NULL, 'M' },
+                { "dtype", required_argument, NULL, 'd' },
+                { "seed", required_argument, NULL, 'r' },
+                { "json", no_argument, NULL, 'j' },
+                { "help", no_argument, NULL, 'h' },
                 {},
         };
         int ch;
@@ -475,9 +484,19 @@ static bool read_full(int fd, void *buf, size_t n) {
 }
 
 int main(int argc, char **argv) {
-        struct opts o = { .policy = "window", .dtype_name = "f32", .processes = 16, .sessions = 16, .seconds = 20,
-                          .budget = 64, .layers = 5, .heads = 8, .kv_heads = 4, .head_dim = 8, .max_tokens = 512,
-                          .dtype = KVC_DTYPE_F32, .seed = 1 };
+        struct opts o = { .policy = "window",
+                          .dtype_name = "f32",
+                          .processes = 16,
+                          .sessions = 16,
+                          .seconds = 20,
+                          .budget = 64,
+                          .layers = 5,
+                          .heads = 8,
+                          .kv_heads = 4,
+                          .head_dim = 8,
+                          .max_tokens = 512,
+                          .dtype = KVC_DTYPE_F32,
+                          .seed = 1 };
         if (parse(argc, argv, &o) < 0) {
                 usage(stderr);
                 return 2;
@@ -567,19 +586,25 @@ int main(int argc, char **argv) {
         double mean = total.flushes ? (double)total.lat_sum_ns / (double)total.flushes / 1e6 : NAN;
         double max = (double)total.lat_max_ns / 1e6;
         if (o.json) {
-                printf("{\"processes\":%d,\"sessions_per_process\":%d,\"sessions\":%d,\"policy\":\"%s\",\"budget\":%u,"
-                       "\"layers\":%u,\"heads\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype\":\"%s\",\"seconds\":%.3f,"
-                       "\"session_steps\":%llu,\"steps_per_second\":%.1f,\"flushes\":%llu,\"flushes_per_second\":%.1f,"
-                       "\"flush_ms\":{\"p50\":%.4f,\"p99\":%.4f,\"mean\":%.4f,\"max\":%.4f},\"plans_applied\":%llu,"
-                       "\"sessions_reopened\":%llu,\"kvcd_pid\":%d,\"kvcd_rss_kib\":{\"before\":%ld,\"after\":%ld,"
+                printf("{\"processes\":%d,\"sessions_per_process\":%d,\"sessions\":%d,\"policy\":\"%s\","
+                       "\"budget\":%u,"
+                       "\"layers\":%u,\"heads\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"dtype\":\"%s\","
+                       "\"seconds\":%.3f,"
+                       "\"session_steps\":%llu,\"steps_per_second\":%.1f,\"flushes\":%llu,\"flushes_per_"
+                       "second\":%.1f,"
+                       "\"flush_ms\":{\"p50\":%.4f,\"p99\":%.4f,\"mean\":%.4f,\"max\":%.4f},\"plans_"
+                       "applied\":%llu,"
+                       "\"sessions_reopened\":%llu,\"kvcd_pid\":%d,\"kvcd_rss_kib\":{\"before\":%ld,"
+                       "\"after\":%ld,"
                        "\"max_sampled\":%ld,\"anon_at_max\":%ld,\"shmem_at_max\":%ld,\"peak_vmhwm\":%ld,"
                        "\"peak_reset_at_start\":%s},\"errors\":%llu",
-                       o.processes, o.sessions, o.processes * o.sessions, o.policy, o.budget, o.layers, o.heads,
-                       o.kv_heads, o.head_dim, o.dtype_name, elapsed, (unsigned long long)total.steps,
-                       (double)total.steps / elapsed, (unsigned long long)total.flushes,
-                       (double)total.flushes / elapsed, p50, p99, mean, max, (unsigned long long)total.plans_applied,
-                       (unsigned long long)total.reopened, (int)o.kvcd_pid, rss_before, rss_after, rss_max, anon_at_max, shmem_at_max,
-                       hwm, peak_reset ? "true" : "false", (unsigned long long)total.errors);
+                       o.processes, o.sessions, o.processes * o.sessions, o.policy, o.budget, o.layers,
+                       o.heads, o.kv_heads, o.head_dim, o.dtype_name, elapsed,
+                       (unsigned long long)total.steps, (double)total.steps / elapsed,
+                       (unsigned long long)total.flushes, (double)total.flushes / elapsed, p50, p99, mean,
+                       max, (unsigned long long)total.plans_applied, (unsigned long long)total.reopened,
+                       (int)o.kvcd_pid, rss_before, rss_after, rss_max, anon_at_max, shmem_at_max, hwm,
+                       peak_reset ? "true" : "false", (unsigned long long)total.errors);
                 if (total.first_error[0]) {
                         printf(",\"first_error\":\"");
                         for (const char *c = total.first_error; *c; c++) {
@@ -597,7 +622,9 @@ int main(int argc, char **argv) {
                        o.processes, o.sessions, o.policy, o.budget, elapsed, (double)total.steps / elapsed,
                        (unsigned long long)total.steps, (double)total.flushes / elapsed, p50, p99, max,
                        (unsigned long long)total.plans_applied, hwm > 0 ? (double)hwm / 1024.0 : NAN,
-                       hwm < 0 ? " (unknown: --kvcd-pid)" : peak_reset ? "" : " (since kvcd started)",
+                       hwm < 0      ? " (unknown: --kvcd-pid)"
+                       : peak_reset ? ""
+                                    : " (since kvcd started)",
                        (unsigned long long)total.errors);
         }
         if (total.errors)

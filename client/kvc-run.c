@@ -19,6 +19,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "tokenizer.h"
+#include "wire.h"
 
 #define DEFAULT_MODEL     "../shared/models/stories260K/stories260K.bin"
 #define DEFAULT_TOKENIZER "../shared/models/stories260K/tok512.bin"
@@ -36,6 +37,8 @@ struct run_opts {
         int trace;
         uint32_t plan_lag;
         enum kvc_dtype dtype;
+        uint64_t min_bytes, max_bytes;
+        int32_t priority;
 };
 
 static void usage(FILE *f) {
@@ -52,6 +55,9 @@ static void usage(FILE *f) {
                    "  --budget TOKENS     the policy's budget per layer (default: the policy's)\n"
                    "  --param KEY=VALUE   a policy parameter (repeatable)\n"
                    "  --tenant NAME       the tenant to charge\n"
+                   "  --min-bytes BYTES   memory kvcd must guarantee the session (default: the least it runs with)\n"
+                   "  --max-bytes BYTES   the most it may hold (default: no limit of its own)\n"
+                   "  --priority N        higher keeps its memory longer when memory is short (default 0)\n"
                    "  --dtype f32|f16|bf16  storage type of keys and values (default f32)\n"
                    "  --plan-lag N        steps the runner may run ahead of kvcd (default 0: deterministic)\n"
                    "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
@@ -72,6 +78,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 { "plan-lag", required_argument, NULL, 'L' }, { "trace", required_argument, NULL, 'r' },
                 { "json", no_argument, NULL, 'j' },           { "local", no_argument, NULL, 'l' },
                 { "no-stop", no_argument, NULL, 'N' },        { "help", no_argument, NULL, 'h' },
+                { "min-bytes", required_argument, NULL, 'A' }, { "max-bytes", required_argument, NULL, 'B' },
+                { "priority", required_argument, NULL, 'R' },
                 { "version", no_argument, NULL, 'V' },        {},
         };
         int c;
@@ -107,6 +115,18 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                         if (*end)
                                 return -EINVAL;
                         break;
+                case 'A':
+                case 'B':
+                        if (wire_parse_bytes(optarg, c == 'A' ? &o->min_bytes : &o->max_bytes) < 0)
+                                return -EINVAL;
+                        break;
+                case 'R': {
+                        long p = strtol(optarg, &end, 10);
+                        if (*end || p < -1000000 || p > 1000000)
+                                return -EINVAL;
+                        o->priority = (int32_t)p;
+                        break;
+                }
                 case 'L':
                         o->plan_lag = (uint32_t)strtoul(optarg, &end, 10);
                         if (*end)
@@ -235,6 +255,9 @@ static int open_session(struct runner *r) {
                 .params = r->o.params,
                 .n_params = r->o.n_params,
                 .tenant = r->o.tenant,
+                .min_bytes = r->o.min_bytes,
+                .max_bytes = r->o.max_bytes,
+                .priority = r->o.priority,
                 .prompt_tokens = (uint32_t)r->n_prompt,
                 .prompt_token_ids = (const uint32_t *)r->prompt,
                 .n_prompt_token_ids = (size_t)r->n_prompt,

@@ -31,6 +31,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -91,6 +92,8 @@ struct kvc_session {
 /* A step summary waiting for kvc_flush(); its layer lengths sit in the client's flat buffer. */
 struct queued_step {
         uint64_t session_id;
+        uint64_t prev_step; /* the session's last step before this one, for a Resume */
+        bool prev_stepped;
         uint64_t step;
         enum kvc_phase phase;
         float entropy, top1_prob, margin;
@@ -98,7 +101,20 @@ struct queued_step {
         size_t lengths_at;
 };
 
+/* A StepBatch sent and not yet answered: kept whole, to be sent again after a resume. */
+struct sent_batch {
+        uint8_t *bytes;
+        size_t len;
+        struct queued_step *steps; /* session ids and the steps before, for the Resume */
+        size_t n_steps;
+};
+
 struct kvc_client {
+        char sock_path[256], fd_path[256];
+        char name[WIRE_MAX_NAME + 1];
+        bool resumable;  /* kvcd keeps our pool across its restarts (Welcome.resumable) */
+        bool recovering; /* inside recover(): a second break is reported, not recovered */
+        int resume_ms;
         void *zctx;
         void *zsock;
         int fd;
@@ -127,6 +143,7 @@ struct kvc_client {
         uint32_t *lengths;
         size_t n_lengths, cap_lengths;
         uint64_t pending[KVC_MAX_PENDING]; /* request ids of StepBatches awaiting their PlanBatch */
+        struct sent_batch sent[KVC_MAX_PENDING]; /* the same batches, whole */
         uint32_t pending_head, n_pending;
         int step_error; /* first per-step error kvcd reported since the last flush */
 
@@ -205,6 +222,14 @@ static int socket_paths(const char *hint, char *sock, char *fdp, size_t len) {
         return 0;
 }
 
+static int send_packed(struct kvc_client *c, const uint8_t *bytes, size_t n) {
+        if (!c->zsock) /* a client made by kvc_fuzz_client_new(): nobody to tell */
+                return 0;
+        if (zmq_send(c->zsock, bytes, n, 0) < 0)
+                return set_error(c, -ECONNREFUSED, "cannot send to kvcd: %s", zmq_strerror(zmq_errno()));
+        return 0;
+}
+
 static int send_env(struct kvc_client *c, Kvc__Envelope *env) {
         env->version = WIRE_VERSION;
         size_t n = wire_packed_size(env);
@@ -218,9 +243,7 @@ static int send_env(struct kvc_client *c, Kvc__Envelope *env) {
                 c->sendbuf_cap = n;
         }
         wire_pack(env, c->sendbuf);
-        if (zmq_send(c->zsock, c->sendbuf, n, 0) < 0)
-                return set_error(c, -ECONNREFUSED, "cannot send to kvcd: %s", zmq_strerror(zmq_errno()));
-        return 0;
+        return send_packed(c, c->sendbuf, n);
 }
 
 static int side_record(struct kvc_client *c, const struct fdwire_msg *m, int fd);
@@ -633,6 +656,10 @@ static int dispatch(struct kvc_client *c, const Kvc__Envelope *env) {
         case KVC__ENVELOPE__BODY_PLAN_BATCH: {
                 const Kvc__PlanBatch *pb = env->plan_batch;
                 if (c->n_pending && c->pending[c->pending_head] == env->request_id) {
+                        struct sent_batch *b = &c->sent[c->pending_head];
+                        free(b->bytes);
+                        free(b->steps);
+                        *b = (struct sent_batch){ 0 };
                         c->pending_head = (c->pending_head + 1) % KVC_MAX_PENDING;
                         c->n_pending--;
                 }
@@ -665,6 +692,8 @@ static int dispatch(struct kvc_client *c, const Kvc__Envelope *env) {
         }
 }
 
+static int recover(struct kvc_client *c);
+
 /* Sends env and waits for its reply of kind want (other messages are dispatched meanwhile). The
  * reply is valid until the next receive. An Error reply becomes its -code. */
 static int call(struct kvc_client *c, Kvc__Envelope *env, Kvc__Envelope__BodyCase want, Kvc__Envelope **ret) {
@@ -674,7 +703,13 @@ static int call(struct kvc_client *c, Kvc__Envelope *env, Kvc__Envelope__BodyCas
                 return r;
         for (;;) {
                 Kvc__Envelope *in;
-                if ((r = recv_env(c, c->timeout_ms, &in)) < 0)
+                r = recv_env(c, c->timeout_ms, &in);
+                if (r == -ENOTCONN && !c->recovering) { /* kvcd restarted: resume, then ask again */
+                        if ((r = recover(c)) < 0 || (r = send_env(c, env)) < 0)
+                                return r;
+                        continue;
+                }
+                if (r < 0)
                         return r;
                 if (in->request_id != env->request_id) {
                         dispatch(c, in);
@@ -690,35 +725,18 @@ static int call(struct kvc_client *c, Kvc__Envelope *env, Kvc__Envelope__BodyCas
         }
 }
 
-int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
-        struct kvc_options o = opt ? *opt : (struct kvc_options){ 0 };
-        char sock[256], fdp[256], ep[300];
-        int r = socket_paths(o.socket, sock, fdp, sizeof(sock));
-        if (r < 0)
-                return r;
-        struct kvc_client *c = calloc(1, sizeof(*c));
-        if (!c)
-                return -ENOMEM;
-        connect_error[0] = 0;
-        c->fd = -1;
-        c->base = MAP_FAILED;
-        c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : KVC_DEFAULT_TIMEOUT_MS;
-        c->plan_lag = o.plan_lag < KVC_MAX_PENDING ? o.plan_lag : KVC_MAX_PENDING - 1;
-
+/* The fd channel (kvcd's Welcome record, and the GPU's UUID for a device pool), the ZeroMQ
+ * socket, and Hello: this client's connection to kvcd. On failure the caller closes what opened. */
+static int open_channels(struct kvc_client *c, bool *ret_device, uint8_t uuid[16], Kvc__Envelope **ret_welcome) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         struct fdwire_msg m;
-        int fd = -1;
-        if (strlen(fdp) >= sizeof(sa.sun_path)) {
-                kvc_disconnect(c);
+        int fd = -1, r;
+        if (strlen(c->fd_path) >= sizeof(sa.sun_path))
                 return -ENAMETOOLONG;
-        }
-        memcpy(sa.sun_path, fdp, strlen(fdp) + 1);
+        memcpy(sa.sun_path, c->fd_path, strlen(c->fd_path) + 1);
         c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-        if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-                r = -errno;
-                kvc_disconnect(c);
-                return r;
-        }
+        if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+                return -errno;
         r = fdwire_recv(c->fd, &m, &fd, c->timeout_ms);
         if (r == 0 && (m.kind != FDWIRE_WELCOME || fd >= 0)) {
                 if (fd >= 0)
@@ -735,38 +753,68 @@ int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
                         r = -EPROTO;
                 }
                 if (r == 0)
-                        memcpy(c->device_uuid, dm.token, sizeof(c->device_uuid));
+                        memcpy(uuid, dm.token, 16);
         }
-        if (r < 0 || (r = wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena)) < 0) {
-                kvc_disconnect(c);
+        if (r < 0)
                 return r;
-        }
+        *ret_device = device;
 
         int zero = 0;
-        snprintf(ep, sizeof(ep), "ipc://%s", sock);
-        c->zctx = zmq_ctx_new();
-        c->zsock = c->zctx ? zmq_socket(c->zctx, ZMQ_DEALER) : NULL;
+        char ep[300];
+        snprintf(ep, sizeof(ep), "ipc://%s", c->sock_path);
+        if (!c->zctx && !(c->zctx = zmq_ctx_new()))
+                return -ENOMEM;
+        c->zsock = zmq_socket(c->zctx, ZMQ_DEALER);
         if (!c->zsock || zmq_setsockopt(c->zsock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
             zmq_setsockopt(c->zsock, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof(c->timeout_ms)) < 0 ||
-            zmq_connect(c->zsock, ep) < 0) {
-                kvc_disconnect(c);
+            zmq_connect(c->zsock, ep) < 0)
                 return -ECONNREFUSED;
-        }
 
         Kvc__Hello hello = KVC__HELLO__INIT;
         hello.token.data = m.token;
         hello.token.len = sizeof(m.token);
-        hello.client_name = (char *)(o.name ? o.name : "libkvc");
-        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        hello.client_name = c->name;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT;
         env.body_case = KVC__ENVELOPE__BODY_HELLO;
         env.hello = &hello;
-        r = call(c, &env, KVC__ENVELOPE__BODY_WELCOME, &in);
+        return call(c, &env, KVC__ENVELOPE__BODY_WELCOME, ret_welcome);
+}
+
+static void close_channels(struct kvc_client *c) {
+        if (c->zsock)
+                zmq_close(c->zsock);
+        c->zsock = NULL;
+        if (c->fd >= 0)
+                close(c->fd); /* kvcd frees everything of ours when this closes */
+        c->fd = -1;
+}
+
+int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
+        struct kvc_options o = opt ? *opt : (struct kvc_options){ 0 };
+        struct kvc_client *c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        connect_error[0] = 0;
+        c->fd = -1;
+        c->base = MAP_FAILED;
+        c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : KVC_DEFAULT_TIMEOUT_MS;
+        c->plan_lag = o.plan_lag < KVC_MAX_PENDING ? o.plan_lag : KVC_MAX_PENDING - 1;
+        c->resume_ms = o.resume_ms == 0 ? 30000 : o.resume_ms;
+        snprintf(c->name, sizeof(c->name), "%s", o.name ? o.name : "libkvc");
+        int r = socket_paths(o.socket, c->sock_path, c->fd_path, sizeof(c->sock_path));
+        if (r == 0)
+                r = wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena);
+        bool device = false;
+        Kvc__Envelope *in = NULL;
+        if (r == 0)
+                r = open_channels(c, &device, c->device_uuid, &in);
         if (r < 0) {
                 kvc_disconnect(c);
                 return r;
         }
         const Kvc__Welcome *w = in->welcome;
         c->client_id = w->client_id;
+        c->resumable = w->resumable;
         c->chunk_bytes = w->chunk_bytes;
         c->pool_bytes = w->pool_bytes;
         c->n_chunks = (uint32_t)(w->pool_bytes / w->chunk_bytes);
@@ -797,6 +845,109 @@ int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
                 }
         }
         *ret = c;
+        return 0;
+}
+
+static int64_t now_ms(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One session back from a restarted kvcd: our tables are the truth; the step before the first
+ * unanswered one is where kvcd takes up (those steps are sent again). */
+static int resume_session(struct kvc_client *c, struct kvc_session *s) {
+        Kvc__Resume m = KVC__RESUME__INIT;
+        m.session_id = s->id;
+        m.token.data = s->token;
+        m.token.len = sizeof(s->token);
+        m.last_step = s->last_step;
+        m.stepped = s->stepped;
+        bool found = false;
+        for (uint32_t i = 0; i < c->n_pending && !found; i++) {
+                const struct sent_batch *b = &c->sent[(c->pending_head + i) % KVC_MAX_PENDING];
+                for (size_t k = 0; k < b->n_steps && !found; k++) {
+                        if (b->steps[k].session_id != s->id)
+                                continue;
+                        m.last_step = b->steps[k].prev_step;
+                        m.stepped = b->steps[k].prev_stepped;
+                        found = true;
+                }
+        }
+        m.last_plan_id = s->last_plan_id;
+        Kvc__ResumeLayer *layers = calloc(s->g.n_layers, sizeof(*layers));
+        Kvc__ResumeLayer **lp = calloc(s->g.n_layers, sizeof(*lp));
+        if (!layers || !lp) {
+                free(layers);
+                free(lp);
+                return -ENOMEM;
+        }
+        for (uint32_t l = 0; l < s->g.n_layers; l++) {
+                struct layer *L = &s->layers[l];
+                kvc__resume_layer__init(&layers[l]);
+                layers[l].n_tokens = L->n_tokens;
+                layers[l].n_q8 = L->n_q8;
+                layers[l].n_fp_blocks = L->fp.n;
+                layers[l].fp_blocks = L->fp.offs;
+                layers[l].n_q8_blocks = L->q8.n;
+                layers[l].q8_blocks = L->q8.offs;
+                lp[l] = &layers[l];
+        }
+        m.n_layers = s->g.n_layers;
+        m.layers = lp;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        env.body_case = KVC__ENVELOPE__BODY_RESUME;
+        env.resume = &m;
+        int r = call(c, &env, KVC__ENVELOPE__BODY_RESUMED, &in);
+        free(layers);
+        free(lp);
+        return r;
+}
+
+/* kvcd went away (its side channel hung up). When it said it keeps our pool across a restart:
+ * connect again until resume_ms passes, resume every session, and send again the step batches
+ * it had not answered. Otherwise, or when that fails, -ENOTCONN. */
+static int recover(struct kvc_client *c) {
+        if (!c->resumable || c->recovering || c->resume_ms < 0)
+                return set_error(c, -ENOTCONN, "kvcd closed the connection");
+        c->recovering = true;
+        int64_t deadline = now_ms() + c->resume_ms;
+        bool device = false;
+        uint8_t uuid[16];
+        Kvc__Envelope *in = NULL;
+        int r;
+        for (;;) {
+                close_channels(c);
+                r = open_channels(c, &device, uuid, &in);
+                /* kvcd not back yet: no listener, a refused connection, or no Welcome in time */
+                bool again = r == -ENOENT || r == -ECONNREFUSED || r == -ETIMEDOUT || r == -ENOTCONN ||
+                             r == -ECONNRESET || r == -EPIPE;
+                if (r == 0 || !again || now_ms() >= deadline)
+                        break;
+                poll(NULL, 0, 50);
+        }
+        if (r == 0 && (in->welcome->chunk_bytes != c->chunk_bytes || in->welcome->pool_bytes != c->pool_bytes ||
+                       device != (c->dev != NULL) || (device && memcmp(uuid, c->device_uuid, 16) != 0)))
+                r = set_error(c, -ESTALE, "kvcd came back with another pool");
+        if (r == 0) {
+                c->client_id = in->welcome->client_id;
+                c->resumable = in->welcome->resumable;
+                for (struct kvc_session *s = c->sessions; s; s = s->next) {
+                        if (s->closed_by_kvcd)
+                                continue;
+                        int q = resume_session(c, s);
+                        if (q < 0) /* kvcd did not keep it: the session is lost, the others go on */
+                                s->closed_by_kvcd = -q;
+                }
+                for (uint32_t i = 0; i < c->n_pending && r == 0; i++) {
+                        const struct sent_batch *b = &c->sent[(c->pending_head + i) % KVC_MAX_PENDING];
+                        r = send_packed(c, b->bytes, b->len);
+                }
+        }
+        c->recovering = false;
+        if (r < 0)
+                return set_error(c, -ENOTCONN, "kvcd closed the connection and did not come back: %s",
+                                 c->error[0] ? c->error : strerror(-r));
         return 0;
 }
 
@@ -835,12 +986,13 @@ struct kvc_client *kvc_disconnect(struct kvc_client *c) {
                 c->sessions = s->next;
                 session_free(s);
         }
-        if (c->zsock)
-                zmq_close(c->zsock);
+        close_channels(c);
         if (c->zctx)
                 zmq_ctx_term(c->zctx);
-        if (c->fd >= 0)
-                close(c->fd); /* kvcd frees everything of ours when this closes */
+        for (uint32_t i = 0; i < KVC_MAX_PENDING; i++) {
+                free(c->sent[i].bytes);
+                free(c->sent[i].steps);
+        }
         if (c->dev) {
                 c->dev = devpool_free(c->dev);
                 c->base = MAP_FAILED;
@@ -882,6 +1034,9 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         os.policy = (char *)(cfg->policy ? cfg->policy : "full");
         os.budget_tokens = cfg->budget_tokens;
         os.tenant = (char *)(cfg->tenant ? cfg->tenant : "");
+        os.min_bytes = cfg->min_bytes;
+        os.max_bytes = cfg->max_bytes;
+        os.priority = cfg->priority;
         os.prompt_tokens = cfg->prompt_tokens;
         os.prompt_token_ids = (uint32_t *)cfg->prompt_token_ids;
         os.n_prompt_token_ids = cfg->n_prompt_token_ids;
@@ -1178,6 +1333,8 @@ int kvc_step(struct kvc_session *s, uint64_t step, enum kvc_phase phase, const s
                 return -ENOMEM;
         c->queue[c->n_queue++] = (struct queued_step){
                 .session_id = s->id,
+                .prev_step = s->last_step,
+                .prev_stepped = s->stepped,
                 .step = step,
                 .phase = phase,
                 .entropy = sum->entropy,
@@ -1223,12 +1380,26 @@ static int send_steps(struct kvc_client *c) {
         env.request_id = ++c->next_request_id;
         env.body_case = KVC__ENVELOPE__BODY_STEP_BATCH;
         env.step_batch = &sb;
-        int r = send_env(c, &env);
+        env.version = WIRE_VERSION;
+        uint32_t slot = (c->pending_head + c->n_pending) % KVC_MAX_PENDING;
+        struct sent_batch b = { .len = wire_packed_size(&env), .n_steps = c->n_queue };
+        b.bytes = malloc(b.len);
+        b.steps = malloc(c->n_queue * sizeof(*b.steps));
+        int r = b.bytes && b.steps ? 0 : -ENOMEM;
+        if (r == 0) {
+                wire_pack(&env, b.bytes);
+                memcpy(b.steps, c->queue, c->n_queue * sizeof(*b.steps));
+                r = send_packed(c, b.bytes, b.len);
+        }
         free(steps);
         free(sp);
-        if (r < 0)
+        if (r < 0) {
+                free(b.bytes);
+                free(b.steps);
                 return r;
-        c->pending[(c->pending_head + c->n_pending) % KVC_MAX_PENDING] = env.request_id;
+        }
+        c->sent[slot] = b;
+        c->pending[slot] = env.request_id;
         c->n_pending++;
         c->n_queue = 0;
         c->n_lengths = 0;
@@ -1247,7 +1418,10 @@ int kvc_flush(struct kvc_client *c) {
         }
         while (c->n_pending > c->plan_lag) {
                 Kvc__Envelope *in;
-                if ((r = recv_env(c, c->timeout_ms, &in)) < 0)
+                r = recv_env(c, c->timeout_ms, &in);
+                if (r == -ENOTCONN && (r = recover(c)) == 0)
+                        continue; /* the unanswered batches went again */
+                if (r < 0)
                         return r;
                 int q = dispatch(c, in);
                 if (q < 0 && r == 0)
@@ -1261,6 +1435,8 @@ int kvc_poll(struct kvc_client *c, int timeout_ms) {
         for (;;) {
                 Kvc__Envelope *in;
                 int r = recv_env(c, handled ? 0 : timeout_ms, &in);
+                if (r == -ENOTCONN && (r = recover(c)) == 0)
+                        continue;
                 if (r == -ETIMEDOUT)
                         return handled;
                 if (r < 0)

@@ -53,9 +53,18 @@ struct kvc_options {
         const char *name;   /* shown to operators; at most 64 bytes */
         int timeout_ms;     /* for every wait on kvcd; 0: 10000 */
         uint32_t plan_lag;  /* steps the client may run ahead of kvcd's answers (default 0) */
+        int resume_ms;      /* when kvcd restarts under its service manager (it said so), how long
+                               to keep trying to reconnect and resume every session: 0: 30000;
+                               negative: never (calls fail with ENOTCONN at once) */
 };
 
-/* On a device pool (kvcd --backend cuda) this also loads the CUDA driver (dlopen), finds the GPU
+/* A kvcd that keeps its pool in systemd's fd store (kvcd --fd-store) comes back after a crash
+ * with every chunk: libkvc then reconnects by itself, resumes every session with its block tables
+ * (nothing is copied or recomputed) and sends again the step summaries kvcd had not answered, so
+ * the caller sees one slower call and nothing else. A kvcd without it closes the connection for
+ * good: calls fail with ENOTCONN.
+ *
+ * On a device pool (kvcd --backend cuda) this also loads the CUDA driver (dlopen), finds the GPU
  * kvcd named by UUID, makes its primary context current on the calling thread and reserves the
  * pool's range there; -ENODEV (no driver, a stub, no device) or -ENXIO (the GPU is not visible to
  * this process) then, with the reason in kvc_last_error(NULL). */
@@ -95,6 +104,12 @@ struct kvc_session_config {
         const uint32_t *prompt_token_ids; /* optional: the prompt's tokens, whose 16-token blocks
                                              kvcd publishes as KV events (prefix routing) */
         size_t n_prompt_token_ids;
+        /* memory limits (kvcd clamps them; docs/operations.md, "Budgets"): the bytes kvcd must
+         * guarantee (0: the least the session runs with), the most it may hold (0: no limit of its
+         * own), and the priority (higher keeps its memory longer when memory is short) */
+        uint64_t min_bytes;
+        uint64_t max_bytes;
+        int32_t priority;
 };
 
 struct kvc_session_stats {

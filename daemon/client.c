@@ -169,10 +169,12 @@ void client_reclaim(struct kvcd *d) {
         uint32_t n = pool_reclaim_pick(d->pool, 16, idx, owner);
         for (uint32_t i = 0; i < n; i++) {
                 struct client *c = client_by_id(d, owner[i]);
-                int r = c ? client_send_unmap(d, c, idx[i]) : -ENOENT;
-                if (r < 0) /* stays marked: the owner's death gives it back */
-                        log_warning("cannot ask client %llu for chunk %u back: %s", (unsigned long long)owner[i], idx[i],
-                                    strerror(-r));
+                int r = c ? client_send_unmap(d, c, idx[i]) : -ENOENT; /* no c: an orphan of a restart */
+                if (r < 0) { /* not delivered (a record goes whole or not at all): called off */
+                        pool_reclaim_cancel(d->pool, idx[i]);
+                        log_info("cannot ask client %llu for chunk %u back: %s", (unsigned long long)owner[i], idx[i],
+                                 strerror(-r));
+                }
                 else
                         log_info("asked client %llu for chunk %u back (it holds nothing there)",
                                  (unsigned long long)owner[i], idx[i]);

@@ -58,6 +58,7 @@ static int handle_hello(struct request *rq) {
         w->block_tokens = 16;
         w->backend = (char *)d->backend->name;
         w->daemon_version = KVCD_VERSION;
+        w->resumable = restart_managed(d);
         rq->reply.body_case = KVC__ENVELOPE__BODY_WELCOME;
         rq->reply.welcome = w;
         return 0;

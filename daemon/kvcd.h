@@ -304,6 +304,8 @@ void restart_record_ids(struct kvcd *d);
 int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char *why, size_t why_len);
 /* Orphans nobody resumed within the grace period are closed; call every loop round. */
 void restart_tick(struct kvcd *d, uint64_t now);
+/* Whether the fd store keeps the pool across a restart (clients may then resume). */
+bool restart_managed(const struct kvcd *d);
 /* A clean stop: nothing is restored next time. */
 void restart_end(struct kvcd *d);
 

@@ -349,6 +349,13 @@ static struct pool_chunk *span(const struct pool *p, uint64_t offset, size_t n, 
         return &p->chunks[idx];
 }
 
+void pool_reclaim_cancel(struct pool *p, uint32_t idx) {
+        if (idx < p->n_chunks && p->chunks[idx].reclaiming) {
+                p->chunks[idx].reclaiming = false;
+                p->chunks_reclaiming--;
+        }
+}
+
 void pool_set_created_hook(struct pool *p, void (*fn)(void *ctx, uint32_t idx, int fd), void *ctx) {
         p->created = fn;
         p->created_ctx = ctx;

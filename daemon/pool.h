@@ -69,6 +69,8 @@ uint32_t pool_release_owner(struct pool *p, uint64_t owner);
 bool pool_short_of_chunks(const struct pool *p);
 uint32_t pool_reclaim_pick(struct pool *p, uint32_t max, uint32_t *ret_idx, uint64_t *ret_owner);
 int pool_reclaim_done(struct pool *p, uint64_t owner, uint32_t idx);
+/* Calls a reclaim off when the owner could not be asked (the chunk stays its owner's). */
+void pool_reclaim_cancel(struct pool *p, uint32_t idx);
 
 /* Called with each chunk the backend creates (kvcd puts its fd in systemd's fd store). */
 void pool_set_created_hook(struct pool *p, void (*fn)(void *ctx, uint32_t idx, int fd), void *ctx);

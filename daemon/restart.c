@@ -367,11 +367,14 @@ void restart_tick(struct kvcd *d, uint64_t now) {
 static int claim_table(struct kvcd *d, struct session *s, struct block_table *t, bool q8, const uint64_t *blocks,
                        size_t n) {
         uint32_t unit = (uint32_t)(q8 ? s->q8_layout.block_bytes : s->layout.block_bytes);
-        if (n > s->max_layer_blocks || (q8 && !s->int8))
+        if (n > s->max_layer_blocks || (q8 && n && !s->int8))
                 return -EPROTO;
         for (size_t b = 0; b < n; b++) {
                 int r = pool_claim(d->pool, s->owner->id, blocks[b], unit, 1);
                 if (r < 0) {
+                        log_debug("session %llu: block %llu (%u bytes) cannot be claimed for client %llu: %s",
+                                  (unsigned long long)s->id, (unsigned long long)blocks[b], unit,
+                                  (unsigned long long)s->owner->id, strerror(-r));
                         while (b-- > 0)
                                 pool_release(d->pool, s->owner->id, blocks[b], unit, 1);
                         return r;
@@ -464,6 +467,10 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
         log_info("session %llu resumed by client %llu (pid %d)", (unsigned long long)s->id, (unsigned long long)c->id,
                  (int)c->pid);
         return 0;
+}
+
+bool restart_managed(const struct kvcd *d) {
+        return d->restart && d->restart->managed && d->restart->hdr;
 }
 
 void restart_end(struct kvcd *d) {

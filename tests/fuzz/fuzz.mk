@@ -21,9 +21,9 @@
 # protobuf-c's parser lives in libprotobuf-c, which is not instrumented, so linking the system
 # library leaves the fuzzers blind to the unpack path (platform notes 4.5: cov 40 against 991).
 # `make fuzz` therefore fetches Debian's protobuf-c 1.4.1 source (tests/fuzz/get-protobuf-c.sh,
-# checksum pinned, into $(BUILD)/fuzz/src) and compiles protobuf-c.c into the fuzzers; without
-# network it falls back to the system library and says so. The replay binaries always link the
-# system library, as the programs do.
+# checksum pinned, into $(BUILD)/fuzz/src) and compiles protobuf-c.c into the fuzzers, ahead of
+# the system library; without network it falls back to the library alone and says so. The replay
+# binaries link the system library, as the programs do.
 
 FUZZ_TARGETS ?= wire plan model tokenizer
 FUZZ_SECONDS ?= 60
@@ -54,32 +54,38 @@ $(FUZZ_DIR)/replay-%: $(FUZZ_REPLAY_MAIN)
 
 # ---- libFuzzer binaries: clang, everything they run compiled with coverage and sanitizers ----
 
-PROTOBUF_C_SRC ?= $(wildcard $(FUZZ_DIR)/src/protobuf-c-1.4.1/protobuf-c/protobuf-c.c)
+PROTOBUF_C_SRC ?= $(FUZZ_DIR)/src/protobuf-c-1.4.1/protobuf-c/protobuf-c.c
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter \
 	$(INCLUDES) $(FUZZ_SAN) -fsanitize=fuzzer-no-link -MMD -MP
 fuzz_obj = $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(1))
 FUZZ_GEN_OBJ := $(FUZZ_DIR)/obj/gen/kvc.pb-c.o
-FUZZ_PROTOBUF_OBJ := $(if $(PROTOBUF_C_SRC),$(FUZZ_DIR)/obj/protobuf-c.o)
-FUZZ_PROTOBUF_LIB := $(if $(PROTOBUF_C_SRC),,-lprotobuf-c)
+FUZZ_PROTOBUF_OBJ := $(FUZZ_DIR)/obj/protobuf-c.o
 # the same sources as the Makefile's object lists, so a file added to libkvc is fuzzed too
 fuzz_src_of = $(patsubst $(BUILD)/obj/%.o,%.c,$(filter-out $(GEN_OBJ),$(1)))
 FUZZ_PROTO_OBJ := $(call fuzz_obj,$(call fuzz_src_of,$(PROTO_OBJ))) $(FUZZ_GEN_OBJ) $(FUZZ_PROTOBUF_OBJ)
 FUZZ_LIBKVC_OBJ := $(call fuzz_obj,$(call fuzz_src_of,$(LIBKVC_OBJ))) $(FUZZ_GEN_OBJ) $(FUZZ_PROTOBUF_OBJ)
 
-$(FUZZ_DIR)/obj/%.o: %.c | $(GEN_H)
+$(FUZZ_DIR)/obj/%.o: %.c | $(GEN_H) fuzz-deps
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 
-$(FUZZ_GEN_OBJ): $(GEN)
+$(FUZZ_GEN_OBJ): $(GEN) | fuzz-deps
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+# Without network the source is a placeholder and the fuzzers use the system library, linked
+# after it in any case (delete the placeholder to try again).
+$(PROTOBUF_C_SRC):
+	@tests/fuzz/get-protobuf-c.sh $(FUZZ_DIR)/src || { mkdir -p $(dir $@) && \
+		echo "/* no protobuf-c source: the system libprotobuf-c is used (not coverage-guided) */" >$@ && \
+		echo "fuzz: no protobuf-c source: linking the system libprotobuf-c (its parser is not coverage-guided)"; }
 
 # protobuf-c 1.4.1 itself has three benign undefined behaviours the fuzzers hit in seconds, all
 # known upstream and none an invalid access: a signed left shift in parse_tag_and_wiretype
 # (protobuf-c issue 506, PR 794), `desc->fields + 0` on the NULL field table of an empty message,
 # and memcpy(out, NULL, 0) for empty bytes (PR 794). They are not checked in its object only.
-$(FUZZ_DIR)/obj/protobuf-c.o: $(PROTOBUF_C_SRC)
+$(FUZZ_DIR)/obj/protobuf-c.o: $(PROTOBUF_C_SRC) | fuzz-deps
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fno-sanitize=shift,pointer-overflow,nonnull-attribute -w -c $< -o $@
 
@@ -89,21 +95,20 @@ $(FUZZ_DIR)/fuzz-model: $(call fuzz_obj,tests/fuzz/fuzz_model.c client/model.c)
 $(FUZZ_DIR)/fuzz-tokenizer: $(call fuzz_obj,tests/fuzz/fuzz_tokenizer.c client/tokenizer.c)
 $(FUZZ_DIR)/fuzz-%:
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) -fsanitize=fuzzer $(FUZZ_SAN) $(sort $^) -o $@ -lzmq $(FUZZ_PROTOBUF_LIB) $(LDLIBS)
+	$(FUZZ_CC) -fsanitize=fuzzer $(FUZZ_SAN) $(sort $^) -o $@ -lzmq -lprotobuf-c $(LDLIBS)
 
 fuzz-build: $(patsubst %,$(FUZZ_DIR)/fuzz-%,$(FUZZ_TARGETS))
 
 fuzz-deps:
-	@missing=""; for p in clang libclang-rt-14-dev; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in clang libclang-rt-14-dev; do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" != 0 ]; then echo "run as root, or: sudo apt-get install$$missing" >&2; exit 1; fi; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-fuzz: fuzz-deps
-	@tests/fuzz/get-protobuf-c.sh $(FUZZ_DIR)/src || \
-		echo "fuzz: no protobuf-c source: linking the system libprotobuf-c (its parser is not coverage-guided)"
-	@$(MAKE) --no-print-directory fuzz-build
+fuzz: fuzz-build
 	@tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 fuzz-seeds: $(FUZZ_DIR)/kvc-fuzz-seeds

@@ -16,12 +16,12 @@
 
 #include "model.h"
 
-#define FUZZ_CHECK(cond)                                                                                  \
-        do {                                                                                              \
-                if (!(cond)) {                                                                            \
-                        fprintf(stderr, "fuzz_model: %s:%d: %s\n", __FILE__, __LINE__, #cond);            \
-                        abort();                                                                          \
-                }                                                                                         \
+#define FUZZ_CHECK(cond)                                                                                     \
+        do {                                                                                                 \
+                if (!(cond)) {                                                                               \
+                        fprintf(stderr, "fuzz_model: %s:%d: %s\n", __FILE__, __LINE__, #cond);               \
+                        abort();                                                                             \
+                }                                                                                            \
         } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -32,9 +32,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 return 0;
 
         const struct model_config *c = model_get_config(m);
-        FUZZ_CHECK(c->dim > 0 && c->hidden_dim > 0 && c->n_layers > 0 && c->n_heads > 0 && c->n_kv_heads > 0 &&
-                   c->vocab_size > 0 && c->seq_len > 0);
-        FUZZ_CHECK(c->n_heads % c->n_kv_heads == 0 && c->dim % c->n_heads == 0 && (c->dim / c->n_heads) % 2 == 0);
+        FUZZ_CHECK(c->dim > 0 && c->hidden_dim > 0 && c->n_layers > 0 && c->n_heads > 0 &&
+                   c->n_kv_heads > 0 && c->vocab_size > 0 && c->seq_len > 0);
+        FUZZ_CHECK(c->n_heads % c->n_kv_heads == 0 && c->dim % c->n_heads == 0 &&
+                   (c->dim / c->n_heads) % 2 == 0);
         /* every weight is in the file: the length bounds the sizes */
         FUZZ_CHECK((uint64_t)c->vocab_size * (uint64_t)c->dim * 4u <= size);
 
@@ -49,7 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                         FUZZ_CHECK(r == 0);
                         token = (token + 1) % c->vocab_size;
                 }
-                FUZZ_CHECK(model_forward(m, c->vocab_size, 0, &plain_cache_ops, pc, &(float *){ NULL }) == -EINVAL);
+                FUZZ_CHECK(model_forward(m, c->vocab_size, 0, &plain_cache_ops, pc, &(float *){ NULL }) ==
+                           -EINVAL);
                 plain_cache_free(pc);
         }
         model_free(m);

@@ -38,12 +38,12 @@
 #define MAX_HEAD_DIM 8u
 #define MAX_STEPS    32u
 
-#define FUZZ_CHECK(cond)                                                                                  \
-        do {                                                                                              \
-                if (!(cond)) {                                                                            \
-                        fprintf(stderr, "fuzz_plan: %s:%d: %s\n", __FILE__, __LINE__, #cond);             \
-                        abort();                                                                          \
-                }                                                                                         \
+#define FUZZ_CHECK(cond)                                                                                     \
+        do {                                                                                                 \
+                if (!(cond)) {                                                                               \
+                        fprintf(stderr, "fuzz_plan: %s:%d: %s\n", __FILE__, __LINE__, #cond);                \
+                        abort();                                                                             \
+                }                                                                                            \
         } while (0)
 
 struct run {
@@ -57,7 +57,8 @@ struct run {
 };
 
 static void geometry_of(uint8_t b, struct kvc_geometry *g, uint64_t *plan_bytes, uint32_t *max_layer_tokens) {
-        static const enum kvc_dtype dtypes[4] = { KVC_DTYPE_F32, KVC_DTYPE_F16, KVC_DTYPE_BF16, KVC_DTYPE_F32 };
+        static const enum kvc_dtype dtypes[4] = { KVC_DTYPE_F32, KVC_DTYPE_F16, KVC_DTYPE_BF16,
+                                                  KVC_DTYPE_F32 };
         g->n_layers = 1 + (b & 1u);
         g->n_kv_heads = 1 + ((b >> 1) & 1u);
         g->n_heads = g->n_kv_heads * (1 + ((b >> 2) & 1u));
@@ -92,7 +93,8 @@ static void check_layers(const struct run *r) {
 static bool room_for_a_token(const struct run *r) {
         for (uint32_t l = 0; l < r->g.n_layers; l++) {
                 struct kvc_layer_view v;
-                if (kvc_layer_view(r->s, l, &v) < 0 || v.n_tokens - v.n_q8 >= (uint64_t)v.n_blocks * v.block_tokens)
+                if (kvc_layer_view(r->s, l, &v) < 0 ||
+                    v.n_tokens - v.n_q8 >= (uint64_t)v.n_blocks * v.block_tokens)
                         return false;
         }
         return true;
@@ -101,18 +103,20 @@ static bool room_for_a_token(const struct run *r) {
 static int verbose = -1;
 
 static void trace(const struct run *r, uint8_t op, size_t len, int result) {
-        fprintf(stderr, "op %u, %zu bytes: %d %s |", op % 4u, len, result, result < 0 ? kvc_last_error(r->c) : "");
+        fprintf(stderr, "op %u, %zu bytes: %d %s |", op % 4u, len, result,
+                result < 0 ? kvc_last_error(r->c) : "");
         for (uint32_t l = 0; l < r->g.n_layers; l++) {
                 struct kvc_layer_view v;
                 kvc_layer_view(r->s, l, &v);
-                fprintf(stderr, " layer %u: %u tokens (%u INT8) in %u+%u blocks", l, v.n_tokens, v.n_q8, v.n_blocks,
-                        v.n_q8_blocks);
+                fprintf(stderr, " layer %u: %u tokens (%u INT8) in %u+%u blocks", l, v.n_tokens, v.n_q8,
+                        v.n_blocks, v.n_q8_blocks);
         }
         fputc('\n', stderr);
 }
 
 static int steps(struct run *r, const uint8_t *p, size_t len) {
-        float kv[MAX_HEADS * MAX_HEAD_DIM], q[MAX_HEADS * 2 * MAX_HEAD_DIM], out[MAX_HEADS * 2 * MAX_HEAD_DIM];
+        float kv[MAX_HEADS * MAX_HEAD_DIM], q[MAX_HEADS * 2 * MAX_HEAD_DIM],
+                out[MAX_HEADS * 2 * MAX_HEAD_DIM];
         uint32_t n = len ? 1u + p[0] % MAX_STEPS : 1u;
         const uint8_t *vals = len > 1 ? p + 1 : NULL;
         size_t n_vals = len > 1 ? len - 1 : 0, at = 0;
@@ -162,8 +166,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 switch (op % 4) {
                 case 0:
                         if (len >= 2)
-                                write_at(r.pool, r.plan_bytes, ((uint64_t)p[0] | (uint64_t)p[1] << 8) % r.plan_bytes,
-                                         p + 2, len - 2);
+                                write_at(r.pool, r.plan_bytes,
+                                         ((uint64_t)p[0] | (uint64_t)p[1] << 8) % r.plan_bytes, p + 2,
+                                         len - 2);
                         break;
                 case 1: result = kvc_fuzz_feed(r.c, p, len); break;
                 case 2: result = steps(&r, p, len); break;

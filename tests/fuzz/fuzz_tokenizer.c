@@ -26,12 +26,12 @@
 
 #include "tokenizer.h"
 
-#define FUZZ_CHECK(cond)                                                                                  \
-        do {                                                                                              \
-                if (!(cond)) {                                                                            \
-                        fprintf(stderr, "fuzz_tokenizer: %s:%d: %s\n", __FILE__, __LINE__, #cond);        \
-                        abort();                                                                          \
-                }                                                                                         \
+#define FUZZ_CHECK(cond)                                                                                     \
+        do {                                                                                                 \
+                if (!(cond)) {                                                                               \
+                        fprintf(stderr, "fuzz_tokenizer: %s:%d: %s\n", __FILE__, __LINE__, #cond);           \
+                        abort();                                                                             \
+                }                                                                                            \
         } while (0)
 
 /* The number of records [f32 score][i32 len][len bytes] after the i32 header that consume the file
@@ -114,7 +114,8 @@ static void check_encoding(const struct tokenizer *t, const char *text, size_t t
                         memcpy(joined + total, p, len);
                         total += len;
                 }
-                FUZZ_CHECK(total == text_len + 1 && joined[0] == ' ' && memcmp(joined + 1, text, text_len) == 0);
+                FUZZ_CHECK(total == text_len + 1 && joined[0] == ' ' &&
+                           memcmp(joined + 1, text, text_len) == 0);
                 free(joined);
         }
         free(ids);

@@ -25,12 +25,12 @@
 
 static struct wire_arena *request_arena, *reply_arena, *again_arena;
 
-#define FUZZ_CHECK(cond)                                                                                  \
-        do {                                                                                              \
-                if (!(cond)) {                                                                            \
-                        fprintf(stderr, "fuzz_wire: %s:%d: %s\n", __FILE__, __LINE__, #cond);             \
-                        abort();                                                                          \
-                }                                                                                         \
+#define FUZZ_CHECK(cond)                                                                                     \
+        do {                                                                                                 \
+                if (!(cond)) {                                                                               \
+                        fprintf(stderr, "fuzz_wire: %s:%d: %s\n", __FILE__, __LINE__, #cond);                \
+                        abort();                                                                             \
+                }                                                                                            \
         } while (0)
 
 /* Clears the unknown fields of m and of every message inside it. */
@@ -43,7 +43,8 @@ static void strip_unknown(ProtobufCMessage *m) {
                 char *base = (char *)m;
                 if (f->type != PROTOBUF_C_TYPE_MESSAGE)
                         continue;
-                if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && *(uint32_t *)(base + f->quantifier_offset) != f->id)
+                if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+                    *(uint32_t *)(base + f->quantifier_offset) != f->id)
                         continue;
                 if (f->label == PROTOBUF_C_LABEL_REPEATED) {
                         size_t n = *(size_t *)(base + f->quantifier_offset);
@@ -80,8 +81,8 @@ static void check_decoded(Kvc__Envelope *env) {
         Kvc__Envelope *again;
         int r = wire_decode(again_arena, one, len1, WIRE_REPLY_MAX_BYTES, &again, why, sizeof(why));
         if (r != 0)
-                fprintf(stderr, "fuzz_wire: the repacked %s does not decode: %s\n", wire_body_name(env->body_case),
-                        why);
+                fprintf(stderr, "fuzz_wire: the repacked %s does not decode: %s\n",
+                        wire_body_name(env->body_case), why);
         FUZZ_CHECK(r == 0);
         FUZZ_CHECK(again->body_case == env->body_case && again->request_id == env->request_id);
         uint8_t *two = pack(again, &len2);

@@ -24,10 +24,14 @@ SRC
         opts=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$PWD/apt/parts"
                 -o Dir::State::Lists="$PWD/apt/lists" -o Debug::NoLocking=1)
         timeout 120 apt-get -qq "${opts[@]}" update >/dev/null 2>&1 &&
-                timeout 120 apt-get -qq "${opts[@]}" source --download-only protobuf-c=1.4.1-1 >/dev/null 2>&1 ||
-                { echo "get-protobuf-c: cannot download the protobuf-c source" >&2; exit 1; }
+                timeout 120 apt-get -qq "${opts[@]}" source --download-only protobuf-c=1.4.1-1 \
+                        >/dev/null 2>&1 || { echo "get-protobuf-c: cannot download the source" >&2; exit 1; }
 fi
-echo "$want  $tarball" | sha256sum -c --quiet - || { echo "get-protobuf-c: checksum mismatch" >&2; rm -f "$tarball"; exit 1; }
+if ! echo "$want  $tarball" | sha256sum -c --quiet -; then
+        echo "get-protobuf-c: checksum mismatch" >&2
+        rm -f "$tarball"
+        exit 1
+fi
 tar xzf "$tarball" protobuf-c-1.4.1/protobuf-c/protobuf-c.c protobuf-c-1.4.1/protobuf-c/protobuf-c.h \
         protobuf-c-1.4.1/LICENSE
 cmp -s protobuf-c-1.4.1/protobuf-c/protobuf-c.h /usr/include/protobuf-c/protobuf-c.h ||

@@ -111,12 +111,12 @@ static uint8_t token16[WIRE_TOKEN_BYTES] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 
 
 static void wire_seeds(void) {
         Kvc__Envelope env;
-#define ENV(field, CASE, msg)                                                                             \
-        do {                                                                                              \
-                kvc__envelope__init(&env);                                                                \
-                env.request_id = 7;                                                                       \
-                env.body_case = KVC__ENVELOPE__BODY_##CASE;                                               \
-                env.field = &(msg);                                                                       \
+#define ENV(field, CASE, msg)                                                                                \
+        do {                                                                                                 \
+                kvc__envelope__init(&env);                                                                   \
+                env.request_id = 7;                                                                          \
+                env.body_case = KVC__ENVELOPE__BODY_##CASE;                                                  \
+                env.field = &(msg);                                                                          \
         } while (0)
 
         Kvc__Hello hello = KVC__HELLO__INIT;
@@ -856,25 +856,25 @@ static void model_seed(const char *name, int dim, int hidden, int layers, int he
         put_i32(&b, vocab);
         put_i32(&b, seq_len);
         lcg_state = (uint32_t)(dim * 131 + layers * 17 + v);
-        long n = (long)v * dim;                                                  /* embedding */
+        long n = (long)v * dim; /* embedding */
         for (long i = 0; i < n; i++)
                 put_f32(&b, small_float());
-        for (long i = 0; i < (long)layers * dim; i++)                             /* rms_att */
+        for (long i = 0; i < (long)layers * dim; i++) /* rms_att */
                 put_f32(&b, 1.0f);
-        n = (long)layers * (dim * dim + 2 * dim * kv_dim + dim * dim);           /* wq wk wv wo */
+        n = (long)layers * (dim * dim + 2 * dim * kv_dim + dim * dim); /* wq wk wv wo */
         for (long i = 0; i < n; i++)
                 put_f32(&b, small_float());
-        for (long i = 0; i < (long)layers * dim; i++)                             /* rms_ffn */
+        for (long i = 0; i < (long)layers * dim; i++) /* rms_ffn */
                 put_f32(&b, 1.0f);
-        n = 3L * layers * dim * hidden;                                           /* w1 w2 w3 */
+        n = 3L * layers * dim * hidden; /* w1 w2 w3 */
         for (long i = 0; i < n; i++)
                 put_f32(&b, small_float());
-        for (int i = 0; i < dim; i++)                                             /* rms_final */
+        for (int i = 0; i < dim; i++) /* rms_final */
                 put_f32(&b, 1.0f);
-        if (rope)                                                                 /* 2 unused tables */
+        if (rope) /* 2 unused tables */
                 for (long i = 0; i < (long)seq_len * head; i++)
                         put_f32(&b, 0.5f);
-        if (vocab < 0)                                                            /* classifier */
+        if (vocab < 0) /* classifier */
                 for (long i = 0; i < (long)v * dim; i++)
                         put_f32(&b, small_float());
         write_file("model", name, b.p, cut >= 0 && (size_t)cut < b.n ? (size_t)cut : b.n);
@@ -893,8 +893,8 @@ static void model_seeds(void) {
 
 /* ---- tokenizer ---- */
 
-static void tokenizer_seed(const char *name, uint16_t sel, const char *text, size_t text_len, const void *file,
-                           size_t file_len) {
+static void tokenizer_seed(const char *name, uint16_t sel, const char *text, size_t text_len,
+                           const void *file, size_t file_len) {
         struct buf b = { 0 };
         put_u16(&b, sel);
         put_u16(&b, (uint16_t)text_len);
@@ -921,7 +921,8 @@ static void tokenizer_seeds(const char *tok_path) {
                 put(&real, chunk, n);
         fclose(f);
 
-        static const char story[] = "Once upon a time, there was a little girl named Lily. She loved to play.";
+        static const char story[] =
+                "Once upon a time, there was a little girl named Lily. She loved to play.";
         static const char utf8[] = "caf\xc3\xa9 \xe2\x98\x83 \xf0\x9f\x98\x80 na\xc3\xafve";
         static const char bytes[] = "a\0b\xff\xfe\x80\x80\x80\x80\x80 z\n\t<0x41>";
         tokenizer_seed("tok512-story", 0x8000 | (512 - 259), story, sizeof(story) - 1, real.p, real.n);
@@ -946,9 +947,9 @@ static void tokenizer_seeds(const char *tok_path) {
         static const struct {
                 const char *piece;
                 float score;
-        } extra[] = { { " ", -1 },     { "a", -2 },      { "b", -3 },       { "c", -4 },   { "ab", -5 },
-                      { "abc", -6 },   { " a", -7 },     { " ab", -8 },     { "bc", -5 },  { "\xc3\xa9", -9 },
-                      { "ca", NAN },   { "ab", -1 },     { " abc", -10 },   { "aa", -20 }, { "aaaa", -21 } };
+        } extra[] = { { " ", -1 },   { "a", -2 },  { "b", -3 },     { "c", -4 },   { "ab", -5 },
+                      { "abc", -6 }, { " a", -7 }, { " ab", -8 },   { "bc", -5 },  { "\xc3\xa9", -9 },
+                      { "ca", NAN }, { "ab", -1 }, { " abc", -10 }, { "aa", -20 }, { "aaaa", -21 } };
         for (size_t i = 0; i < sizeof(extra) / sizeof(extra[0]); i++)
                 vocab_entry(&v, extra[i].score, extra[i].piece, strlen(extra[i].piece));
         static const char t1[] = "abc ab cab aaaaaaa bcab\xc3\xa9";

@@ -162,7 +162,9 @@ int harness_daemon_drain_notify(struct daemon *d) {
                         struct cmsghdr align;
                 } ctl;
                 struct iovec iov = { .iov_base = msg, .iov_len = sizeof(msg) };
-                struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                struct msghdr mh = { .msg_iov = &iov,
+                                     .msg_iovlen = 1,
+                                     .msg_control = ctl.buf,
                                      .msg_controllen = sizeof(ctl.buf) };
                 if (recvmsg(d->notify_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) < 0)
                         return n;

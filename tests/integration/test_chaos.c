@@ -36,7 +36,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,9 +51,9 @@
 #include "rawpeer.h"
 #include "wire.h"
 
-#define CHUNK_FD_PREFIX "/memfd:kvcd-chunk"
+#define CHUNK_FD_PREFIX  "/memfd:kvcd-chunk"
 #define IDLE_DEADLINE_MS 5000
-#define PROMPT "Lily and Ben went to the park"
+#define PROMPT           "Lily and Ben went to the park"
 
 /* ---- a seeded generator (splitmix64) ---- */
 
@@ -96,7 +98,8 @@ static int admin_open(struct admin *a, const char *dir) {
         snprintf(ep, sizeof(ep), "ipc://%s/kvcd.admin.sock", dir);
         a->ctx = zmq_ctx_new();
         a->sock = a->ctx ? zmq_socket(a->ctx, ZMQ_DEALER) : NULL;
-        if (!a->sock || zmq_setsockopt(a->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 || zmq_connect(a->sock, ep) < 0)
+        if (!a->sock || zmq_setsockopt(a->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+            zmq_connect(a->sock, ep) < 0)
                 return -ECONNREFUSED;
         return 0;
 }
@@ -133,8 +136,8 @@ static int admin_status(struct admin *a, struct status *ret) {
                         return -EIO;
                 }
                 char why[WIRE_MAX_MESSAGE];
-                int r = wire_decode(a->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES, &in, why,
-                                    sizeof(why));
+                int r = wire_decode(a->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES,
+                                    &in, why, sizeof(why));
                 zmq_msg_close(&msg);
                 if (r < 0)
                         return r;
@@ -159,11 +162,10 @@ static int admin_status(struct admin *a, struct status *ret) {
 struct fixture {
         struct daemon d;
         struct admin admin;
-        int base_fds;     /* kvcd's fds when idle, chunk memfds aside */
+        int base_fds;      /* kvcd's fds when idle, chunk memfds aside */
         char *solo_window; /* the solo outputs the survivors must reproduce */
         char *solo_conf;
         char *solo_full;
-        unsigned events;
 };
 
 /* kvc-run against the fixture's kvcd with config args (NULL-terminated) and the common ones. */
@@ -181,9 +183,11 @@ static void run_argv(const struct fixture *f, const char *const *config, const c
 }
 
 static const char *const cfg_window[] = { "--policy", "window", "--budget", "48", NULL };
-static const char *const cfg_conf_int8[] = { "--policy", "conf", "--budget", "64", "--param", "int8=1", NULL };
-static const char *const cfg_prob_moment[] = { "--policy", "prob", "--budget", "64", "--param", "correction=moment",
-                                               NULL };
+static const char *const cfg_conf_int8[] = {
+        "--policy", "conf", "--budget", "64", "--param", "int8=1", NULL
+};
+static const char *const cfg_prob_moment[] = { "--policy",          "prob", "--budget", "64", "--param",
+                                               "correction=moment", NULL };
 static const char *const cfg_h2o_f16[] = { "--policy", "h2o", "--budget", "64", "--dtype", "f16", NULL };
 static const char *const cfg_full[] = { "--policy", "full", NULL };
 
@@ -191,8 +195,11 @@ static const struct {
         const char *name;
         const char *const *args;
 } configs[] = {
-        { "window", cfg_window }, { "conf int8=1", cfg_conf_int8 }, { "prob correction=moment", cfg_prob_moment },
-        { "h2o f16", cfg_h2o_f16 }, { "full", cfg_full },
+        { "window", cfg_window },
+        { "conf int8=1", cfg_conf_int8 },
+        { "prob correction=moment", cfg_prob_moment },
+        { "h2o f16", cfg_h2o_f16 },
+        { "full", cfg_full },
         /* not yet: "--plan-lag 2" (any lag > 0) fails on its own once the window's plan lags behind
          * the appends (kvcd refuses room past budget + 16 before the plan is applied) */
 };
@@ -218,6 +225,25 @@ static int measure_baseline(struct fixture *f) {
         return f->base_fds > 0 ? 0 : -1;
 }
 
+/* Waits for process pid to exit (pidfd, deadline), reading kvcd's notifications meanwhile: kvcd
+ * blocks on a full notify socket (ten datagrams), and it sends one a second. */
+static void wait_exit_draining(struct fixture *f, pid_t pid, int timeout_ms) {
+        int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+        assert_true(pfd >= 0);
+        int64_t deadline = now_ms() + timeout_ms;
+        for (;;) {
+                struct pollfd p[2] = { { .fd = pfd, .events = POLLIN },
+                                       { .fd = f->d.notify_fd, .events = POLLIN } };
+                int64_t left = deadline - now_ms();
+                assert_true(left > 0 && poll(p, 2, (int)left) > 0);
+                if (p[1].revents & POLLIN)
+                        harness_daemon_drain_notify(&f->d);
+                if (p[0].revents & POLLIN)
+                        break;
+        }
+        close(pfd);
+}
+
 /* Waits (admin round trips, deadline) until kvcd holds nothing of anyone and its fds are back to
  * the idle count, checking used <= capacity in every answer; then kvcctl's audit must be clean. */
 static void expect_idle(struct fixture *f, const char *after) {
@@ -225,6 +251,7 @@ static void expect_idle(struct fixture *f, const char *after) {
         int others = -1, chunks = 0;
         bool idle = false;
         int64_t deadline = now_ms() + IDLE_DEADLINE_MS;
+        harness_daemon_drain_notify(&f->d);
         do {
                 assert_int_equal(admin_status(&f->admin, &st), 0);
                 assert_true(st.used <= st.capacity);
@@ -233,9 +260,10 @@ static void expect_idle(struct fixture *f, const char *after) {
                        others == f->base_fds;
         } while (!idle && now_ms() < deadline);
         if (!idle)
-                print_error("after %s: %u clients, %u sessions, %llu bytes, %u chunks owned, %d fds (idle: %d)\n",
-                            after, st.clients, st.sessions, (unsigned long long)st.used, st.chunks_in_use, others,
-                            f->base_fds);
+                print_error(
+                        "after %s: %u clients, %u sessions, %llu bytes, %u chunks owned, %d fds (idle: %d)\n",
+                        after, st.clients, st.sessions, (unsigned long long)st.used, st.chunks_in_use, others,
+                        f->base_fds);
         assert_true(idle);
         assert_true(chunks >= 0 && (uint32_t)chunks <= st.chunks_total);
         char *audit = harness_kvcctl(&f->d, "audit");
@@ -245,7 +273,6 @@ static void expect_idle(struct fixture *f, const char *after) {
         assert_non_null(strstr(audit, "\"clean\":true"));
         free(audit);
         harness_daemon_drain_notify(&f->d);
-        f->events++;
 }
 
 static int setup(void **state) {
@@ -273,25 +300,26 @@ static int teardown(void **state) {
 
 /* ---- the rawpeer victim (this binary with --victim) ---- */
 
-static Kvc__Envelope *victim_call(struct rawpeer *p, Kvc__Envelope *env, Kvc__Envelope__BodyCase want) {
+/* Sends env and returns the answer when it is of kind want, else NULL. */
+static Kvc__Envelope *call_expect(struct rawpeer *p, Kvc__Envelope *env, Kvc__Envelope__BodyCase want) {
         Kvc__Envelope *in;
-        if (rawpeer_call(p, env, &in) < 0 || in->body_case != want)
-                exit(3);
-        return in;
+        return rawpeer_call(p, env, &in) == 0 && in->body_case == want ? in : NULL;
 }
 
-/* Opens a window session, reserves 48 tokens and steps to them: kvcd answers with a plan. */
-static uint64_t victim_earn_plan(struct rawpeer *p, uint64_t *ret_plan) {
+/* Opens a window session, reserves 48 tokens and steps to them: kvcd answers with a plan, which
+ * stays outstanding. -EPROTO when kvcd answers anything else. */
+static int earn_plan(struct rawpeer *p, uint64_t *ret_sid, uint64_t *ret_plan) {
         uint64_t sid;
         if (rawpeer_open_session(p, "window", 32, &sid) < 0)
-                exit(3);
+                return -EPROTO;
         Kvc__Reserve rs = KVC__RESERVE__INIT;
         rs.session_id = sid;
         rs.n_tokens = 48;
         Kvc__Envelope env = KVC__ENVELOPE__INIT;
         env.body_case = KVC__ENVELOPE__BODY_RESERVE;
         env.reserve = &rs;
-        victim_call(p, &env, KVC__ENVELOPE__BODY_GRANT);
+        if (!call_expect(p, &env, KVC__ENVELOPE__BODY_GRANT))
+                return -EPROTO;
         uint32_t lengths[5] = { 48, 48, 48, 48, 48 };
         Kvc__Step st = KVC__STEP__INIT, *sp[1] = { &st };
         st.session_id = sid;
@@ -307,11 +335,12 @@ static uint64_t victim_earn_plan(struct rawpeer *p, uint64_t *ret_plan) {
         kvc__envelope__init(&env);
         env.body_case = KVC__ENVELOPE__BODY_STEP_BATCH;
         env.step_batch = &sb;
-        Kvc__Envelope *in = victim_call(p, &env, KVC__ENVELOPE__BODY_PLAN_BATCH);
-        if (in->plan_batch->n_plans != 1)
-                exit(4);
+        Kvc__Envelope *in = call_expect(p, &env, KVC__ENVELOPE__BODY_PLAN_BATCH);
+        if (!in || in->plan_batch->n_plans != 1)
+                return -EPROTO;
+        *ret_sid = sid;
         *ret_plan = in->plan_batch->plans[0]->plan_id;
-        return sid;
+        return 0;
 }
 
 /* Modes: open (OpenSession sent, not answered), reserve (Reserve sent, not answered), plan (a plan
@@ -351,7 +380,9 @@ static int victim(const char *dir, const char *mode) {
                 if (rawpeer_send(&p, &env) < 0)
                         return 3;
         } else {
-                uint64_t plan, sid = victim_earn_plan(&p, &plan);
+                uint64_t plan, sid;
+                if (earn_plan(&p, &sid, &plan) < 0)
+                        return 3;
                 if (strcmp(mode, "badack") == 0) {
                         uint32_t lengths[5] = { 49, 32, 32, 32, 32 }; /* more than its blocks hold */
                         Kvc__PlanApplied pa = KVC__PLAN_APPLIED__INIT;
@@ -362,8 +393,8 @@ static int victim(const char *dir, const char *mode) {
                         Kvc__Envelope env = KVC__ENVELOPE__INIT;
                         env.body_case = KVC__ENVELOPE__BODY_PLAN_APPLIED;
                         env.plan_applied = &pa;
-                        Kvc__Envelope *in = victim_call(&p, &env, KVC__ENVELOPE__BODY_ERROR);
-                        if (in->error->code != EPROTO)
+                        Kvc__Envelope *in = call_expect(&p, &env, KVC__ENVELOPE__BODY_ERROR);
+                        if (!in || in->error->code != EPROTO)
                                 return 4;
                 }
         }
@@ -465,8 +496,8 @@ static void killed_clients_leave_nothing_behind(void **state) {
                         uint32_t c = rng_below(N_CONFIGS);
                         uint32_t k = rng_below(4) == 0 ? 0 : 1 + rng_below(1200);
                         bool survivor = rng_below(4) == 0;
-                        snprintf(what, sizeof(what), "iteration %d: %s killed after %u bytes%s", i, configs[c].name,
-                                 k, survivor ? " beside a survivor" : "");
+                        snprintf(what, sizeof(what), "iteration %d: %s killed after %u bytes%s", i,
+                                 configs[c].name, k, survivor ? " beside a survivor" : "");
                         kill_a_client(f, configs[c].args, k, survivor, &t);
                 }
                 expect_idle(f, what);
@@ -474,17 +505,17 @@ static void killed_clients_leave_nothing_behind(void **state) {
         assert_int_equal(admin_status(&f->admin, &after), 0);
         print_message("%d iterations in %lld ms: %u killed before any output, %u mid-run, %u finished first, "
                       "%u rawpeers killed, %u survivors unharmed; kvcd counted %llu client deaths\n",
-                      iterations, (long long)(now_ms() - t0), t.before_output, t.mid_run, t.finished, t.rawpeers,
-                      t.survivors, (unsigned long long)(after.deaths - before.deaths));
+                      iterations, (long long)(now_ms() - t0), t.before_output, t.mid_run, t.finished,
+                      t.rawpeers, t.survivors, (unsigned long long)(after.deaths - before.deaths));
         assert_true(iterations < 10 || t.mid_run + t.rawpeers > 0);
 }
 
 static void peer_that_hangs_up_mid_plan_is_forgotten(void **state) {
         struct fixture *f = *state;
         struct rawpeer p;
-        uint64_t plan;
+        uint64_t sid, plan;
         assert_int_equal(rawpeer_open(&p, f->d.dir, true), 0);
-        uint64_t sid = victim_earn_plan(&p, &plan);
+        assert_int_equal(earn_plan(&p, &sid, &plan), 0);
         struct status s;
         assert_int_equal(admin_status(&f->admin, &s), 0);
         assert_true(s.sessions == 1 && s.used > 0);
@@ -607,12 +638,14 @@ static void client_stopped_past_the_heartbeat_timeout(void **state) {
                 }
         }
         assert_int_equal(admin_status(&f->admin, &s), 0);
-        print_message("heartbeat: kvcd dropped the stopped client's ZeroMQ connection after %lld ms; it still "
-                      "holds %u sessions and %llu bytes (the side channel is up)\n",
-                      (long long)dropped_ms, s.sessions, (unsigned long long)s.used);
+        print_message(
+                "heartbeat: kvcd dropped the stopped client's ZeroMQ connection after %lld ms; it still "
+                "holds %u sessions and %llu bytes (the side channel is up)\n",
+                (long long)dropped_ms, s.sessions, (unsigned long long)s.used);
         assert_true(dropped_ms > 0);
         int64_t t1 = now_ms();
         kill(p.pid, SIGCONT);
+        wait_exit_draining(f, p.pid, 20000); /* within the client's own timeout (10 s) */
         char *rest = NULL, *err = harness_read_all(err_fd);
         close(err_fd);
         assert_int_equal(harness_finish(&p, &rest, &st), 0);
@@ -723,12 +756,20 @@ static void kvcd_killed_under_load_fails_its_clients_and_restarts_clean(void **s
                 /* all of them gave up at once (the side channel hung up), not at their timeout */
                 assert_true(now_ms() - killed_at < 10000);
 
-                /* no kvcd: a new client is refused at once */
+                /* no kvcd: a new client is refused at once, and says so */
                 const char *late[40];
+                struct proc lp;
+                int lerr;
                 char *out = NULL;
                 run_argv(f, cfg_window, late);
-                assert_int_equal(harness_run(late, &out, &st), 0);
+                assert_int_equal(harness_spawn_stderr(&lp, late, &lerr), 0);
+                char *why = harness_read_all(lerr);
+                close(lerr);
+                assert_int_equal(harness_finish(&lp, &out, &st), 0);
                 assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+                assert_non_null(why);
+                assert_non_null(strstr(why, "cannot connect"));
+                free(why);
                 free(out);
 
                 /* a new kvcd takes the same directory (the lock died with the old one) and serves */

@@ -542,6 +542,12 @@ static void pool_reclaim_ends_when_the_owner_dies(void **state) {
         assert_int_equal(pool_reclaim_pick(p, 2, idx, owner), 1);
         assert_int_equal(idx[0], 0);
         assert_int_equal(pool_reclaim_pick(p, 2, idx, owner), 0); /* asked once */
+        pool_reclaim_cancel(p, 0);                                 /* could not be asked: called off */
+        pool_get_stats(p, &st);
+        assert_int_equal(st.chunks_reclaiming, 0);
+        assert_int_equal(pool_reclaim_done(p, 7, 0), -EINVAL);
+        pool_reclaim_cancel(p, 0); /* twice is harmless */
+        assert_int_equal(pool_reclaim_pick(p, 2, idx, owner), 1);
         assert_int_equal(pool_release_owner(p, 7), 2);
         pool_get_stats(p, &st);
         assert_int_equal(st.chunks_reclaiming, 0);
