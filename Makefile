@@ -166,6 +166,7 @@ install: all
 	sed 's|/usr/local/bin/kvcd|$(PREFIX)/bin/kvcd|' systemd/kvcd.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/kvcd.service
 	install -m 0644 systemd/kvcd.socket systemd/kvcd-admin.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/
 	install -m 0644 systemd/kvcd.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/kvcd.conf
+	install -D -m 0644 systemd/kvcd.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/kvcd.conf
 
 clean:
 	rm -rf build

@@ -20,6 +20,8 @@ echo "verify: clean"
 sec=$(systemd-analyze security --offline=yes --threshold=20 ./kvcd.service 2>&1) || {
         echo "$sec" | tail -3; echo "exposure above 2.0"; exit 1; }
 echo "$sec" | tail -1
-# the sysusers snippet is what sysusers.d(5) parses
+# the sysusers and tmpfiles snippets hold what the units rely on
 grep -q '^u kvcd ' "$here"/systemd/kvcd.sysusers
+grep -q '^g kvcadm ' "$here"/systemd/kvcd.sysusers
+grep -q '^d /run/kvcd 0755 kvcd kvcd' "$here"/systemd/kvcd.tmpfiles
 echo "units: ok"
