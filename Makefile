@@ -127,12 +127,14 @@ tests: all $(UNIT_TESTS) $(INTEGRATION_TESTS) $(if $(filter 1,$(CUDA)),cuda) cud
 # The CUDA kernels run on the CPU under tests/gpu/emu as one more test program (any machine).
 test: deps
 	@$(MAKE) --no-print-directory tests
-	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/gpu/emulate.sh tests/gpu/ipc_fake.sh tests/systemd/verify.sh tests/systemd/man.sh
+	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/gpu/emulate.sh tests/gpu/ipc_fake.sh tests/systemd/verify.sh tests/systemd/man.sh \
+		$(FUZZ_REPLAY_TESTS)
 
 check: deps
 	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 OPT=-O1 tests
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-		tests/run.sh build/san $(patsubst $(BUILD)/%,build/san/%,$(UNIT_TESTS) $(INTEGRATION_TESTS))
+		tests/run.sh build/san $(patsubst $(BUILD)/%,build/san/%,$(UNIT_TESTS) $(INTEGRATION_TESTS)) \
+		$(FUZZ_REPLAY_TESTS)
 
 demo: deps
 	@$(MAKE) --no-print-directory all
@@ -148,6 +150,8 @@ quality: quality-deps
 	@bench/quality.sh $(BUILD) $(QUALITY_SEQUENCES)
 
 include kernels/cuda.mk
+include tests/fuzz/fuzz.mk
+include bench/bench.mk
 ifneq ($(CUDA),1)
 cuda:
 	@echo "CUDA=0: nvcc not found, the CUDA kernels are not built"

@@ -18,35 +18,34 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
         uint64_t used = 0, blocks = 0, bad = 0;
         if (r < 0)
                 len += (size_t)snprintf(report + len, cap - len, "pool: %s\n", why);
-        for (uint32_t c = 0; c < d->n_clients; c++) {
-                for (const struct session *s = d->clients[c]->sessions; s; s = s->next) {
-                        uint64_t bytes = (uint64_t)s->plan_units * s->layout.block_bytes;
-                        if (s->plan_units && pool_owns(d->pool, s->owner->id, s->plan_offset,
-                                                       (uint32_t)s->layout.block_bytes, s->plan_units) < 0)
-                                bad++;
-                        for (uint32_t l = 0; l < s->n_layers; l++) {
-                                const struct session_layer *L = &s->layers[l];
-                                for (int q = 0; q < 2; q++) {
-                                        const struct block_table *t = q ? &L->q8 : &L->fp;
-                                        uint32_t unit = (uint32_t)(q ? s->q8_layout.block_bytes : s->layout.block_bytes);
-                                        for (uint32_t b = 0; b < t->n; b++)
-                                                if (pool_owns(d->pool, s->owner->id, t->blocks[b], unit, 1) < 0)
-                                                        bad++;
-                                        bytes += (uint64_t)t->n * unit;
-                                        blocks += t->n;
-                                }
-                                if (L->n_tokens > L->n_q8 + L->fp.n * s->layout.block_tokens && len + 128 < cap)
-                                        len += (size_t)snprintf(report + len, cap - len,
-                                                                "session %llu layer %u: %u tokens beyond its blocks\n",
-                                                                (unsigned long long)s->id, l, L->n_tokens);
+        const struct session *s;
+        for (uint32_t it = 0; (s = idmap_next(&d->sessions, &it));) { /* clients', orphans', hand-offs' */
+                uint64_t bytes = (uint64_t)s->plan_units * s->layout.block_bytes;
+                if (s->plan_units && pool_owns(d->pool, session_pool_owner(s), s->plan_offset,
+                                               (uint32_t)s->layout.block_bytes, s->plan_units) < 0)
+                        bad++;
+                for (uint32_t l = 0; l < s->n_layers; l++) {
+                        const struct session_layer *L = &s->layers[l];
+                        for (int q = 0; q < 2; q++) {
+                                const struct block_table *t = q ? &L->q8 : &L->fp;
+                                uint32_t unit = (uint32_t)(q ? s->q8_layout.block_bytes : s->layout.block_bytes);
+                                for (uint32_t b = 0; b < t->n; b++)
+                                        if (pool_owns(d->pool, session_pool_owner(s), t->blocks[b], unit, 1) < 0)
+                                                bad++;
+                                bytes += (uint64_t)t->n * unit;
+                                blocks += t->n;
                         }
-                        if (bytes != s->bytes && len + 128 < cap)
+                        if (L->n_tokens > L->n_q8 + L->fp.n * s->layout.block_tokens && len + 128 < cap)
                                 len += (size_t)snprintf(report + len, cap - len,
-                                                        "session %llu: counts %llu bytes, its tables %llu\n",
-                                                        (unsigned long long)s->id, (unsigned long long)s->bytes,
-                                                        (unsigned long long)bytes);
-                        used += bytes;
+                                                        "session %llu layer %u: %u tokens beyond its blocks\n",
+                                                        (unsigned long long)s->id, l, L->n_tokens);
                 }
+                if (bytes != s->bytes && len + 128 < cap)
+                        len += (size_t)snprintf(report + len, cap - len,
+                                                "session %llu: counts %llu bytes, its tables %llu\n",
+                                                (unsigned long long)s->id, (unsigned long long)s->bytes,
+                                                (unsigned long long)bytes);
+                used += bytes;
         }
         struct pool_stats ps;
         pool_get_stats(d->pool, &ps);

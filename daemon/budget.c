@@ -308,15 +308,12 @@ void budget_demand(struct kvcd *d, struct session *s, uint64_t bytes) {
         set_demand(d, s, bytes);
 }
 
-/* Every live session, orphans' included. */
+/* Every live session: clients', orphans' and hand-offs'. */
 static uint32_t all_sessions(struct kvcd *d, struct session **out, uint32_t max) {
         uint32_t n = 0;
-        for (uint32_t c = 0; c < d->n_clients; c++)
-                for (struct session *s = d->clients[c]->sessions; s && n < max; s = s->next)
-                        out[n++] = s;
-        for (struct client *o = d->orphans; o; o = o->orphan_next)
-                for (struct session *s = o->sessions; s && n < max; s = s->next)
-                        out[n++] = s;
+        struct session *s;
+        for (uint32_t it = 0; n < max && (s = idmap_next(&d->sessions, &it));)
+                out[n++] = s;
         return n;
 }
 

@@ -101,3 +101,12 @@ void *idmap_del(struct idmap *m, uint64_t key) {
         m->n--;
         return value;
 }
+
+void *idmap_next(const struct idmap *m, uint32_t *pos) {
+        while (*pos < m->cap) {
+                uint32_t i = (*pos)++;
+                if (m->keys[i])
+                        return m->values[i];
+        }
+        return NULL;
+}

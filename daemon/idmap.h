@@ -19,3 +19,6 @@ void *idmap_get(const struct idmap *m, uint64_t key);
 int idmap_put(struct idmap *m, uint64_t key, void *value);
 /* Returns the value removed, or NULL. */
 void *idmap_del(struct idmap *m, uint64_t key);
+/* Every value, in no particular order: for (uint32_t i = 0; (v = idmap_next(m, &i));). The map
+ * must not change during the walk. */
+void *idmap_next(const struct idmap *m, uint32_t *pos);

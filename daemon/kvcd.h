@@ -157,6 +157,12 @@ struct session {
         struct session_stats stats;
         uint64_t opened_usec;
         int32_t state_slot; /* in the restart record, or -1 */
+        uint64_t domain;    /* SESSION_DOMAIN | id when opened for hand-off (chunks of its own), else 0 */
+        struct handoff_state {
+                uint8_t ticket[WIRE_TOKEN_BYTES];
+                uint64_t from_client; /* the exporter, asked to unmap the chunks at the import */
+                uint64_t deadline_usec;
+        } handoff;          /* while exported and not yet imported */
 };
 
 /* Plan-building scratch, shared by all sessions (one thread builds one plan at a time), grown
@@ -245,6 +251,10 @@ void client_reclaim(struct kvcd *d);
 void client_destroy(struct kvcd *d, struct client *c, bool died);
 
 /* session.c */
+/* Whose chunks hold the session's blocks: its client's, or its own (a session opened for
+ * hand-off: SESSION_DOMAIN | id). */
+#define SESSION_DOMAIN (1ull << 63)
+uint64_t session_pool_owner(const struct session *s);
 void plan_scratch_done(struct plan_scratch *sc);
 /* Admits and opens a session. 1: opened, but it waits for its plan buffer (session.wait) while
  * the arbiter reclaims memory: the reply comes when session_retry_open() succeeds. */

@@ -70,6 +70,10 @@ static int plan_scratch_reserve(struct plan_scratch *sc, size_t entries) {
         return 0;
 }
 
+uint64_t session_pool_owner(const struct session *s) {
+        return s->domain ? s->domain : s->owner->id;
+}
+
 uint64_t session_bytes(const struct session *s) {
         return s->bytes;
 }
@@ -112,16 +116,16 @@ static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, u
         int r = budget_may_grow(d, s, (uint64_t)n * unit, d->refusal, sizeof(d->refusal));
         if (r < 0)
                 return r;
-        r = pool_alloc(d->pool, s->owner->id, unit, n, ret_off, &new_chunk);
+        r = pool_alloc(d->pool, session_pool_owner(s), unit, n, ret_off, &new_chunk);
         if (r < 0)
                 return r;
         if (new_chunk >= 0) {
-                restart_record_chunk_owner(d, (uint32_t)new_chunk, s->owner->id);
+                restart_record_chunk_owner(d, (uint32_t)new_chunk, session_pool_owner(s));
                 r = client_send_chunk(d, s->owner, (uint32_t)new_chunk);
                 if (r < 0) {
                         log_warning("client %llu: cannot send chunk %lld: %s", (unsigned long long)s->owner->id,
                                     (long long)new_chunk, strerror(-r));
-                        pool_release(d->pool, s->owner->id, *ret_off, unit, n);
+                        pool_release(d->pool, session_pool_owner(s), *ret_off, unit, n);
                         pool_disown_chunk(d->pool, (uint32_t)new_chunk);
                         return -EIO;
                 }
@@ -134,7 +138,7 @@ static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, u
 
 static void free_units(struct kvcd *d, struct session *s, bool q8, uint64_t off, uint32_t n) {
         uint32_t unit = unit_of(s, q8);
-        int r = pool_release(d->pool, s->owner->id, off, unit, n);
+        int r = pool_release(d->pool, session_pool_owner(s), off, unit, n);
         if (r < 0) /* a bookkeeping bug of ours: say so loudly, keep serving */
                 log_error("session %llu: releasing %u units at %llu failed: %s", (unsigned long long)s->id, n,
                           (unsigned long long)off, strerror(-r));
@@ -384,8 +388,10 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
                 return r;
         }
         d->next_session_id++;
+        if (m->handoff)
+                s->domain = SESSION_DOMAIN | s->id;
         r = events_session_opened(d, s, m->prompt_token_ids, m->n_prompt_token_ids);
-        if (r == 0)
+        if (r == 0 && !s->domain) /* a hand-off session lives in chunks of its own: not kept */
                 r = restart_record_session(d, s, m);
         if (r == 0)
                 r = alloc_plan_buffer(d, s, why, why_len);
@@ -455,6 +461,8 @@ void session_close(struct kvcd *d, struct session *s) {
         }
         if (s->plan_units)
                 free_units(d, s, false, s->plan_offset, s->plan_units);
+        if (s->domain) /* its own chunks go back, scrubbed */
+                pool_release_owner(d->pool, s->domain);
         budget_leave(d, s);
         idmap_del(&d->sessions, s->id);
         if (s->prev)

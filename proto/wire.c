@@ -467,6 +467,48 @@ static int v_resumed(const Kvc__Envelope *env, char *why, size_t why_len) {
         return v_session_id(env->resumed->session_id, why, why_len);
 }
 
+static int v_handoff_export(const Kvc__Envelope *env, char *why, size_t why_len) {
+        return v_session_id(env->handoff_export->session_id, why, why_len);
+}
+
+static int v_ticket(uint64_t session_id, ProtobufCBinaryData ticket, char *why, size_t why_len) {
+        if (ticket.len != WIRE_TOKEN_BYTES)
+                return BAD("hand-off ticket of %zu bytes", ticket.len);
+        return v_session_id(session_id, why, why_len);
+}
+
+static int v_handoff_ticket(const Kvc__Envelope *env, char *why, size_t why_len) {
+        return v_ticket(env->handoff_ticket->session_id, env->handoff_ticket->ticket, why, why_len);
+}
+
+static int v_handoff_import(const Kvc__Envelope *env, char *why, size_t why_len) {
+        return v_ticket(env->handoff_import->session_id, env->handoff_import->ticket, why, why_len);
+}
+
+static int v_handoff_imported(const Kvc__Envelope *env, char *why, size_t why_len) {
+        const Kvc__HandoffImported *m = env->handoff_imported;
+        if (!m->opened)
+                return BAD("hand-off: no session");
+        Kvc__Envelope inner = { .session_opened = m->opened };
+        int r = v_session_opened(&inner, why, why_len);
+        if (r == 0)
+                r = v_geometry(m->geometry, why, why_len);
+        if (r < 0)
+                return r;
+        if (m->n_layers != m->geometry->n_layers)
+                return BAD("hand-off: %zu layer tables for %u layers", m->n_layers, m->geometry->n_layers);
+        size_t refs = 0;
+        for (size_t l = 0; l < m->n_layers; l++) {
+                const Kvc__ResumeLayer *L = m->layers[l];
+                if (L->n_tokens > WIRE_MAX_TOKENS || L->n_q8 > L->n_tokens)
+                        return BAD("hand-off: layer %zu lengths out of range", l);
+                refs += L->n_fp_blocks + L->n_q8_blocks;
+                if (refs > WIRE_MAX_BLOCK_REFS)
+                        return BAD("hand-off: more than %u blocks", WIRE_MAX_BLOCK_REFS);
+        }
+        return 0;
+}
+
 /* The OpenSession kvcd keeps in its restart record. */
 int wire_open_session_pack(const Kvc__OpenSession *m, uint8_t *out, size_t cap, size_t *ret_len) {
         size_t n = kvc__open_session__get_packed_size(m);
@@ -526,6 +568,10 @@ static const struct {
         { KVC__ENVELOPE__BODY_BUDGETS, "budgets", v_budgets },
         { KVC__ENVELOPE__BODY_RESUME, "resume", v_resume },
         { KVC__ENVELOPE__BODY_RESUMED, "resumed", v_resumed },
+        { KVC__ENVELOPE__BODY_HANDOFF_EXPORT, "handoff_export", v_handoff_export },
+        { KVC__ENVELOPE__BODY_HANDOFF_TICKET, "handoff_ticket", v_handoff_ticket },
+        { KVC__ENVELOPE__BODY_HANDOFF_IMPORT, "handoff_import", v_handoff_import },
+        { KVC__ENVELOPE__BODY_HANDOFF_IMPORTED, "handoff_imported", v_handoff_imported },
 };
 
 const char *wire_body_name(Kvc__Envelope__BodyCase c) {

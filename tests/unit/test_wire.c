@@ -1285,6 +1285,10 @@ static void wire_names_every_body_case(void **state) {
                 { KVC__ENVELOPE__BODY_BUDGETS, "budgets" },
                 { KVC__ENVELOPE__BODY_RESUME, "resume" },
                 { KVC__ENVELOPE__BODY_RESUMED, "resumed" },
+                { KVC__ENVELOPE__BODY_HANDOFF_EXPORT, "handoff_export" },
+                { KVC__ENVELOPE__BODY_HANDOFF_TICKET, "handoff_ticket" },
+                { KVC__ENVELOPE__BODY_HANDOFF_IMPORT, "handoff_import" },
+                { KVC__ENVELOPE__BODY_HANDOFF_IMPORTED, "handoff_imported" },
         };
         (void)state;
         /* every oneof member of the generated descriptor has a row */
