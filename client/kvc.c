@@ -327,6 +327,8 @@ static int map_chunk(struct kvc_client *c, const struct fdwire_msg *m, int fd) {
                 if (p == MAP_FAILED)
                         return set_error(c, -errno, "mapping chunk %llu: %s", (unsigned long long)m->chunk_idx,
                                          strerror(errno));
+                /* a child forked without exec must not keep the pool: it would outlive our death */
+                madvise(p, c->chunk_bytes, MADV_DONTFORK);
         }
         c->mapped[m->chunk_idx] = 1;
         return 0;
@@ -681,6 +683,17 @@ static int dispatch(struct kvc_client *c, const Kvc__Envelope *env) {
                 return r;
         }
         case KVC__ENVELOPE__BODY_ERROR: {
+                /* kvcd refused a whole StepBatch (it failed validation): its answer all the same */
+                if (env->request_id && c->n_pending && c->pending[c->pending_head] == env->request_id) {
+                        struct sent_batch *b = &c->sent[c->pending_head];
+                        free(b->bytes);
+                        free(b->steps);
+                        *b = (struct sent_batch){ 0 };
+                        c->pending_head = (c->pending_head + 1) % KVC_MAX_PENDING;
+                        c->n_pending--;
+                        if (c->step_error == 0)
+                                c->step_error = -env->error->code;
+                }
                 /* about a session, unasked: kvcd closed it (an operator evicted it) */
                 struct kvc_session *s = env->request_id == 0 ? find_session(c, env->error->session_id) : NULL;
                 if (s)
@@ -1187,6 +1200,16 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
         struct layer *L = &s->layers[layer];
         const struct block_layout *l = &s->layout;
         uint32_t T = l->block_tokens, fp = L->n_tokens - L->n_q8;
+        /* with a plan lag, the answers still on their way may bring room (grants, or plans that
+         * compact the layer): take them before asking kvcd for more than the policy allows */
+        while ((fp >= L->fp.n * T || L->n_tokens >= s->max_layer_tokens) && s->c->n_pending) {
+                int r = kvc_poll(s->c, s->c->timeout_ms);
+                if (r < 0)
+                        return r;
+                if (s->closed_by_kvcd)
+                        return set_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
+                fp = L->n_tokens - L->n_q8;
+        }
         if (L->n_tokens >= s->max_layer_tokens) /* the scratch is sized for it, whatever kvcd granted */
                 return set_error(s->c, -ENOSPC, "layer %u holds the %u tokens the session allows", layer, s->max_layer_tokens);
         if (fp >= L->fp.n * T) {

@@ -225,6 +225,7 @@ struct kvcd {
         void *http; /* struct MHD_Daemon, when --metrics-port is given */
         uint64_t started_usec;
         uint64_t watchdog_usec;
+        char last_status[128]; /* the STATUS= last sent to systemd */
         bool stopping;
         uint64_t stop_deadline_usec; /* a graceful stop is under way until then */
 };

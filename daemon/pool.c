@@ -263,14 +263,16 @@ static void chunk_reset(struct pool *p, struct pool_chunk *c) {
         p->chunks_owned--;
 }
 
-/* Scrubs a chunk leaving its owner; one that cannot be proved clean is retired (a fresh one
- * replaces it). */
+/* A chunk leaving its owner is scrubbed and retired: the next owner gets fresh memory (a new
+ * memfd, a new GPU allocation), never the one the old owner may still hold. A client keeps what it
+ * mapped (or an fd it kept, or a child it forked) until it lets go, and nothing kvcd does can take
+ * a mapping away; scrubbing makes what it still sees zeros, and retiring makes sure nobody else's
+ * data ever lands there. */
 static void chunk_scrub(struct pool *p, struct pool_chunk *c) {
-        if (p->backend->chunk_scrub(&c->bc, p->chunk_bytes) < 0) {
-                p->backend->chunk_destroy(&c->bc, p->chunk_bytes);
-                c->created = false;
-                p->chunks_created--;
-        }
+        p->backend->chunk_scrub(&c->bc, p->chunk_bytes); /* best effort: the memory goes anyway */
+        p->backend->chunk_destroy(&c->bc, p->chunk_bytes);
+        c->created = false;
+        p->chunks_created--;
 }
 
 uint32_t pool_release_owner(struct pool *p, uint64_t owner) {

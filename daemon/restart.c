@@ -124,13 +124,16 @@ int restore_keep_fd(struct kvcd *d, const char *name, int fd) {
 }
 
 /* The pool created a chunk: into the fd store with it. */
+/* A chunk index gets fresh memory each time it changes owner (pool.c): the store's old fd of
+ * that name goes first. */
 static void store_chunk(void *ctx, uint32_t idx, int fd) {
-        struct kvcd *d = ctx;
+        (void)ctx;
         char msg[64];
+        snprintf(msg, sizeof(msg), "FDSTOREREMOVE=1\nFDNAME=chunk-%u", idx);
+        sd_notify(0, msg);
         snprintf(msg, sizeof(msg), "FDSTORE=1\nFDNAME=chunk-%u", idx);
         if (sd_pid_notify_with_fds(0, 0, msg, &fd, 1) <= 0)
                 log_warning("chunk %u: not in the fd store; it will not survive a restart", idx);
-        (void)d;
 }
 
 static int new_record(struct kvcd *d, struct restart *rs) {

@@ -294,11 +294,20 @@ static void drain_router(struct kvcd *d, void *zsock, enum channel ch) {
         }
 }
 
+/* WATCHDOG=1 when systemd watches us, and STATUS= when it changed: sd_notify blocks once the
+ * manager's queue is full, so nothing is sent that nobody asked for. */
 static void notify_status(struct kvcd *d) {
         struct pool_stats ps;
+        char status[sizeof(d->last_status)];
         pool_get_stats(d->pool, &ps);
-        sd_notifyf(0, "WATCHDOG=1\nSTATUS=%u clients, %u sessions, %llu of %llu bytes in use", d->n_clients,
-                   d->sessions.n, (unsigned long long)ps.used_bytes, (unsigned long long)ps.capacity_bytes);
+        snprintf(status, sizeof(status), "%u clients, %u sessions, %llu of %llu bytes in use", d->n_clients,
+                 d->sessions.n, (unsigned long long)ps.used_bytes, (unsigned long long)ps.capacity_bytes);
+        bool changed = strcmp(status, d->last_status) != 0;
+        if (changed)
+                memcpy(d->last_status, status, sizeof(status));
+        if (changed || d->watchdog_usec)
+                sd_notifyf(0, "%s%s%s", d->watchdog_usec ? "WATCHDOG=1\n" : "", changed ? "STATUS=" : "",
+                           changed ? status : "");
 }
 
 int server_run(struct kvcd *d) {

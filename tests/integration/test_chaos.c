@@ -20,8 +20,7 @@
  *
  * KVC_CHAOS_SEED=N replays a loop; KVC_CHAOS_ITERATIONS=N changes its length (default 40).
  * KVC_CHAOS_SLOW=1 adds a client stopped past ZeroMQ's heartbeat timeout (about 25 s; it waits for
- * the timeout itself, so it is the one test that paces its polling). KVC_CHAOS_KNOWN_HOLES=1 adds
- * the reproducer of the isolation hole docs/security.md describes (it fails until that is fixed).
+ * the timeout itself, so it is the one test that paces its polling).
  *
  * The test binary doubles as the rawpeer victim: `test_chaos --victim DIR MODE`.
  */
@@ -661,15 +660,10 @@ static void client_stopped_past_the_heartbeat_timeout(void **state) {
         expect_idle(f, "a client stopped past the heartbeat");
 }
 
-/* The known hole of docs/security.md ("Not defended today"): a holder that hangs up its side
- * channel but keeps a chunk's fd and mapping still sees the chunk once kvcd grants it to the next
- * client. Fails today, so it runs only with KVC_CHAOS_KNOWN_HOLES=1: the test for the fix. */
+/* A holder that hangs up its side channel but keeps a chunk's fd and mapping must never see the
+ * next owner's data: kvcd retires a chunk's memory when its owner goes (docs/security.md). */
 static void regranted_chunk_is_invisible_to_its_old_holder(void **state) {
         struct fixture *f = *state;
-        if (!getenv("KVC_CHAOS_KNOWN_HOLES")) {
-                print_message("skipped: a known hole (docs/security.md); KVC_CHAOS_KNOWN_HOLES=1 runs it\n");
-                skip();
-        }
         struct rawpeer p;
         uint64_t sid;
         assert_int_equal(rawpeer_open(&p, f->d.dir, true), 0);
