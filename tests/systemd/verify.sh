@@ -22,6 +22,6 @@ sec=$(systemd-analyze security --offline=yes --threshold=20 ./kvcd.service 2>&1)
 echo "$sec" | tail -1
 # the sysusers and tmpfiles snippets hold what the units rely on
 grep -q '^u kvcd ' "$here"/systemd/kvcd.sysusers
-grep -q '^g kvcadm ' "$here"/systemd/kvcd.sysusers
-grep -q '^d /run/kvcd 0755 kvcd kvcd' "$here"/systemd/kvcd.tmpfiles
+grep -q '^g kvcd-admin ' "$here"/systemd/kvcd.sysusers
+grep -q '^d /run/kvcd 0750 kvcd kvcd' "$here"/systemd/kvcd.tmpfiles
 echo "units: ok"
