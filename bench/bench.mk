@@ -1,14 +1,27 @@
-# bench/bench.mk: the load generator, included by the Makefile (after its variables).
+# bench/bench.mk: the benchmarks, included by the Makefile (after its variables).
 #
 #   $(BUILD)/bin/kvc-load   bench/kvc-load.c: P client processes x S sessions stepping against
 #                           kvcd for T seconds; steps/s, the flush (plan) round trip p50/p99,
 #                           kvcd's peak RSS, errors (must be 0). Built with `make all`.
 #   make load [LOAD_ARGS="-p 16 -S 16 -t 20"]
 #                           runs it against a kvcd it starts for the run (--kvcd)
+#   make bench              builds the programs below and runs bench/run.sh: one table per item
+#                           of issue 7, every figure a ratio against a baseline measured in the
+#                           same run (bench/RESULTS.md has the results and how to read them)
+#
+#   $(BUILD)/bench/bench-rt         summary-to-plan round trip and throughput vs bare ZeroMQ
+#   $(BUILD)/bench/bench-select     plan building: radix select vs qsort vs torch.topk
+#   $(BUILD)/bench/bench-compact    plan application (compact_layer) vs memcpy
+#   $(BUILD)/bench/bench-footprint  kvcd's RSS: idle, per session, steady state
 
 LOAD_ARGS ?= -p 16 -S 16 -t 20
+BENCH_DIR := $(BUILD)/bench
+BENCH_COMMON := $(call obj,bench/common.c)
+POLICY_OBJ := $(filter $(BUILD)/obj/daemon/policy/%,$(DAEMON_OBJ))
+BENCH_PROGRAMS := $(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-select $(BENCH_DIR)/bench-compact \
+	$(BENCH_DIR)/bench-footprint
 
-.PHONY: load
+.PHONY: load bench bench-programs
 all: $(BUILD)/bin/kvc-load
 
 $(BUILD)/bin/kvc-load: $(call obj,bench/kvc-load.c) $(LIB)/libkvc.a
@@ -17,3 +30,21 @@ $(BUILD)/bin/kvc-load: $(call obj,bench/kvc-load.c) $(LIB)/libkvc.a
 
 load: $(BUILD)/bin/kvc-load $(BUILD)/bin/kvcd
 	$(BUILD)/bin/kvc-load --kvcd $(BUILD)/bin/kvcd $(LOAD_ARGS)
+
+$(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-footprint: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) $(LIB)/libkvc.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
+
+$(BENCH_DIR)/bench-select: $(call obj,bench/bench-select.c) $(BENCH_COMMON) $(POLICY_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BENCH_DIR)/bench-compact: $(call obj,bench/bench-compact.c) $(BENCH_COMMON) $(KERNEL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+bench-programs: all $(BENCH_PROGRAMS)
+
+bench: deps
+	@$(MAKE) --no-print-directory bench-programs
+	@bench/run.sh $(BUILD)

@@ -39,6 +39,9 @@ struct run_opts {
         enum kvc_dtype dtype;
         uint64_t min_bytes, max_bytes;
         int32_t priority;
+        int export_at;            /* hand the session off after this many positions */
+        bool import;              /* take a session handed off */
+        const char *handoff_file; /* where the ticket and the place in the sequence go */
 };
 
 static void usage(FILE *f) {
@@ -58,6 +61,10 @@ static void usage(FILE *f) {
                    "  --min-bytes BYTES   memory kvcd must guarantee the session (default: the least it runs with)\n"
                    "  --max-bytes BYTES   the most it may hold (default: no limit of its own)\n"
                    "  --priority N        higher keeps its memory longer when memory is short (default 0)\n"
+                   "  --export-at N       after N positions, hand the session off (ticket and place in the\n"
+                   "                      sequence written to --handoff-file) and stop; greedy only\n"
+                   "  --import            carry on a session handed off (read from --handoff-file)\n"
+                   "  --handoff-file FILE the hand-off's ticket and place in the sequence\n"
                    "  --dtype f32|f16|bf16  storage type of keys and values (default f32)\n"
                    "  --plan-lag N        steps the runner may run ahead of kvcd (default 0: deterministic)\n"
                    "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
@@ -80,6 +87,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 { "no-stop", no_argument, NULL, 'N' },        { "help", no_argument, NULL, 'h' },
                 { "min-bytes", required_argument, NULL, 'A' }, { "max-bytes", required_argument, NULL, 'B' },
                 { "priority", required_argument, NULL, 'R' },
+                { "export-at", required_argument, NULL, 'X' }, { "import", no_argument, NULL, 'I' },
+                { "handoff-file", required_argument, NULL, 'H' },
                 { "version", no_argument, NULL, 'V' },        {},
         };
         int c;
@@ -115,6 +124,13 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                         if (*end)
                                 return -EINVAL;
                         break;
+                case 'X':
+                        o->export_at = (int)strtol(optarg, &end, 10);
+                        if (*end || o->export_at <= 0)
+                                return -EINVAL;
+                        break;
+                case 'I': o->import = true; break;
+                case 'H': o->handoff_file = optarg; break;
                 case 'A':
                 case 'B':
                         if (wire_parse_bytes(optarg, c == 'A' ? &o->min_bytes : &o->max_bytes) < 0)
@@ -160,6 +176,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 default: return -EINVAL;
                 }
         }
+        if ((o->export_at || o->import) && (!o->handoff_file || o->local || o->temperature != 0 ||
+                                            (o->export_at && o->import)))
+                return -EINVAL; /* a hand-off needs the file, kvcd, and greedy decoding */
         return optind < argc ? -EINVAL : 0;
 }
 
@@ -243,6 +262,8 @@ static int open_session(struct runner *r) {
                         r->o.socket ? r->o.socket : "default socket", strerror(-e));
                 return e;
         }
+        if (r->o.import) /* the session comes from the hand-off, in generate() */
+                return 0;
         struct kvc_session_config sc = {
                 .geometry = { .n_layers = (uint32_t)mc->n_layers,
                               .n_heads = (uint32_t)mc->n_heads,
@@ -255,6 +276,7 @@ static int open_session(struct runner *r) {
                 .params = r->o.params,
                 .n_params = r->o.n_params,
                 .tenant = r->o.tenant,
+                .handoff = r->o.export_at > 0,
                 .min_bytes = r->o.min_bytes,
                 .max_bytes = r->o.max_bytes,
                 .priority = r->o.priority,
@@ -289,6 +311,58 @@ static int encode_prompt(struct runner *r) {
         return 0;
 }
 
+/* The exporter's side of a hand-off: the ticket and where the sequence stands, for the importer. */
+static int hand_off(struct runner *r, int pos, int token) {
+        struct kvc_handoff h;
+        int e = kvc_session_export(r->session, &h);
+        if (e < 0) {
+                fail(r, "hand-off", e);
+                return e;
+        }
+        r->session = NULL; /* the importer's now */
+        FILE *f = fopen(r->o.handoff_file, "w");
+        if (!f) {
+                e = -errno;
+                fprintf(stderr, "kvc-run: %s: %s\n", r->o.handoff_file, strerror(-e));
+                return e;
+        }
+        fprintf(f, "kvc-handoff 1\nsession %llu\nticket ", (unsigned long long)h.session_id);
+        for (size_t i = 0; i < sizeof(h.ticket); i++)
+                fprintf(f, "%02x", h.ticket[i]);
+        fprintf(f, "\npos %d\ntoken %d\n", pos, token);
+        return fclose(f) == 0 ? 0 : -EIO;
+}
+
+/* The importer's side: the session and where the sequence stands. */
+static int take_over(struct runner *r, int *ret_pos, int *ret_token) {
+        FILE *f = fopen(r->o.handoff_file, "r");
+        if (!f) {
+                fprintf(stderr, "kvc-run: %s: %s\n", r->o.handoff_file, strerror(errno));
+                return -errno;
+        }
+        struct kvc_handoff h;
+        unsigned long long id;
+        char hex[33];
+        int version, n = fscanf(f, "kvc-handoff %d session %llu ticket %32s pos %d token %d", &version, &id, hex,
+                                ret_pos, ret_token);
+        fclose(f);
+        if (n != 5 || version != 1 || strlen(hex) != 32) {
+                fprintf(stderr, "kvc-run: %s is not a hand-off file\n", r->o.handoff_file);
+                return -EINVAL;
+        }
+        h.session_id = id;
+        for (size_t i = 0; i < sizeof(h.ticket); i++) {
+                unsigned b;
+                if (sscanf(hex + 2 * i, "%2x", &b) != 1)
+                        return -EINVAL;
+                h.ticket[i] = (uint8_t)b;
+        }
+        int e = kvc_session_import(r->client, &h, &r->session);
+        if (e < 0)
+                fail(r, "cannot import the session", e);
+        return e;
+}
+
 static int generate(struct runner *r, int *ret_steps) {
         const struct model_config *mc = model_get_config(r->model);
         const int *prompt = r->prompt, n_prompt = r->n_prompt;
@@ -296,6 +370,8 @@ static int generate(struct runner *r, int *ret_steps) {
         int e = 0;
         int steps = r->o.steps < mc->seq_len ? r->o.steps : mc->seq_len;
         int token = prompt[0], pos = 0;
+        if (r->o.import && (e = take_over(r, &pos, &token)) < 0)
+                return e;
         const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvcd_cache_ops;
         void *ctx = r->o.local ? (void *)r->plain : (void *)r->session;
 
@@ -338,6 +414,10 @@ static int generate(struct runner *r, int *ret_steps) {
                 if ((e = emit(r, piece, len)) < 0)
                         break;
                 token = next;
+                if (r->o.export_at && pos == r->o.export_at) {
+                        e = hand_off(r, pos, token);
+                        break;
+                }
         }
         *ret_steps = pos;
         return e;
@@ -413,8 +493,8 @@ int main(int argc, char **argv) {
                                (unsigned long long)st.plans_applied, st.peak_tokens, st.peak_layer_blocks,
                                (unsigned long long)st.peak_bytes);
                 printf("}\n");
-        } else {
-                printf("\n");
+        } else if (!r.o.export_at || steps < r.o.export_at) {
+                printf("\n"); /* a story handed off goes on in the importer's output */
         }
         rc = 0;
 out:

@@ -1031,6 +1031,9 @@ static Kvc__Dtype wire_dtype(enum kvc_dtype d) {
         return KVC__DTYPE__DTYPE_UNSPECIFIED;
 }
 
+static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, const Kvc__SessionOpened *o,
+                       struct kvc_session **ret);
+
 int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg, struct kvc_session **ret) {
         Kvc__Geometry g = KVC__GEOMETRY__INIT;
         Kvc__OpenSession os = KVC__OPEN_SESSION__INIT;
@@ -1075,6 +1078,7 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         if (block_layout_init(&layout, c->block_tokens, g.n_kv_heads, g.head_dim,
                               (enum block_dtype)cfg->geometry.dtype) < 0)
                 return set_error(c, -EINVAL, "geometry has a zero or unknown field");
+        os.handoff = cfg->handoff;
 
         Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
         env.body_case = KVC__ENVELOPE__BODY_OPEN_SESSION;
@@ -1082,7 +1086,17 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         int r = call(c, &env, KVC__ENVELOPE__BODY_SESSION_OPENED, &in);
         if (r < 0)
                 return r;
-        const Kvc__SessionOpened *o = in->session_opened;
+        return session_new(c, &cfg->geometry, in->session_opened, ret);
+}
+
+/* The client's side of a session kvcd opened (or handed over): layouts checked against kvcd's,
+ * tables and scratch allocated, empty. */
+static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, const Kvc__SessionOpened *o,
+                       struct kvc_session **ret) {
+        struct block_layout layout;
+        int r;
+        if (block_layout_init(&layout, c->block_tokens, geo->n_kv_heads, geo->head_dim, (enum block_dtype)geo->dtype) < 0)
+                return set_error(c, -EINVAL, "geometry has a zero or unknown field");
         if (o->block_bytes != layout.block_bytes || o->block_tokens != c->block_tokens)
                 return set_error(c, -EPROTO, "kvcd's block layout (%llu bytes) differs from ours (%llu)",
                                  (unsigned long long)o->block_bytes, (unsigned long long)layout.block_bytes);
@@ -1090,7 +1104,7 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
                 return r;
         struct block_layout q8_layout = { 0 };
         if (o->q8_block_bytes &&
-            (block_layout_init(&q8_layout, c->block_tokens, g.n_kv_heads, g.head_dim, BLOCK_DTYPE_Q8) < 0 ||
+            (block_layout_init(&q8_layout, c->block_tokens, geo->n_kv_heads, geo->head_dim, BLOCK_DTYPE_Q8) < 0 ||
              q8_layout.block_bytes != o->q8_block_bytes))
                 return set_error(c, -EPROTO, "kvcd's INT8 block layout differs from ours");
 
@@ -1100,7 +1114,7 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         s->c = c;
         s->id = o->session_id;
         memcpy(s->token, o->token.data, sizeof(s->token));
-        s->g = cfg->geometry;
+        s->g = *geo;
         s->layout = layout;
         s->q8_layout = q8_layout;
         s->budget = o->budget_tokens;
@@ -1109,20 +1123,20 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         s->ema_gamma = o->ema_gamma;
         s->plan_offset = o->plan_offset;
         s->plan_bytes = o->plan_bytes;
-        s->layers = calloc(g.n_layers, sizeof(*s->layers));
+        s->layers = calloc(geo->n_layers, sizeof(*s->layers));
         s->plan_copy = malloc(o->plan_bytes ? o->plan_bytes : 4);
         size_t slots = (size_t)s->max_layer_blocks * layout.block_tokens + 1;
         struct mixed_layer probe = { .fp = &s->layout, .q8 = &s->q8_layout, .n_tokens = (uint32_t)slots };
         size_t attn = 2 * slots;
-        if (q8_layout.block_bytes && attn_mixed_scratch_floats(&probe, g.n_heads) > attn)
-                attn = attn_mixed_scratch_floats(&probe, g.n_heads);
+        if (q8_layout.block_bytes && attn_mixed_scratch_floats(&probe, geo->n_heads) > attn)
+                attn = attn_mixed_scratch_floats(&probe, geo->n_heads);
         s->attn_scratch = malloc(attn * sizeof(float));
-        size_t cs = 2 * (size_t)g.head_dim; /* summarize_evicted */
+        size_t cs = 2 * (size_t)geo->head_dim; /* summarize_evicted */
         if (q8_layout.block_bytes && compact_mixed_scratch_floats(&probe) > cs)
                 cs = compact_mixed_scratch_floats(&probe);
         s->compact_scratch = malloc(cs * sizeof(float));
         bool ok = s->layers && s->plan_copy && s->attn_scratch && s->compact_scratch;
-        for (uint32_t l = 0; ok && l < g.n_layers; l++) {
+        for (uint32_t l = 0; ok && l < geo->n_layers; l++) {
                 struct layer *L = &s->layers[l];
                 L->fp.offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
                 L->fp.ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
@@ -1136,6 +1150,107 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
                 kvc_session_close(s, NULL);
                 return -ENOMEM;
         }
+        *ret = s;
+        return 0;
+}
+
+int kvc_session_export(struct kvc_session *s, struct kvc_handoff *ret) {
+        struct kvc_client *c = s->c;
+        int r;
+        if (s->closed_by_kvcd)
+                return set_error(c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
+        if (c->n_queue && (r = kvc_flush(c)) < 0)
+                return r;
+        while (c->n_pending) /* every answer in, every plan applied */
+                if ((r = kvc_poll(c, c->timeout_ms)) < 0)
+                        return r;
+        Kvc__HandoffExport m = KVC__HANDOFF_EXPORT__INIT;
+        uint32_t lengths[WIRE_MAX_LAYERS];
+        for (uint32_t l = 0; l < s->g.n_layers; l++)
+                lengths[l] = s->layers[l].n_tokens;
+        m.session_id = s->id;
+        m.n_layer_tokens = s->g.n_layers;
+        m.layer_tokens = lengths;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        env.body_case = KVC__ENVELOPE__BODY_HANDOFF_EXPORT;
+        env.handoff_export = &m;
+        if ((r = call(c, &env, KVC__ENVELOPE__BODY_HANDOFF_TICKET, &in)) < 0)
+                return r;
+        ret->session_id = in->handoff_ticket->session_id;
+        memcpy(ret->ticket, in->handoff_ticket->ticket.data, sizeof(ret->ticket));
+        /* ours no more: kvcd asks for the chunks back (UNMAP) once the importer has them */
+        unlink_session(s);
+        session_free(s);
+        return 0;
+}
+
+static enum kvc_dtype dtype_of_wire(Kvc__Dtype d) {
+        switch (d) {
+        case KVC__DTYPE__DTYPE_F16: return KVC_DTYPE_F16;
+        case KVC__DTYPE__DTYPE_BF16: return KVC_DTYPE_BF16;
+        default: return KVC_DTYPE_F32;
+        }
+}
+
+/* Fills one table of a session handed over, checking every block kvcd names. */
+static int import_table(struct kvc_client *c, struct table *t, const uint64_t *blocks, size_t n, uint64_t block_bytes,
+                        uint32_t max_blocks) {
+        if (n > max_blocks)
+                return set_error(c, -EPROTO, "kvcd handed over %zu blocks for a layer of at most %u", n, max_blocks);
+        for (size_t b = 0; b < n; b++) {
+                int r = check_region(c, blocks[b], block_bytes);
+                if (r < 0)
+                        return r;
+                t->offs[b] = blocks[b];
+                t->ptrs[b] = c->base + blocks[b];
+        }
+        t->n = (uint32_t)n;
+        return 0;
+}
+
+int kvc_session_import(struct kvc_client *c, const struct kvc_handoff *h, struct kvc_session **ret) {
+        Kvc__HandoffImport m = KVC__HANDOFF_IMPORT__INIT;
+        m.session_id = h->session_id;
+        m.ticket.data = (uint8_t *)h->ticket;
+        m.ticket.len = sizeof(h->ticket);
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        env.body_case = KVC__ENVELOPE__BODY_HANDOFF_IMPORT;
+        env.handoff_import = &m;
+        int r = call(c, &env, KVC__ENVELOPE__BODY_HANDOFF_IMPORTED, &in);
+        if (r < 0)
+                return r;
+        const Kvc__HandoffImported *hi = in->handoff_imported;
+        const Kvc__Geometry *g = hi->geometry;
+        struct kvc_geometry geo = { .n_layers = g->n_layers, .n_heads = g->n_heads, .n_kv_heads = g->n_kv_heads,
+                                    .head_dim = g->head_dim, .dtype = dtype_of_wire(g->dtype),
+                                    .max_tokens = g->max_tokens };
+        struct kvc_session *s;
+        if ((r = session_new(c, &geo, hi->opened, &s)) < 0)
+                return r;
+        uint32_t T = s->layout.block_tokens;
+        for (uint32_t l = 0; l < geo.n_layers && r == 0; l++) {
+                const Kvc__ResumeLayer *L = hi->layers[l];
+                struct layer *SL = &s->layers[l];
+                r = import_table(c, &SL->fp, L->fp_blocks, L->n_fp_blocks, s->layout.block_bytes, s->max_layer_blocks);
+                if (r == 0 && L->n_q8_blocks && !s->q8_layout.block_bytes)
+                        r = set_error(c, -EPROTO, "INT8 blocks handed over for a session without INT8");
+                if (r == 0)
+                        r = import_table(c, &SL->q8, L->q8_blocks, L->n_q8_blocks, s->q8_layout.block_bytes,
+                                         s->max_layer_blocks);
+                if (r == 0 && (L->n_tokens > s->max_layer_tokens || L->n_tokens - L->n_q8 > SL->fp.n * T ||
+                               L->n_q8 > SL->q8.n * T))
+                        r = set_error(c, -EPROTO, "layer %u: %u tokens do not fit the blocks handed over", l,
+                                      L->n_tokens);
+                SL->n_tokens = L->n_tokens;
+                SL->n_q8 = L->n_q8;
+        }
+        if (r < 0) { /* the session is ours in kvcd: close it there too */
+                kvc_session_close(s, NULL);
+                return r;
+        }
+        s->last_step = hi->last_step;
+        s->stepped = hi->stepped;
+        s->last_plan_id = hi->last_plan_id;
         *ret = s;
         return 0;
 }
@@ -1164,6 +1279,12 @@ int kvc_session_close(struct kvc_session *s, struct kvc_session_stats *ret_stats
         unlink_session(s);
         session_free(s);
         return r;
+}
+
+uint64_t kvc_session_last_step(const struct kvc_session *s, int *ret_stepped) {
+        if (ret_stepped)
+                *ret_stepped = s->stepped;
+        return s->last_step;
 }
 
 uint64_t kvc_session_id(const struct kvc_session *s) {

@@ -110,6 +110,9 @@ struct kvc_session_config {
         uint64_t min_bytes;
         uint64_t max_bytes;
         int32_t priority;
+        /* the session may be handed to another process (kvc_session_export): its blocks then live
+         * in chunks of its own, at least one chunk (2 MiB by default) */
+        int handoff;
 };
 
 struct kvc_session_stats {
@@ -129,6 +132,23 @@ int kvc_session_close(struct kvc_session *s, struct kvc_session_stats *ret_stats
 uint64_t kvc_session_id(const struct kvc_session *s);
 /* The budget kvcd put in force (tokens per layer). */
 uint32_t kvc_session_budget(const struct kvc_session *s);
+
+/* Hand-off without copying (a prefill worker giving a sequence to a decode worker). The owner
+ * waits for every answer and plan, then trades the session for a one-time ticket: the session is
+ * freed here and must not be used again. Another process imports it with the ticket within 30 s
+ * and carries on where the exporter stopped: same blocks (its chunks are mapped into the
+ * importer), same lengths, same steps; kvcd then asks the exporter to unmap the chunks. Only
+ * sessions opened with kvc_session_config.handoff can be exported (EINVAL otherwise). The ticket
+ * is a secret: whoever has it gets the sequence's cache. */
+struct kvc_handoff {
+        uint64_t session_id;
+        uint8_t ticket[16];
+};
+int kvc_session_export(struct kvc_session *s, struct kvc_handoff *ret);
+int kvc_session_import(struct kvc_client *c, const struct kvc_handoff *h, struct kvc_session **ret);
+/* The last step the session took (for an importer: where the exporter stopped), and whether it
+ * took any. */
+uint64_t kvc_session_last_step(const struct kvc_session *s, int *ret_stepped);
 
 /* Makes room for n_tokens tokens in every layer (a prompt). -ENOSPC beyond the policy's limit or
  * the pool's capacity. kvc_append() reserves one more token by itself when it must. */

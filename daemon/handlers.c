@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
@@ -281,6 +282,11 @@ static int handle_status(struct request *rq) {
         return 0;
 }
 
+static int by_session_id(const void *a, const void *b) {
+        uint64_t x = (*(Kvc__SessionInfo *const *)a)->session_id, y = (*(Kvc__SessionInfo *const *)b)->session_id;
+        return x < y ? -1 : x > y;
+}
+
 static int handle_list_sessions(struct request *rq) {
         struct kvcd *d = rq->d;
         Kvc__SessionList *l = wire_arena_alloc(d->out, sizeof(*l));
@@ -290,37 +296,37 @@ static int handle_list_sessions(struct request *rq) {
         kvc__session_list__init(l);
         l->sessions = v;
         uint64_t now = now_usec();
-        for (uint32_t c = 0; c < d->n_clients; c++) {
-                for (struct session *s = d->clients[c]->sessions; s; s = s->next) {
-                        Kvc__SessionInfo *i = wire_arena_alloc(d->out, sizeof(*i));
-                        if (!i)
-                                return -ENOMEM;
-                        kvc__session_info__init(i);
-                        i->session_id = s->id;
-                        i->pid = (uint32_t)s->owner->pid;
-                        i->uid = s->owner->uid;
-                        i->tenant = s->tenant;
-                        i->policy = s->policy_name;
-                        i->budget_tokens = s->budget_tokens;
-                        i->tokens = session_tokens(s);
-                        i->blocks = session_blocks(s);
-                        i->bytes = session_bytes(s);
-                        i->confidence = s->confidence;
-                        i->steps = s->stats.steps;
-                        i->plans = s->stats.plans;
-                        i->age_usec = now - s->opened_usec;
-                        i->peak_tokens = s->stats.peak_tokens;
-                        i->n_layers = s->n_layers;
-                        i->client_name = s->owner->name;
-                        i->min_bytes = s->min_bytes;
-                        i->max_bytes = budget_max(d, s);
-                        i->cap_bytes = s->cap_bytes;
-                        i->priority = s->priority;
-                        for (uint32_t layer = 0; layer < s->n_layers; layer++)
-                                i->int8_bytes += (uint64_t)s->layers[layer].q8.n * s->q8_layout.block_bytes;
-                        l->sessions[l->n_sessions++] = i;
-                }
+        struct session *s;
+        for (uint32_t it = 0; (s = idmap_next(&d->sessions, &it));) { /* parked and orphaned ones too */
+                Kvc__SessionInfo *i = wire_arena_alloc(d->out, sizeof(*i));
+                if (!i)
+                        return -ENOMEM;
+                kvc__session_info__init(i);
+                i->session_id = s->id;
+                i->pid = (uint32_t)s->owner->pid;
+                i->uid = s->owner->uid;
+                i->tenant = s->tenant;
+                i->policy = s->policy_name;
+                i->budget_tokens = s->budget_tokens;
+                i->tokens = session_tokens(s);
+                i->blocks = session_blocks(s);
+                i->bytes = session_bytes(s);
+                i->confidence = s->confidence;
+                i->steps = s->stats.steps;
+                i->plans = s->stats.plans;
+                i->age_usec = now - s->opened_usec;
+                i->peak_tokens = s->stats.peak_tokens;
+                i->n_layers = s->n_layers;
+                i->client_name = s->owner->name;
+                i->min_bytes = s->min_bytes;
+                i->max_bytes = budget_max(d, s);
+                i->cap_bytes = s->cap_bytes;
+                i->priority = s->priority;
+                for (uint32_t layer = 0; layer < s->n_layers; layer++)
+                        i->int8_bytes += (uint64_t)s->layers[layer].q8.n * s->q8_layout.block_bytes;
+                l->sessions[l->n_sessions++] = i;
         }
+        qsort(l->sessions, l->n_sessions, sizeof(*l->sessions), by_session_id);
         rq->reply.body_case = KVC__ENVELOPE__BODY_SESSION_LIST;
         rq->reply.session_list = l;
         return 0;
@@ -338,6 +344,70 @@ static int handle_resume(struct request *rq) {
         m->session_id = rq->env->resume->session_id;
         rq->reply.body_case = KVC__ENVELOPE__BODY_RESUMED;
         rq->reply.resumed = m;
+        return 0;
+}
+
+static int handle_handoff_export(struct request *rq) {
+        struct kvcd *d = rq->d;
+        Kvc__HandoffTicket *t = wire_arena_alloc(d->out, sizeof(*t));
+        uint8_t *ticket = wire_arena_alloc(d->out, WIRE_TOKEN_BYTES);
+        if (!t || !ticket)
+                return -ENOMEM;
+        int r = handoff_export(d, rq->client, rq->env->handoff_export, ticket, rq->why, sizeof(rq->why));
+        if (r < 0)
+                return r;
+        kvc__handoff_ticket__init(t);
+        t->session_id = rq->env->handoff_export->session_id;
+        t->ticket.data = ticket;
+        t->ticket.len = WIRE_TOKEN_BYTES;
+        rq->reply.body_case = KVC__ENVELOPE__BODY_HANDOFF_TICKET;
+        rq->reply.handoff_ticket = t;
+        return 0;
+}
+
+static int handle_handoff_import(struct request *rq) {
+        struct kvcd *d = rq->d;
+        struct session *s;
+        /* the reply's room first: once imported, the session is the importer's */
+        Kvc__HandoffImported *m = wire_arena_alloc(d->out, sizeof(*m));
+        Kvc__Geometry *g = wire_arena_alloc(d->out, sizeof(*g));
+        Kvc__ResumeLayer *layers = wire_arena_alloc(d->out, WIRE_MAX_LAYERS * sizeof(*layers));
+        Kvc__ResumeLayer **lp = wire_arena_alloc(d->out, WIRE_MAX_LAYERS * sizeof(*lp));
+        if (!m || !g || !layers || !lp)
+                return -ENOMEM;
+        int r = handoff_import(d, rq->client, rq->env->handoff_import, &s, rq->why, sizeof(rq->why));
+        if (r < 0)
+                return r;
+        kvc__handoff_imported__init(m);
+        if (!(m->opened = opened_reply(d, s)))
+                return -ENOMEM; /* not with a reply arena sized for the largest reply */
+        kvc__geometry__init(g);
+        g->n_layers = s->n_layers;
+        g->n_heads = s->n_heads;
+        g->n_kv_heads = s->n_kv_heads;
+        g->head_dim = s->head_dim;
+        g->dtype = s->dtype;
+        g->max_tokens = s->max_tokens;
+        m->geometry = g;
+        for (uint32_t l = 0; l < s->n_layers; l++) {
+                const struct session_layer *L = &s->layers[l];
+                kvc__resume_layer__init(&layers[l]);
+                layers[l].n_tokens = L->n_tokens;
+                layers[l].n_q8 = L->n_q8;
+                layers[l].n_fp_blocks = L->fp.n;
+                layers[l].fp_blocks = L->fp.blocks;
+                layers[l].n_q8_blocks = L->q8.n;
+                layers[l].q8_blocks = L->q8.blocks;
+                lp[l] = &layers[l];
+        }
+        m->n_layers = s->n_layers;
+        m->layers = lp;
+        m->last_step = s->last_step;
+        m->stepped = s->stepped;
+        m->last_plan_id = s->next_plan_id;
+        m->prompt_tokens = s->prompt_tokens;
+        rq->reply.body_case = KVC__ENVELOPE__BODY_HANDOFF_IMPORTED;
+        rq->reply.handoff_imported = m;
         return 0;
 }
 
@@ -378,6 +448,8 @@ static const struct {
         { KVC__ENVELOPE__BODY_PLAN_APPLIED, CHANNEL_CLIENT, true, handle_plan_applied },
         { KVC__ENVELOPE__BODY_CLOSE_SESSION, CHANNEL_CLIENT, true, handle_close_session },
         { KVC__ENVELOPE__BODY_RESUME, CHANNEL_CLIENT, true, handle_resume },
+        { KVC__ENVELOPE__BODY_HANDOFF_EXPORT, CHANNEL_CLIENT, true, handle_handoff_export },
+        { KVC__ENVELOPE__BODY_HANDOFF_IMPORT, CHANNEL_CLIENT, true, handle_handoff_import },
         { KVC__ENVELOPE__BODY_STATUS_REQUEST, CHANNEL_ADMIN, false, handle_status },
         { KVC__ENVELOPE__BODY_LIST_SESSIONS, CHANNEL_ADMIN, false, handle_list_sessions },
         { KVC__ENVELOPE__BODY_EVICT, CHANNEL_ADMIN, false, handle_evict },

@@ -106,6 +106,7 @@ struct session {
         struct session *next, *prev; /* in owner->sessions */
 
         uint32_t n_layers, n_heads, n_kv_heads, head_dim, max_tokens;
+        Kvc__Dtype dtype;
         struct block_layout layout;    /* full-precision blocks */
         struct block_layout q8_layout; /* INT8 blocks, when int8 */
         bool int8;                     /* the client stores INT8 and the policy may ask for it */
@@ -207,6 +208,7 @@ struct kvcd {
         bool refusal_own;    /* ... and it was the session's own cap */
         struct restart *restart; /* the fd store and the state record (restart.c) */
         struct client *orphans;  /* clients from before a restart, until they resume (list via orphan_next) */
+        struct client *handoffs; /* parking clients of exported sessions, until imported (handoff.c) */
 
         struct plan_scratch scratch;
         struct wire_arena *in;  /* the request being handled */
@@ -272,6 +274,8 @@ void session_close(struct kvcd *d, struct session *s);
 int session_restore(struct kvcd *d, struct client *orphan, const Kvc__OpenSession *m, uint64_t id,
                     const uint8_t *token, uint64_t plan_offset, uint32_t plan_units, struct session **ret, char *why,
                     size_t why_len);
+/* The session changes hands (a restart's Resume, a hand-off): from its owner's list to to's. */
+void session_move(struct session *s, struct client *to);
 /* The session id names, if it is c's: -ENOENT unknown, -EPERM another client's. */
 int session_lookup(struct kvcd *d, struct client *c, uint64_t id, struct session **ret);
 /* Grows every layer to room for n_tokens, all or nothing; the new blocks go into g. */
@@ -319,6 +323,18 @@ void restart_tick(struct kvcd *d, uint64_t now);
 bool restart_managed(const struct kvcd *d);
 /* A clean stop: nothing is restored next time. */
 void restart_end(struct kvcd *d);
+
+/* handoff.c: sessions handed from one client process to another */
+/* The owner gives the session up for an import with the ticket (written to ticket). */
+int handoff_export(struct kvcd *d, struct client *c, const Kvc__HandoffExport *m, uint8_t ticket[WIRE_TOKEN_BYTES],
+                   char *why, size_t why_len);
+/* c takes the session: its chunk fds are sent to c; the caller answers with its tables. */
+int handoff_import(struct kvcd *d, struct client *c, const Kvc__HandoffImport *m, struct session **ret, char *why,
+                   size_t why_len);
+/* Exports nobody imported in time are closed; call every loop round. */
+void handoff_tick(struct kvcd *d, uint64_t now);
+/* At stop: every export is closed. */
+void handoff_end(struct kvcd *d);
 
 /* server.c */
 int server_start(struct kvcd *d);

@@ -422,21 +422,7 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
                 o->id = c->id; /* its remaining sessions' blocks are claimed under the new id too */
                 o->adopted_from = c->id;
         }
-        /* move the session to c, then claim its blocks */
-        if (s->prev)
-                s->prev->next = s->next;
-        else
-                o->sessions = s->next;
-        if (s->next)
-                s->next->prev = s->prev;
-        o->n_sessions--;
-        s->owner = c;
-        s->prev = NULL;
-        s->next = c->sessions;
-        if (c->sessions)
-                c->sessions->prev = s;
-        c->sessions = s;
-        c->n_sessions++;
+        session_move(s, c); /* then claim its blocks */
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 const Kvc__ResumeLayer *L = m->layers[l];
                 struct session_layer *SL = &s->layers[l];

@@ -358,6 +358,7 @@ int server_run(struct kvcd *d) {
                 uint64_t now = now_usec();
                 admin_tick(d, now);
                 restart_tick(d, now);
+                handoff_tick(d, now);
                 handlers_retry_waits(d, now);
                 if (d->stop_deadline_usec && (d->sessions.n == 0 || now >= d->stop_deadline_usec)) {
                         if (d->sessions.n)
@@ -377,6 +378,7 @@ void server_stop(struct kvcd *d) {
         http_stop(d);
         while (d->n_clients)
                 client_destroy(d, d->clients[d->n_clients - 1], false);
+        handoff_end(d);
         if (d->pool)
                 restart_end(d);
         events_close(d);

@@ -217,6 +217,7 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
         s->n_kv_heads = g->n_kv_heads;
         s->head_dim = g->head_dim;
         s->max_tokens = g->max_tokens;
+        s->dtype = g->dtype;
         snprintf(s->tenant, sizeof(s->tenant), "%s", m->tenant && *m->tenant ? m->tenant : "default");
         snprintf(s->policy_name, sizeof(s->policy_name), "%s", m->policy);
         s->opened_usec = now_usec();
@@ -473,6 +474,24 @@ void session_close(struct kvcd *d, struct session *s) {
                 s->next->prev = s->prev;
         s->owner->n_sessions--;
         session_free(s);
+}
+
+void session_move(struct session *s, struct client *to) {
+        struct client *from = s->owner;
+        if (s->prev)
+                s->prev->next = s->next;
+        else
+                from->sessions = s->next;
+        if (s->next)
+                s->next->prev = s->prev;
+        from->n_sessions--;
+        s->owner = to;
+        s->prev = NULL;
+        s->next = to->sessions;
+        if (to->sessions)
+                to->sessions->prev = s;
+        to->sessions = s;
+        to->n_sessions++;
 }
 
 int session_lookup(struct kvcd *d, struct client *c, uint64_t id, struct session **ret) {

@@ -468,7 +468,10 @@ static int v_resumed(const Kvc__Envelope *env, char *why, size_t why_len) {
 }
 
 static int v_handoff_export(const Kvc__Envelope *env, char *why, size_t why_len) {
-        return v_session_id(env->handoff_export->session_id, why, why_len);
+        const Kvc__HandoffExport *m = env->handoff_export;
+        if (m->n_layer_tokens == 0 || m->n_layer_tokens > WIRE_MAX_LAYERS)
+                return BAD("hand-off: %zu layer lengths", m->n_layer_tokens);
+        return v_session_id(m->session_id, why, why_len);
 }
 
 static int v_ticket(uint64_t session_id, ProtobufCBinaryData ticket, char *why, size_t why_len) {
