@@ -13,13 +13,14 @@
 #   $(BUILD)/bench/bench-select     plan building: radix select vs qsort vs torch.topk
 #   $(BUILD)/bench/bench-compact    plan application (compact_layer) vs memcpy
 #   $(BUILD)/bench/bench-footprint  kvcd's RSS: idle, per session, steady state
+#   $(BUILD)/bench/bench-attn       libkvc's attention kernel vs kvc-run --local's (item 5's why)
 
 LOAD_ARGS ?= -p 16 -S 16 -t 20
 BENCH_DIR := $(BUILD)/bench
 BENCH_COMMON := $(call obj,bench/common.c)
 POLICY_OBJ := $(filter $(BUILD)/obj/daemon/policy/%,$(DAEMON_OBJ))
 BENCH_PROGRAMS := $(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-select $(BENCH_DIR)/bench-compact \
-	$(BENCH_DIR)/bench-footprint
+	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn
 
 .PHONY: load bench bench-programs
 all: $(BUILD)/bin/kvc-load
@@ -40,6 +41,10 @@ $(BENCH_DIR)/bench-select: $(call obj,bench/bench-select.c) $(BENCH_COMMON) $(PO
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BENCH_DIR)/bench-compact: $(call obj,bench/bench-compact.c) $(BENCH_COMMON) $(KERNEL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BENCH_DIR)/bench-attn: $(call obj,bench/bench-attn.c) $(BENCH_COMMON) $(KERNEL_OBJ) $(MODEL_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 

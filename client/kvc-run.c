@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +42,8 @@ struct run_opts {
         int32_t priority;
         int export_at;            /* hand the session off after this many positions */
         bool import;              /* take a session handed off */
+        bool share;               /* share the prompt's prefix with other sessions of this model */
+        int stop_at;              /* SIGSTOP itself after this many positions (tests, debugging) */
         const char *handoff_file; /* where the ticket and the place in the sequence go */
 };
 
@@ -65,6 +68,9 @@ static void usage(FILE *f) {
                    "                      sequence written to --handoff-file) and stop; greedy only\n"
                    "  --import            carry on a session handed off (read from --handoff-file)\n"
                    "  --handoff-file FILE the hand-off's ticket and place in the sequence\n"
+                   "  --share             share the prompt's prefix: attach what another run of this model\n"
+                   "                      published (nothing recomputed), publish the rest\n"
+                   "  --stop-at N         stop (SIGSTOP) after N positions, until continued (for tests)\n"
                    "  --dtype f32|f16|bf16  storage type of keys and values (default f32)\n"
                    "  --plan-lag N        steps the runner may run ahead of kvcd (default 0: deterministic)\n"
                    "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
@@ -88,7 +94,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 { "min-bytes", required_argument, NULL, 'A' }, { "max-bytes", required_argument, NULL, 'B' },
                 { "priority", required_argument, NULL, 'R' },
                 { "export-at", required_argument, NULL, 'X' }, { "import", no_argument, NULL, 'I' },
-                { "handoff-file", required_argument, NULL, 'H' },
+                { "handoff-file", required_argument, NULL, 'H' }, { "share", no_argument, NULL, 'Z' },
+                { "stop-at", required_argument, NULL, 'Y' },
                 { "version", no_argument, NULL, 'V' },        {},
         };
         int c;
@@ -130,6 +137,12 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                                 return -EINVAL;
                         break;
                 case 'I': o->import = true; break;
+                case 'Z': o->share = true; break;
+                case 'Y':
+                        o->stop_at = (int)strtol(optarg, &end, 10);
+                        if (*end || o->stop_at <= 0)
+                                return -EINVAL;
+                        break;
                 case 'H': o->handoff_file = optarg; break;
                 case 'A':
                 case 'B':
@@ -177,7 +190,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 }
         }
         if ((o->export_at || o->import) && (!o->handoff_file || o->local || o->temperature != 0 ||
-                                            (o->export_at && o->import)))
+                                            (o->export_at && o->import) || o->share))
                 return -EINVAL; /* a hand-off needs the file, kvcd, and greedy decoding */
         return optind < argc ? -EINVAL : 0;
 }
@@ -227,6 +240,7 @@ struct runner {
         size_t text_len, text_cap;
         int *prompt; /* the prompt's tokens, BOS first */
         int n_prompt;
+        char model_id[40]; /* names the weights, for shared prefixes */
 };
 
 static void fail(struct runner *r, const char *what, int err) {
@@ -277,6 +291,8 @@ static int open_session(struct runner *r) {
                 .n_params = r->o.n_params,
                 .tenant = r->o.tenant,
                 .handoff = r->o.export_at > 0,
+                .share_prefix = r->o.share,
+                .model_id = r->model_id,
                 .min_bytes = r->o.min_bytes,
                 .max_bytes = r->o.max_bytes,
                 .priority = r->o.priority,
@@ -308,6 +324,28 @@ static int encode_prompt(struct runner *r) {
                 return e;
         }
         r->n_prompt = (int)n;
+        return 0;
+}
+
+/* The weights' name for shared prefixes: FNV-1a 64 of the checkpoint's size and first 4 MiB. */
+static int model_id_of(const char *path, char *out, size_t len) {
+        FILE *f = fopen(path, "rb");
+        if (!f)
+                return -errno;
+        uint64_t h = 0xcbf29ce484222325ull, size = 0;
+        unsigned char buf[65536];
+        size_t n;
+        while (size < (4u << 20) && (n = fread(buf, 1, sizeof(buf), f)) > 0) {
+                for (size_t i = 0; i < n; i++)
+                        h = (h ^ buf[i]) * 0x100000001b3ull;
+                size += n;
+        }
+        if (fseek(f, 0, SEEK_END) == 0)
+                size = (uint64_t)ftell(f);
+        fclose(f);
+        for (int k = 0; k < 8; k++)
+                h = (h ^ (uint8_t)(size >> (8 * k))) * 0x100000001b3ull;
+        snprintf(out, len, "fnv1a64:%016llx", (unsigned long long)h);
         return 0;
 }
 
@@ -372,6 +410,16 @@ static int generate(struct runner *r, int *ret_steps) {
         int token = prompt[0], pos = 0;
         if (r->o.import && (e = take_over(r, &pos, &token)) < 0)
                 return e;
+        /* a shared prefix attached: its tokens are in the cache already; only their text is printed */
+        uint32_t shared = r->session && !r->o.import ? kvc_session_shared_tokens(r->session) : 0;
+        for (; pos < (int)shared && pos < n_prompt - 1; pos++) {
+                size_t len = 1;
+                if (tokenizer_piece_safe(r->tok, prompt[pos], prompt[pos + 1], piece, sizeof(piece), &len) < 0)
+                        len = 0;
+                if ((e = emit(r, piece, len)) < 0)
+                        return e;
+                token = prompt[pos + 1];
+        }
         const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvcd_cache_ops;
         void *ctx = r->o.local ? (void *)r->plain : (void *)r->session;
 
@@ -400,6 +448,10 @@ static int generate(struct runner *r, int *ret_steps) {
                         }
                 }
                 pos++;
+                if (r->o.stop_at == pos) {
+                        fflush(stdout);
+                        raise(SIGSTOP); /* whoever started us continues us (SIGCONT) */
+                }
                 if (r->o.trace && pos % r->o.trace == 0)
                         fprintf(stderr, "step %4d  cache %4u tokens/layer  confidence %.3f\n", pos,
                                 r->o.local ? (unsigned)pos : kvc_layer_tokens(r->session, 0),
@@ -448,6 +500,10 @@ int main(int argc, char **argv) {
         if ((e = sampler_new(mc->vocab_size, r.o.temperature, r.o.seed, &r.sampler)) < 0 ||
             (e = encode_prompt(&r)) < 0)
                 goto out;
+        if (r.o.share && (e = model_id_of(r.o.model, r.model_id, sizeof(r.model_id))) < 0) {
+                fprintf(stderr, "kvc-run: %s: %s\n", r.o.model, strerror(-e));
+                goto out;
+        }
         if (r.o.local)
                 e = plain_cache_new(mc, mc->seq_len, &r.plain);
         else

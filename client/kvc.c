@@ -48,6 +48,8 @@
 
 #define KVC_DEFAULT_TIMEOUT_MS 10000
 #define KVC_MAX_PENDING        64u /* StepBatches in flight */
+#define MAPPED_RW              1
+#define MAPPED_RO              2
 
 /* One class of a layer's blocks (full precision or INT8), in slot order. */
 struct table {
@@ -86,6 +88,10 @@ struct kvc_session {
         bool stepped;
         uint64_t last_plan_id;
         int closed_by_kvcd; /* the errno kvcd closed the session with (an operator's evict), or 0 */
+        uint32_t n_shared;  /* slots [0, n_shared) of every layer are a shared prefix */
+        uint8_t *mask;      /* [layer][kv head][mask_stride]: the shared slots this session evicted */
+        uint64_t mask_offset;
+        uint32_t mask_stride;
         struct kvc_session_stats stats;
 };
 
@@ -124,7 +130,8 @@ struct kvc_client {
         uint32_t n_chunks;
         uint32_t block_tokens;
         uint8_t *base;   /* the pool's range: host memory, or a device pointer when dev */
-        uint8_t *mapped; /* per chunk: 0, or 1 when mapped */
+        uint8_t *mapped; /* per chunk: 0, MAPPED_RW or MAPPED_RO */
+        uint32_t *mapped_gen; /* per chunk: the generation mapped (fdwire.h) */
         struct cuda_driver drv; /* loaded for a device pool */
         struct devpool *dev;    /* a device pool; NULL: host memory */
         uint8_t device_uuid[16];
@@ -312,6 +319,13 @@ static int map_chunk(struct kvc_client *c, const struct fdwire_msg *m, int fd) {
                 close(fd);
                 return 0;
         }
+        /* the same memory again: a read-only record never takes write access away (a shared
+         * prefix's chunk, when we also publish into it) */
+        if (!c->dev && c->mapped[m->chunk_idx] && c->mapped_gen[m->chunk_idx] == m->generation &&
+            (read_only || c->mapped[m->chunk_idx] == MAPPED_RW)) {
+                close(fd);
+                return 0;
+        }
         if (c->dev) {
                 char why[256];
                 int r = devpool_map(c->dev, m->chunk_idx, fd, read_only, why, sizeof(why));
@@ -330,7 +344,8 @@ static int map_chunk(struct kvc_client *c, const struct fdwire_msg *m, int fd) {
                 /* a child forked without exec must not keep the pool: it would outlive our death */
                 madvise(p, c->chunk_bytes, MADV_DONTFORK);
         }
-        c->mapped[m->chunk_idx] = 1;
+        c->mapped[m->chunk_idx] = read_only ? MAPPED_RO : MAPPED_RW;
+        c->mapped_gen[m->chunk_idx] = m->generation;
         return 0;
 }
 
@@ -463,10 +478,15 @@ static int apply_grant(struct kvc_client *c, const Kvc__Grant *g) {
 }
 
 /* The full-precision part of a layer, for the kernels that know one dtype. */
+static const uint8_t *mask_of(const struct kvc_session *s, uint32_t l) {
+        return s->mask ? s->mask + (size_t)l * s->g.n_kv_heads * s->mask_stride : NULL;
+}
+
 static struct block_layer layer_of(const struct kvc_session *s, uint32_t l) {
         const struct layer *L = &s->layers[l];
         return (struct block_layer){ .layout = &s->layout, .blocks = L->fp.ptrs, .n_blocks = L->fp.n,
-                                     .n_tokens = L->n_tokens - L->n_q8 };
+                                     .n_tokens = L->n_tokens - L->n_q8, .n_shared = s->n_shared,
+                                     .shared_mask = mask_of(s, l), .mask_stride = s->mask_stride };
 }
 
 static struct mixed_layer mixed_of(const struct kvc_session *s, uint32_t l) {
@@ -478,7 +498,10 @@ static struct mixed_layer mixed_of(const struct kvc_session *s, uint32_t l) {
                                      .q8_blocks = L->q8.ptrs,
                                      .n_q8_blocks = L->q8.n,
                                      .n_q8 = L->n_q8,
-                                     .n_tokens = L->n_tokens };
+                                     .n_tokens = L->n_tokens,
+                                     .n_shared = s->n_shared,
+                                     .shared_mask = mask_of(s, l),
+                                     .mask_stride = s->mask_stride };
 }
 
 /* released[0][l] full-precision and released[1][l] INT8 blocks of layer l were given back: they
@@ -580,6 +603,20 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                                           (unsigned long long)p->plan_id, lp->layer);
                                 break;
                         }
+                        /* a shared prefix stays where it is: the keep-set starts with it, whole */
+                        for (uint32_t j = 0; j < lp->shared_tokens && status == 0; j++)
+                                if (keep[(uint64_t)h * lp->keep_count + j] != j) {
+                                        status = EPROTO;
+                                        set_error(c, -EPROTO, "plan %llu: layer %u moves its shared prefix",
+                                                  (unsigned long long)p->plan_id, lp->layer);
+                                }
+                }
+                if (status == 0 && lp->shared_tokens &&
+                    (lp->shared_tokens != s->n_shared || lp->keep_count < lp->shared_tokens || lp->q8_tokens ||
+                     lp->summary_slot || L->n_q8 || !s->mask || lp->shared_tokens / T > L->fp.n)) {
+                        status = EPROTO;
+                        set_error(c, -EPROTO, "plan %llu: layer %u's shared prefix of %u does not match ours (%u)",
+                                  (unsigned long long)p->plan_id, lp->layer, lp->shared_tokens, s->n_shared);
                 }
                 used += n;
         }
@@ -616,6 +653,21 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                         kvc_layer_view(s, lp->layer, &job.view);
                         r = c->compactor(c->compactor_ctx, s, &job);
                         new_len = job.new_tokens;
+                } else if (lp->shared_tokens) {
+                        /* the private part compacts on its own; the shared prefix only gets masks */
+                        uint32_t S = lp->shared_tokens, kp = lp->keep_count - S, H = s->g.n_kv_heads;
+                        uint32_t *keep = s->plan_copy + used, private_len = 0;
+                        for (uint32_t h = 0; h < (lp->per_head ? H : 1u); h++)
+                                for (uint32_t j = 0; j < kp; j++)
+                                        keep[(uint64_t)h * kp + j] = keep[(uint64_t)h * lp->keep_count + S + j] - S;
+                        struct block_layer bl = { .layout = &s->layout, .blocks = L->fp.ptrs + S / T,
+                                                  .n_blocks = L->fp.n - S / T, .n_tokens = L->n_tokens - S };
+                        r = compact_layer(&bl, keep, kp, lp->per_head, lp->base_tokens - S, &private_len);
+                        new_len = S + private_len;
+                        uint64_t at = (uint64_t)lp->layer * H * s->mask_stride;
+                        if (r == 0)
+                                r = pool_copy_out(c, s->plan_offset + s->mask_offset + at, s->mask + at,
+                                                  (size_t)H * s->mask_stride);
                 } else if (L->n_q8 == 0 && lp->q8_tokens == 0) {
                         struct block_layer bl = layer_of(s, lp->layer);
                         r = lp->summary_slot ? summarize_evicted(&bl, s->plan_copy + used, lp->keep_count, lp->base_tokens,
@@ -667,6 +719,13 @@ static int dispatch(struct kvc_client *c, const Kvc__Envelope *env) {
                 }
                 for (size_t i = 0; i < pb->n_grants && r == 0; i++)
                         r = apply_grant(c, pb->grants[i]);
+                for (size_t i = 0; i < pb->n_shared; i++) { /* published: never written again */
+                        struct kvc_session *s = find_session(c, pb->shared[i]->session_id);
+                        uint32_t S = pb->shared[i]->shared_tokens;
+                        if (s && S >= s->n_shared && (uint64_t)s->mask_stride * 8 >= S &&
+                            S / s->layout.block_tokens <= s->layers[0].fp.n)
+                                s->n_shared = S;
+                }
                 for (size_t i = 0; i < pb->n_plans; i++) {
                         int q = apply_plan(c, pb->plans[i]);
                         if (q < 0 && r == 0)
@@ -833,7 +892,8 @@ int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
         c->n_chunks = (uint32_t)(w->pool_bytes / w->chunk_bytes);
         c->block_tokens = w->block_tokens;
         c->mapped = calloc(c->n_chunks, 1);
-        if (!c->mapped) {
+        c->mapped_gen = calloc(c->n_chunks, sizeof(*c->mapped_gen));
+        if (!c->mapped || !c->mapped_gen) {
                 kvc_disconnect(c);
                 return -ENOMEM;
         }
@@ -976,6 +1036,7 @@ static struct kvc_session *session_free(struct kvc_session *s) {
                 }
         free(s->layers);
         free(s->plan_copy);
+        free(s->mask);
         free(s->attn_scratch);
         free(s->compact_scratch);
         free(s);
@@ -1014,6 +1075,7 @@ struct kvc_client *kvc_disconnect(struct kvc_client *c) {
         if (c->base != MAP_FAILED)
                 munmap(c->base, c->pool_bytes);
         free(c->mapped);
+        free(c->mapped_gen);
         wire_arena_free(c->arena);
         free(c->sendbuf);
         free(c->queue);
@@ -1079,6 +1141,10 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
                               (enum block_dtype)cfg->geometry.dtype) < 0)
                 return set_error(c, -EINVAL, "geometry has a zero or unknown field");
         os.handoff = cfg->handoff;
+        if (cfg->share_prefix && c->dev)
+                return set_error(c, -EINVAL, "shared prefixes need a host pool");
+        os.share_prefix = cfg->share_prefix;
+        os.model_id = (char *)(cfg->model_id ? cfg->model_id : "");
 
         Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
         env.body_case = KVC__ENVELOPE__BODY_OPEN_SESSION;
@@ -1144,11 +1210,47 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
                 L->q8.ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
                 ok = L->fp.offs && L->fp.ptrs && L->q8.offs && L->q8.ptrs;
         }
+        uint64_t mask_bytes = (uint64_t)geo->n_layers * geo->n_kv_heads * o->mask_stride;
+        if (ok && o->mask_stride) {
+                s->mask = calloc(mask_bytes, 1);
+                s->mask_offset = o->mask_offset;
+                s->mask_stride = o->mask_stride;
+                ok = s->mask != NULL;
+        }
         s->next = c->sessions;
         c->sessions = s;
         if (!ok) {
                 kvc_session_close(s, NULL);
                 return -ENOMEM;
+        }
+        r = 0;
+        if (o->mask_stride && o->plan_bytes && (o->mask_offset > o->plan_bytes || mask_bytes > o->plan_bytes - o->mask_offset))
+                r = set_error(c, -EPROTO, "kvcd's masks lie outside the session's plan buffer");
+        if (r == 0 && o->shared_tokens) { /* a prefix attached: the first blocks of every layer */
+                uint32_t nb = o->shared_tokens / layout.block_tokens;
+                if (o->n_attached != geo->n_layers || nb > s->max_layer_blocks ||
+                    (uint64_t)o->mask_stride * 8 < o->shared_tokens || !s->mask)
+                        r = set_error(c, -EPROTO, "kvcd's shared prefix does not fit the session");
+                for (uint32_t l = 0; r == 0 && l < geo->n_layers; l++) {
+                        const Kvc__LayerBlocks *lb = o->attached[l];
+                        struct layer *L = &s->layers[l];
+                        if (lb->layer != l || lb->n_blocks != nb || lb->q8) {
+                                r = set_error(c, -EPROTO, "kvcd's shared prefix names layer %u wrongly", l);
+                                break;
+                        }
+                        for (uint32_t b = 0; r == 0 && b < nb; b++) {
+                                r = check_region(c, lb->blocks[b], layout.block_bytes);
+                                L->fp.offs[b] = lb->blocks[b];
+                                L->fp.ptrs[b] = c->base + lb->blocks[b];
+                        }
+                        L->fp.n = nb;
+                        L->n_tokens = o->shared_tokens;
+                }
+                s->n_shared = o->shared_tokens;
+        }
+        if (r < 0) {
+                kvc_session_close(s, NULL);
+                return r;
         }
         *ret = s;
         return 0;
@@ -1285,6 +1387,10 @@ uint64_t kvc_session_last_step(const struct kvc_session *s, int *ret_stepped) {
         if (ret_stepped)
                 *ret_stepped = s->stepped;
         return s->last_step;
+}
+
+uint32_t kvc_session_shared_tokens(const struct kvc_session *s) {
+        return s->n_shared;
 }
 
 uint64_t kvc_session_id(const struct kvc_session *s) {
@@ -1616,8 +1722,9 @@ int kvc_fuzz_client_new(const struct kvc_geometry *g, uint32_t max_layer_tokens,
         c->n_chunks = FUZZ_CHUNKS;
         c->block_tokens = 16;
         c->mapped = malloc(FUZZ_CHUNKS);
+        c->mapped_gen = calloc(FUZZ_CHUNKS, sizeof(*c->mapped_gen));
         c->base = mmap(NULL, c->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (!c->mapped || c->base == MAP_FAILED || wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena) < 0)
+        if (!c->mapped || !c->mapped_gen || c->base == MAP_FAILED || wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena) < 0)
                 goto fail;
         memset(c->mapped, 1, FUZZ_CHUNKS); /* every chunk "arrived" */
 

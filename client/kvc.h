@@ -113,6 +113,12 @@ struct kvc_session_config {
         /* the session may be handed to another process (kvc_session_export): its blocks then live
          * in chunks of its own, at least one chunk (2 MiB by default) */
         int handoff;
+        /* shared prefixes: with the prompt's token ids, attach the longest prefix of whole 16-token
+         * prompt blocks another session of the same model_id published (kvc_session_shared_tokens
+         * says how many tokens are already in the cache: the caller computes nothing for them),
+         * and publish this session's own once its prefill has passed them. Host pools only. */
+        int share_prefix;
+        const char *model_id; /* names the weights: sessions share only with the same id */
 };
 
 struct kvc_session_stats {
@@ -163,6 +169,9 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
 int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out);
 
 uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer);
+/* The shared prefix at the front of every layer: tokens already there when the session opened
+ * (attached), or published since; they are never written again. */
+uint32_t kvc_session_shared_tokens(const struct kvc_session *s);
 /* Of those, how many (the oldest) are held in INT8. */
 uint32_t kvc_layer_q8_tokens(const struct kvc_session *s, uint32_t layer);
 

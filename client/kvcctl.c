@@ -197,13 +197,15 @@ static void print_status(const struct ctl *c, const Kvc__Status *s) {
                 printf("{\"version\":\"%s\",\"backend\":\"%s\",\"uptime_usec\":%llu,\"capacity_bytes\":%llu,"
                        "\"used_bytes\":%llu,\"int8_bytes\":%llu,\"chunk_bytes\":%llu,\"chunks_total\":%u,"
                        "\"chunks_in_use\":%u,\"clients\":%u,\"sessions\":%u,\"steps_total\":%llu,\"plans_total\":%llu,"
-                       "\"client_deaths\":%llu,\"errors_total\":%llu,\"draining\":%s}\n",
+                       "\"client_deaths\":%llu,\"errors_total\":%llu,\"draining\":%s,\"shared_bytes\":%llu,"
+                       "\"shared_blocks\":%u}\n",
                        s->version, s->backend, (unsigned long long)s->uptime_usec,
                        (unsigned long long)s->capacity_bytes, (unsigned long long)s->used_bytes,
                        (unsigned long long)s->int8_bytes, (unsigned long long)s->chunk_bytes, s->chunks_total,
                        s->chunks_in_use, s->clients, s->sessions, (unsigned long long)s->steps_total,
                        (unsigned long long)s->plans_total, (unsigned long long)s->client_deaths,
-                       (unsigned long long)s->errors_total, s->draining ? "true" : "false");
+                       (unsigned long long)s->errors_total, s->draining ? "true" : "false",
+                       (unsigned long long)s->shared_bytes, s->shared_blocks);
                 return;
         }
         char a[32], b[32], q[32];
@@ -214,6 +216,9 @@ static void print_status(const struct ctl *c, const Kvc__Status *s) {
                s->capacity_bytes ? 100.0 * (double)s->used_bytes / (double)s->capacity_bytes : 0.0,
                human_bytes(s->int8_bytes, q, sizeof(q)), s->chunks_in_use, s->chunks_total);
         printf("clients   %u\nsessions  %u\n", s->clients, s->sessions);
+        if (s->shared_blocks)
+                printf("shared    %u prompt blocks, %s (counted once)\n", s->shared_blocks,
+                       human_bytes(s->shared_bytes, q, sizeof(q)));
         printf("steps     %llu   plans %llu   client deaths %llu   errors %llu\n", (unsigned long long)s->steps_total,
                (unsigned long long)s->plans_total, (unsigned long long)s->client_deaths,
                (unsigned long long)s->errors_total);

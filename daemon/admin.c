@@ -29,11 +29,16 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
                         for (int q = 0; q < 2; q++) {
                                 const struct block_table *t = q ? &L->q8 : &L->fp;
                                 uint32_t unit = (uint32_t)(q ? s->q8_layout.block_bytes : s->layout.block_bytes);
-                                for (uint32_t b = 0; b < t->n; b++)
-                                        if (pool_owns(d->pool, session_pool_owner(s), t->blocks[b], unit, 1) < 0)
+                                /* shared blocks are the prefix index's (below); prompt blocks it did not
+                                 * get to share are in its prefix domain */
+                                uint32_t first = q ? 0 : s->n_shared_blocks;
+                                for (uint32_t b = first; b < t->n; b++)
+                                        if (pool_owns(d->pool, session_pool_owner(s), t->blocks[b], unit, 1) < 0 &&
+                                            (!s->prefix_domain ||
+                                             pool_owns(d->pool, s->prefix_domain, t->blocks[b], unit, 1) < 0))
                                                 bad++;
-                                bytes += (uint64_t)t->n * unit;
-                                blocks += t->n;
+                                bytes += (uint64_t)(t->n - first) * unit;
+                                blocks += t->n - first;
                         }
                         if (L->n_tokens > L->n_q8 + L->fp.n * s->layout.block_tokens && len + 128 < cap)
                                 len += (size_t)snprintf(report + len, cap - len,
@@ -47,6 +52,10 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
                                                 (unsigned long long)bytes);
                 used += bytes;
         }
+        uint64_t shared = 0;
+        if (prefix_audit(d, &shared) < 0 && len + 128 < cap)
+                len += (size_t)snprintf(report + len, cap - len, "shared prefix blocks not in their domains' chunks\n");
+        used += shared;
         struct pool_stats ps;
         pool_get_stats(d->pool, &ps);
         if (bad && len + 128 < cap)

@@ -74,7 +74,7 @@ static struct tenant *add(struct budget *b, const char *name) {
 }
 
 static void drop_if_unused(struct budget *b, struct tenant *t) {
-        if (t->declared || t->n_sessions)
+        if (t->declared || t->n_sessions || t->shared_bytes)
                 return;
         for (uint32_t i = 0; i < b->n_tenants; i++) {
                 if (b->tenants[i] == t) {
@@ -286,6 +286,15 @@ void budget_charge(struct kvcd *d, struct session *s, int64_t delta) {
         s->ten->used_bytes += (uint64_t)delta;
         s->ten->unmet_bytes += after - before;
         b->unmet_bytes += after - before;
+}
+
+void budget_charge_shared(struct kvcd *d, struct tenant *t, int64_t delta) {
+        if (!t)
+                return;
+        t->used_bytes += (uint64_t)delta;
+        t->shared_bytes += (uint64_t)delta;
+        d->budget.dirty = true;
+        drop_if_unused(&d->budget, t);
 }
 
 static void set_demand(struct kvcd *d, struct session *s, uint64_t bytes) {

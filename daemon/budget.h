@@ -45,6 +45,7 @@ struct tenant {
         uint64_t reserved_bytes; /* sum of its sessions' minimums */
         uint64_t unmet_bytes;    /* sum over its sessions of what their minimums still lack */
         uint64_t demand_bytes;   /* sum of its sessions' demands */
+        uint64_t shared_bytes;   /* shared prefix blocks its sessions published (in used_bytes too) */
         uint32_t n_sessions;
 };
 
@@ -90,6 +91,8 @@ void budget_leave(struct kvcd *d, struct session *s);
 /* Whether the session may take n more bytes now: its cap, its tenant's quota, and the minimums
  * of the others. -ENOSPC with the limit that bit (d->refusal_own set when it was its own cap). */
 int budget_may_grow(struct kvcd *d, const struct session *s, uint64_t n, char *why, size_t why_len);
+/* The tenant's published prefix blocks change by delta (prefix.c): they count in its use. */
+void budget_charge_shared(struct kvcd *d, struct tenant *t, int64_t delta);
 /* The session's bytes change by delta (blocks granted, or freed after PlanApplied). */
 void budget_charge(struct kvcd *d, struct session *s, int64_t delta);
 /* The session demands bytes from now on (clamped to its limits). */

@@ -111,14 +111,19 @@ struct client *client_by_token(struct kvcd *d, const uint8_t *token) {
         return NULL;
 }
 
-int client_send_chunk(struct kvcd *d, struct client *c, uint32_t idx) {
+int client_send_chunk_as(struct kvcd *d, struct client *c, uint32_t idx, bool read_only) {
         struct fdwire_msg m = { .magic = FDWIRE_MAGIC,
                                 .version = FDWIRE_VERSION,
                                 .kind = FDWIRE_CHUNK,
                                 .chunk_idx = idx,
                                 .chunk_bytes = pool_chunk_bytes(d->pool),
-                                .flags = d->backend->device ? FDWIRE_DEVICE_MEM : 0 };
+                                .flags = (d->backend->device ? FDWIRE_DEVICE_MEM : 0) | (read_only ? FDWIRE_READ_ONLY : 0),
+                                .generation = pool_chunk_generation(d->pool, idx) };
         return fdwire_send(c->fd, &m, pool_chunk_fd(d->pool, idx));
+}
+
+int client_send_chunk(struct kvcd *d, struct client *c, uint32_t idx) {
+        return client_send_chunk_as(d, c, idx, false);
 }
 
 int client_send_unmap(struct kvcd *d, struct client *c, uint32_t idx) {

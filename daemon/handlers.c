@@ -86,6 +86,24 @@ static Kvc__SessionOpened *opened_reply(struct kvcd *d, struct session *s) {
         o->max_bytes = budget_max(d, s);
         o->priority = s->priority;
         o->tenant = s->tenant;
+        if (s->n_shared_blocks) { /* the prefix it attached: the first blocks of every layer */
+                Kvc__LayerBlocks **lb = wire_arena_alloc(d->out, s->n_layers * sizeof(*lb));
+                if (!lb)
+                        return NULL;
+                for (uint32_t l = 0; l < s->n_layers; l++) {
+                        if (!(lb[l] = wire_arena_alloc(d->out, sizeof(**lb))))
+                                return NULL;
+                        kvc__layer_blocks__init(lb[l]);
+                        lb[l]->layer = l;
+                        lb[l]->n_blocks = s->n_shared_blocks;
+                        lb[l]->blocks = s->layers[l].fp.blocks;
+                }
+                o->attached = lb;
+                o->n_attached = s->n_layers;
+                o->shared_tokens = s->n_shared_blocks * s->layout.block_tokens;
+        }
+        o->mask_offset = s->mask_offset;
+        o->mask_stride = s->mask_stride;
         return o;
 }
 
@@ -181,12 +199,14 @@ static int handle_step_batch(struct request *rq) {
         Kvc__Plan **plans = wire_arena_alloc(d->out, m->n_steps * sizeof(*plans));
         Kvc__Grant **grants = wire_arena_alloc(d->out, m->n_steps * sizeof(*grants));
         Kvc__Error **errors = wire_arena_alloc(d->out, m->n_steps * sizeof(*errors));
-        if (!pb || !plans || !grants || !errors)
+        Kvc__SessionShared **shared = wire_arena_alloc(d->out, m->n_steps * sizeof(*shared));
+        if (!pb || !plans || !grants || !errors || !shared)
                 return -ENOMEM;
         kvc__plan_batch__init(pb);
         pb->plans = plans;
         pb->grants = grants;
         pb->errors = errors;
+        pb->shared = shared;
 
         for (size_t i = 0; i < m->n_steps; i++) {
                 const Kvc__Step *st = m->steps[i];
@@ -210,6 +230,16 @@ static int handle_step_batch(struct request *rq) {
                         pb->plans[pb->n_plans++] = p;
                 if (g)
                         pb->grants[pb->n_grants++] = g;
+                if (s->just_published) {
+                        Kvc__SessionShared *sh = wire_arena_alloc(d->out, sizeof(*sh));
+                        if (!sh)
+                                return -ENOMEM;
+                        kvc__session_shared__init(sh);
+                        sh->session_id = s->id;
+                        sh->shared_tokens = s->n_shared_blocks * s->layout.block_tokens;
+                        pb->shared[pb->n_shared++] = sh;
+                        s->just_published = false;
+                }
         }
         rq->reply.body_case = KVC__ENVELOPE__BODY_PLAN_BATCH;
         rq->reply.plan_batch = pb;
@@ -277,6 +307,7 @@ static int handle_status(struct request *rq) {
                 for (const struct session *x = d->clients[c]->sessions; x; x = x->next)
                         for (uint32_t l = 0; l < x->n_layers; l++)
                                 s->int8_bytes += (uint64_t)x->layers[l].q8.n * x->q8_layout.block_bytes;
+        prefix_totals(d, &s->shared_blocks, &s->shared_bytes);
         rq->reply.body_case = KVC__ENVELOPE__BODY_STATUS;
         rq->reply.status = s;
         return 0;

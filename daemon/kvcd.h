@@ -19,6 +19,7 @@
 
 #include "block.h"
 #include "budget.h"
+#include "prefix.h"
 #include "idmap.h"
 #include "metrics.h"
 #include "policy/policy.h"
@@ -159,6 +160,19 @@ struct session {
         uint64_t opened_usec;
         int32_t state_slot; /* in the restart record, or -1 */
         uint64_t domain;    /* SESSION_DOMAIN | id when opened for hand-off (chunks of its own), else 0 */
+        /* shared prefix (prefix.c); model_key 0: the session shares nothing */
+        uint64_t model_key;
+        uint32_t share_blocks;     /* prompt blocks it may share: all whole ones but the last token's */
+        uint32_t n_shared_blocks;  /* the first blocks of every layer are shared (attached, published) */
+        struct prefix_block **shared; /* [share_blocks]: the references it holds */
+        uint64_t prefix_domain;    /* PREFIX_DOMAIN | id: where its own prompt blocks are allocated */
+        bool publish_tried;
+        bool just_published;       /* since the last reply: the client is told the new shared length */
+        uint32_t keep_cap;         /* keep-set entries per layer and head in the plan buffer */
+        uint64_t mask_offset;      /* its masks of shared slots, bytes into the plan buffer */
+        uint32_t mask_stride;      /* bytes per layer (and per KV head in the plan buffer) */
+        uint8_t *mask;             /* [n_layers][mask_stride]: shared slots it evicted, as applied */
+        uint8_t *mask_next;        /* the same after the outstanding plan */
         struct handoff_state {
                 uint8_t ticket[WIRE_TOKEN_BYTES];
                 uint64_t from_client; /* the exporter, asked to unmap the chunks at the import */
@@ -175,6 +189,8 @@ struct plan_scratch {
         uint32_t *keep;
         uint32_t *work; /* 6 * cap */
         float *logw_delta;
+        uint32_t *slot_of; /* a shared prefix's view: the slot of each token the policy sees */
+        uint32_t *keep2;   /* the keep-set rewritten for a shared prefix */
         struct policy_target targets[WIRE_MAX_LAYERS];
         bool forced[WIRE_MAX_LAYERS]; /* the arbiter's cap, not the policy, asked for this layer's plan */
 };
@@ -202,6 +218,7 @@ struct kvcd {
         struct idmap sessions;
         uint64_t next_session_id;
         struct budget budget;
+        struct idmap prefixes;   /* published prompt blocks (prefix.c) */
         uint32_t n_waiting;  /* sessions with a request waiting for memory */
         bool freed;          /* memory went back to the pool since the waits were last tried */
         char refusal[256];   /* why the last allocation was refused by a limit */
@@ -239,8 +256,10 @@ uint64_t now_usec(void);
 int client_accept(struct kvcd *d);
 struct client *client_by_rid(struct kvcd *d, const uint8_t *rid, size_t len);
 struct client *client_by_token(struct kvcd *d, const uint8_t *token);
-/* Sends the fd of chunk idx to c. */
+/* Sends the fd of chunk idx to c (read_only: to map without write access; a client that already
+ * maps that memory writable keeps it so). */
 int client_send_chunk(struct kvcd *d, struct client *c, uint32_t idx);
+int client_send_chunk_as(struct kvcd *d, struct client *c, uint32_t idx, bool read_only);
 /* Reads what the client wrote on its side channel (UNMAPPED acknowledgements; the rest is
  * dropped); -ENOTCONN when it hung up. */
 int client_drain(struct kvcd *d, struct client *c);

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 struct pool_chunk {
         struct backend_chunk bc;
@@ -22,6 +24,7 @@ struct pool_chunk {
         uint32_t n_units;
         uint32_t n_used;
         bool reclaiming; /* asked back from its owner (pool_reclaim_pick) */
+        uint32_t generation; /* of the memory it holds now: a new one at every creation */
         uint64_t *bits;
 };
 
@@ -40,6 +43,8 @@ struct pool {
         int64_t regranted; /* the chunk the last pool_alloc took back from being reclaimed, or -1 */
         uint8_t *base;
         struct pool_chunk *chunks;
+        uint32_t generation; /* the last chunk generation given (from a random start: a restarted kvcd's
+                                cannot be mistaken for its predecessor's) */
 };
 
 #define POOL_CHUNK_ALIGN (2ull << 20)
@@ -69,6 +74,8 @@ int pool_new(const struct backend_ops *backend, uint64_t capacity_bytes, uint64_
         p->n_chunks = (uint32_t)n;
         p->base = base;
         p->regranted = -1;
+        if (getrandom(&p->generation, sizeof(p->generation), 0) != sizeof(p->generation))
+                p->generation = (uint32_t)(uintptr_t)base ^ (uint32_t)getpid();
         for (uint32_t i = 0; i < p->n_chunks; i++)
                 p->chunks[i].bc.fd = -1;
         *ret = p;
@@ -185,6 +192,7 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
                         if (r < 0)
                                 return r;
                         c->created = true;
+                        c->generation = ++p->generation;
                         p->chunks_created++;
                         if (p->created)
                                 p->created(p->created_ctx, i, c->bc.fd);
@@ -288,6 +296,14 @@ uint32_t pool_release_owner(struct pool *p, uint64_t owner) {
         return n;
 }
 
+uint64_t pool_owner_units(const struct pool *p, uint64_t owner) {
+        uint64_t n = 0;
+        for (uint32_t i = 0; i < p->n_chunks; i++)
+                if (owner && p->chunks[i].owner == owner)
+                        n += p->chunks[i].n_used;
+        return n;
+}
+
 bool pool_short_of_chunks(const struct pool *p) {
         return p->short_of_chunks;
 }
@@ -371,6 +387,7 @@ int pool_adopt_chunk(struct pool *p, uint32_t idx, int fd, uint64_t owner) {
         if (r < 0)
                 return r;
         c->created = true;
+        c->generation = ++p->generation;
         p->chunks_created++;
         if (owner) {
                 c->owner = owner;
@@ -410,6 +427,10 @@ void pool_transfer_owner(struct pool *p, uint64_t from, uint64_t to) {
 
 uint64_t pool_chunk_owner(const struct pool *p, uint32_t idx) {
         return idx < p->n_chunks ? p->chunks[idx].owner : 0;
+}
+
+uint32_t pool_chunk_generation(const struct pool *p, uint32_t idx) {
+        return idx < p->n_chunks ? p->chunks[idx].generation : 0;
 }
 
 uint32_t pool_n_chunks(const struct pool *p) {

@@ -54,6 +54,8 @@ int pool_release(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_
 
 /* Gives back, scrubbed, every chunk of owner (its process ended). Returns the count. */
 uint32_t pool_release_owner(struct pool *p, uint64_t owner);
+/* Units owner holds, in all its chunks. */
+uint64_t pool_owner_units(const struct pool *p, uint64_t owner);
 
 /* Cooperative shrink (docs/gpu.md). No API lets kvcd take a mapping away from a client, so a chunk
  * is asked back and stays its owner's until the owner says it unmapped it.
@@ -85,6 +87,8 @@ int pool_claim(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_by
 void pool_transfer_owner(struct pool *p, uint64_t from, uint64_t to);
 uint64_t pool_chunk_owner(const struct pool *p, uint32_t idx);
 uint32_t pool_n_chunks(const struct pool *p);
+/* Which memory chunk idx holds now: a new generation at every creation (fdwire CHUNK records). */
+uint32_t pool_chunk_generation(const struct pool *p, uint32_t idx);
 
 /* Undoes the grant of a chunk to owner when its fd could not be delivered (no units in use); a
  * chunk the allocation took back from being reclaimed goes back to being reclaimed. */

@@ -209,7 +209,7 @@ int server_start(struct kvcd *d) {
                           strerror(-r));
                 return r;
         }
-        if ((r = idmap_init(&d->sessions, 64)) < 0 ||
+        if ((r = idmap_init(&d->sessions, 64)) < 0 || (r = prefix_init(d)) < 0 ||
             (r = wire_arena_new(WIRE_REQUEST_MAX_BYTES * 16, &d->in)) < 0 ||
             (r = wire_arena_new(WIRE_REPLY_MAX_BYTES, &d->out)) < 0 || (r = open_signals(d)) < 0)
                 return r;
@@ -379,6 +379,7 @@ void server_stop(struct kvcd *d) {
         while (d->n_clients)
                 client_destroy(d, d->clients[d->n_clients - 1], false);
         handoff_end(d);
+        prefix_done(d);
         if (d->pool)
                 restart_end(d);
         events_close(d);

@@ -46,6 +46,8 @@ void plan_scratch_done(struct plan_scratch *sc) {
         free(sc->keep);
         free(sc->work);
         free(sc->logw_delta);
+        free(sc->slot_of);
+        free(sc->keep2);
         memset(sc, 0, sizeof(*sc));
 }
 
@@ -61,7 +63,10 @@ static int plan_scratch_reserve(struct plan_scratch *sc, size_t entries) {
         n.keep = malloc(entries * sizeof(uint32_t));
         n.work = malloc(6 * entries * sizeof(uint32_t));
         n.logw_delta = malloc(entries * sizeof(float));
-        if (!n.pos || !n.sum || !n.ema || !n.last || !n.logw || !n.keep || !n.work || !n.logw_delta) {
+        n.slot_of = malloc(entries * sizeof(uint32_t));
+        n.keep2 = malloc(entries * sizeof(uint32_t));
+        if (!n.pos || !n.sum || !n.ema || !n.last || !n.logw || !n.keep || !n.work || !n.logw_delta || !n.slot_of ||
+            !n.keep2) {
                 plan_scratch_done(&n);
                 return -ENOMEM;
         }
@@ -106,9 +111,10 @@ static uint32_t unit_of(const struct session *s, bool q8) {
         return (uint32_t)(q8 ? s->q8_layout.block_bytes : s->layout.block_bytes);
 }
 
-/* Allocates n units of one class for the session; a chunk new to the client has its fd sent
- * first. */
-static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, uint64_t *ret_off) {
+/* Allocates n units of one class for the session, in owner's chunks (its client's, its own for a
+ * hand-off, its prefix domain for the prompt blocks it may share); a chunk new to the client has
+ * its fd sent first. */
+static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, bool q8, uint32_t n, uint64_t *ret_off) {
         int64_t new_chunk;
         uint32_t unit = unit_of(s, q8);
         d->refusal[0] = '\0';
@@ -116,16 +122,16 @@ static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, u
         int r = budget_may_grow(d, s, (uint64_t)n * unit, d->refusal, sizeof(d->refusal));
         if (r < 0)
                 return r;
-        r = pool_alloc(d->pool, session_pool_owner(s), unit, n, ret_off, &new_chunk);
+        r = pool_alloc(d->pool, owner, unit, n, ret_off, &new_chunk);
         if (r < 0)
                 return r;
         if (new_chunk >= 0) {
-                restart_record_chunk_owner(d, (uint32_t)new_chunk, session_pool_owner(s));
+                restart_record_chunk_owner(d, (uint32_t)new_chunk, owner);
                 r = client_send_chunk(d, s->owner, (uint32_t)new_chunk);
                 if (r < 0) {
                         log_warning("client %llu: cannot send chunk %lld: %s", (unsigned long long)s->owner->id,
                                     (long long)new_chunk, strerror(-r));
-                        pool_release(d->pool, session_pool_owner(s), *ret_off, unit, n);
+                        pool_release(d->pool, owner, *ret_off, unit, n);
                         pool_disown_chunk(d->pool, (uint32_t)new_chunk);
                         return -EIO;
                 }
@@ -136,9 +142,17 @@ static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, u
         return 0;
 }
 
+static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, uint64_t *ret_off) {
+        return alloc_units_in(d, s, session_pool_owner(s), q8, n, ret_off);
+}
+
 static void free_units(struct kvcd *d, struct session *s, bool q8, uint64_t off, uint32_t n) {
         uint32_t unit = unit_of(s, q8);
-        int r = pool_release(d->pool, session_pool_owner(s), off, unit, n);
+        /* its client's chunks, or (prompt blocks it did not get to share) its prefix domain's */
+        uint64_t owner = pool_chunk_owner(d->pool, (uint32_t)(off / pool_chunk_bytes(d->pool)));
+        if (owner != s->prefix_domain || !owner)
+                owner = session_pool_owner(s);
+        int r = pool_release(d->pool, owner, off, unit, n);
         if (r < 0) /* a bookkeeping bug of ours: say so loudly, keep serving */
                 log_error("session %llu: releasing %u units at %llu failed: %s", (unsigned long long)s->id, n,
                           (unsigned long long)off, strerror(-r));
@@ -184,6 +198,9 @@ static int capacity_error(struct kvcd *d, int r, char *why, size_t why_len, cons
 }
 
 static struct session *session_free(struct session *s) {
+        free(s->shared);
+        free(s->mask);
+        free(s->mask_next);
         if (s->layers)
                 for (uint32_t l = 0; l < s->n_layers; l++) {
                         free(s->layers[l].fp.blocks);
@@ -266,17 +283,41 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
                 session_free(s);
                 return -EINVAL;
         }
-        s->int8 = lim.int8;
+        uint32_t T = s->layout.block_tokens;
+        /* a shared prefix: the prompt's whole blocks but the last token's, for the same model */
+        if (m->share_prefix && m->n_prompt_token_ids > T)
+                s->model_key = prefix_model_key(m->model_id, g->n_layers, g->n_kv_heads, g->head_dim, (int)g->dtype, T);
+        if (s->model_key && m->handoff) {
+                snprintf(why, why_len, "a session cannot both share its prefix and be handed off");
+                session_free(s);
+                return -EINVAL;
+        }
+        if (s->model_key)
+                s->share_blocks = (uint32_t)((m->n_prompt_token_ids - 1) / T);
+        uint32_t shared_max = s->share_blocks * T;
+        /* shared slots are full precision and stay where they are: no INT8, no summary slot */
+        s->int8 = lim.int8 && !s->model_key;
         if (s->int8)
                 block_layout_init(&s->q8_layout, s->layout.block_tokens, g->n_kv_heads, g->head_dim, BLOCK_DTYPE_Q8);
-        uint32_t T = s->layout.block_tokens;
         s->budget_tokens = lim.budget;
         s->max_keep = lim.max_keep;
+        s->keep_cap = lim.max_keep ? lim.max_keep + shared_max : 0;
         s->per_head = lim.per_head;
-        s->summarize = lim.summarize && !lim.per_head && !lim.int8;
+        s->summarize = lim.summarize && !lim.per_head && !lim.int8 && !s->model_key;
         s->prompt_tokens = m->prompt_tokens;
-        s->max_layer_tokens = lim.max_layer_tokens < g->max_tokens ? lim.max_layer_tokens : g->max_tokens;
+        uint64_t max_layer = (uint64_t)lim.max_layer_tokens + shared_max; /* masked shared slots stay */
+        s->max_layer_tokens = max_layer < g->max_tokens ? (uint32_t)max_layer : g->max_tokens;
         s->max_layer_blocks = (s->max_layer_tokens + T - 1) / T;
+        if (s->model_key) {
+                s->mask_stride = (shared_max + 63) / 64 * 8;
+                s->shared = calloc(s->share_blocks ? s->share_blocks : 1, sizeof(*s->shared));
+                s->mask = calloc((size_t)s->n_layers * s->mask_stride + 1, 1);
+                s->mask_next = calloc((size_t)s->n_layers * s->mask_stride + 1, 1);
+                if (!s->shared || !s->mask || !s->mask_next) {
+                        session_free(s);
+                        return -ENOMEM;
+                }
+        }
 
         s->layers = calloc(s->n_layers, sizeof(*s->layers));
         if (!s->layers) {
@@ -317,11 +358,13 @@ static int session_register(struct kvcd *d, struct session *s, uint64_t id) {
 }
 
 /* Blocks of the plan buffer: one keep-set entry (4 bytes) per layer, head and token kept. */
-static uint64_t plan_units_of(const struct session *s) {
+static uint64_t plan_units_of(struct session *s) {
         if (!s->max_keep)
                 return 0;
-        uint64_t entries = (uint64_t)s->n_layers * s->max_keep * (s->per_head ? s->n_kv_heads : 1);
-        return (entries * 4 + s->layout.block_bytes - 1) / s->layout.block_bytes;
+        uint64_t entries = (uint64_t)s->n_layers * s->keep_cap * (s->per_head ? s->n_kv_heads : 1);
+        s->mask_offset = (entries * 4 + 7) / 8 * 8; /* then the masks of shared slots, per layer and head */
+        uint64_t bytes = s->mask_offset + (uint64_t)s->n_layers * s->n_kv_heads * s->mask_stride;
+        return (bytes + s->layout.block_bytes - 1) / s->layout.block_bytes;
 }
 
 /* Whether a request refused for lack of memory is worth waiting for: it was not the session's
@@ -391,8 +434,14 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
         d->next_session_id++;
         if (m->handoff)
                 s->domain = SESSION_DOMAIN | s->id;
+        if (s->model_key)
+                s->prefix_domain = PREFIX_DOMAIN | s->id;
         r = events_session_opened(d, s, m->prompt_token_ids, m->n_prompt_token_ids);
-        if (r == 0 && !s->domain) /* a hand-off session lives in chunks of its own: not kept */
+        if (r == 0)
+                prefix_attach(d, s);
+        /* a hand-off session lives in chunks of its own, a sharing one in others' too: not kept
+         * across a restart */
+        if (r == 0 && !s->domain && !s->model_key)
                 r = restart_record_session(d, s, m);
         if (r == 0)
                 r = alloc_plan_buffer(d, s, why, why_len);
@@ -455,7 +504,7 @@ void session_close(struct kvcd *d, struct session *s) {
         events_session_closed(d, s);
         restart_forget_session(d, s);
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                for (uint32_t b = 0; b < s->layers[l].fp.n; b++)
+                for (uint32_t b = s->n_shared_blocks; b < s->layers[l].fp.n; b++) /* shared ones: below */
                         free_units(d, s, false, s->layers[l].fp.blocks[b], 1);
                 for (uint32_t b = 0; b < s->layers[l].q8.n; b++)
                         free_units(d, s, true, s->layers[l].q8.blocks[b], 1);
@@ -464,6 +513,7 @@ void session_close(struct kvcd *d, struct session *s) {
                 free_units(d, s, false, s->plan_offset, s->plan_units);
         if (s->domain) /* its own chunks go back, scrubbed */
                 pool_release_owner(d->pool, s->domain);
+        prefix_release(d, s); /* its references to shared blocks, and its prefix domain if empty */
         budget_leave(d, s);
         idmap_del(&d->sessions, s->id);
         if (s->prev)
@@ -513,7 +563,9 @@ static int grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, ui
                 return -ENOSPC;
         while (t->n < n_blocks) {
                 uint64_t off;
-                int r = alloc_units(d, s, q8, 1, &off);
+                /* the prompt blocks it may share come from its prefix domain, until it published */
+                bool prefix = !q8 && s->prefix_domain && t->n < s->share_blocks && !s->publish_tried;
+                int r = alloc_units_in(d, s, prefix ? s->prefix_domain : session_pool_owner(s), q8, 1, &off);
                 if (r < 0)
                         return r;
                 t->blocks[t->n++] = off;
@@ -634,6 +686,28 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
 
 /* Copies layer l's side arrays out of the pool into the scratch, [head][slot]. Runs of slots in
  * one block are copied at once. */
+/* A shared prefix's slots this session has evicted (masked) in layer l, as applied. */
+static uint32_t shared_tokens(const struct session *s) {
+        return s->n_shared_blocks * s->layout.block_tokens;
+}
+
+static bool is_masked(const uint8_t *mask, uint32_t j) {
+        return mask[j / 8] >> (j % 8) & 1;
+}
+
+static uint32_t masked_count(const struct session *s, uint32_t l) {
+        uint32_t n = 0, S = shared_tokens(s);
+        const uint8_t *m = s->mask + (size_t)l * s->mask_stride;
+        for (uint32_t i = 0; i < S / 8; i++)
+                n += (uint32_t)__builtin_popcount(m[i]);
+        return n;
+}
+
+/* The tokens a policy sees in layer l: all but the shared slots the session masked. */
+static uint32_t live_tokens(const struct session *s, uint32_t l) {
+        return s->layers[l].n_tokens - (s->n_shared_blocks ? masked_count(s, l) : 0);
+}
+
 static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, struct policy_layer *out) {
         const struct session_layer *L = &s->layers[l];
         struct plan_scratch *sc = &d->scratch;
@@ -657,8 +731,31 @@ static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, st
                 }
                 i += cnt;
         }
+        /* a shared prefix: the masked slots leave the view, the rest close up (stable, in place:
+         * every token moves down or stays); slot_of maps the view back */
+        uint32_t w = n;
+        if (s->n_shared_blocks && masked_count(s, l)) {
+                const uint8_t *m = s->mask + (size_t)l * s->mask_stride;
+                uint32_t S = shared_tokens(s);
+                w = 0;
+                for (uint32_t j = 0; j < n; j++)
+                        if (j >= S || !is_masked(m, j))
+                                sc->slot_of[w++] = j;
+                for (uint32_t h = 0; h < s->n_kv_heads; h++)
+                        for (uint32_t v = 0; v < w; v++) {
+                                size_t to = (size_t)h * w + v, from = (size_t)h * n + sc->slot_of[v];
+                                sc->pos[to] = sc->pos[from];
+                                sc->sum[to] = sc->sum[from];
+                                sc->ema[to] = sc->ema[from];
+                                sc->last[to] = sc->last[from];
+                                sc->logw[to] = sc->logw[from];
+                        }
+        } else {
+                for (uint32_t j = 0; j < n; j++)
+                        sc->slot_of[j] = j;
+        }
         *out = (struct policy_layer){ .layer = l,
-                                      .n_tokens = n,
+                                      .n_tokens = w,
                                       .n_kv_heads = s->n_kv_heads,
                                       .n_q8 = L->n_q8,
                                       .pos = sc->pos,
@@ -674,11 +771,12 @@ static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, st
 static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const uint32_t *keep, uint32_t k,
                      const float *delta) {
         const struct session_layer *L = &s->layers[l];
+        uint32_t S = shared_tokens(s); /* shared slots are other sessions' too: never written */
         for (uint32_t h = 0; h < s->n_kv_heads; h++) {
                 const uint32_t *kh = keep + (size_t)(s->per_head ? h : 0) * k;
                 const float *dh = delta + (size_t)(s->per_head ? h : 0) * k;
                 for (uint32_t i = 0; i < k; i++) {
-                        if (dh[i] == 0.0f || !isfinite(dh[i]))
+                        if (dh[i] == 0.0f || !isfinite(dh[i]) || kh[i] < S)
                                 continue;
                         const struct block_layout *lay;
                         uint32_t at;
@@ -732,16 +830,68 @@ static uint32_t keep_summary(const struct policy_layer *view, uint32_t *keep, ui
 
 /* Builds the plan for the layers with a target below their length; NULL when none has. INT8
  * blocks the plan needs are granted into g. */
+/* A keep-set of the policy's view (k per head, view indices) rewritten for a shared prefix of S
+ * slots: the slots it keeps, every shared slot first and in place (keep2, k2 per head), with the
+ * shared slots no head keeps added to the layer's mask (mask, updated). Heads keep equally many:
+ * one that kept fewer private slots keeps its newest others too. */
+static uint32_t keep_with_prefix(struct kvcd *d, const struct session *s, uint32_t n, uint32_t S, uint32_t heads,
+                                 const uint32_t *keep, uint32_t k, uint8_t *mask, uint32_t *keep2) {
+        const uint32_t *slot_of = d->scratch.slot_of;
+        uint8_t *in = (uint8_t *)d->scratch.work; /* one byte per slot: this head keeps it */
+        uint32_t p_max = 0;
+        for (uint32_t h = 0; h < heads; h++) {
+                uint32_t p = 0;
+                for (uint32_t i = 0; i < k; i++)
+                        p += slot_of[keep[(size_t)h * k + i]] >= S;
+                p_max = p > p_max ? p : p_max;
+        }
+        for (uint32_t j = 0; j < S; j++) { /* masked unless some head keeps it */
+                bool kept = false;
+                for (uint32_t h = 0; h < heads && !kept; h++)
+                        for (uint32_t i = 0; i < k && !kept; i++)
+                                kept = slot_of[keep[(size_t)h * k + i]] == j;
+                if (!kept)
+                        mask[j / 8] |= (uint8_t)(1u << (j % 8));
+        }
+        uint32_t k2 = S + p_max;
+        for (uint32_t h = 0; h < heads; h++) {
+                memset(in, 0, n);
+                uint32_t p = 0;
+                for (uint32_t i = 0; i < k; i++) {
+                        uint32_t j = slot_of[keep[(size_t)h * k + i]];
+                        if (j >= S) {
+                                in[j] = 1;
+                                p++;
+                        }
+                }
+                for (uint32_t j = n; j-- > S && p < p_max;) /* even the heads out: the newest */
+                        if (!in[j]) {
+                                in[j] = 1;
+                                p++;
+                        }
+                uint32_t *out = keep2 + (size_t)h * k2, w = 0;
+                for (uint32_t j = 0; j < S; j++)
+                        out[w++] = j;
+                for (uint32_t j = S; j < n; j++)
+                        if (in[j])
+                                out[w++] = j;
+        }
+        (void)s;
+        return k2;
+}
+
 static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct policy_step *ps, Kvc__Grant *g) {
         struct policy_target *targets = d->scratch.targets;
-        uint32_t heads = s->per_head ? s->n_kv_heads : 1;
-        uint64_t per_layer = (uint64_t)s->max_keep * heads;
+        uint32_t heads = s->per_head ? s->n_kv_heads : 1, S = shared_tokens(s);
+        uint64_t per_layer = (uint64_t)s->keep_cap * heads;
         Kvc__Plan *p = NULL;
         s->plan_intact = s->prompt_alive;
+        if (s->mask)
+                memcpy(s->mask_next, s->mask, (size_t)s->n_layers * s->mask_stride);
 
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                uint32_t n = s->layers[l].n_tokens, k = targets[l].keep;
-                if (k == POLICY_NO_PLAN || k >= n || k > s->max_keep)
+                uint32_t n = s->layers[l].n_tokens, live = live_tokens(s, l), k = targets[l].keep;
+                if (k == POLICY_NO_PLAN || k >= live || k > s->max_keep)
                         continue;
                 struct policy_layer view;
                 gather_layer(d, s, l, &view);
@@ -754,18 +904,36 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                 if (r < 0 && d->scratch.forced[l]) { /* a policy that cannot shrink on demand: the newest stay */
                         for (uint32_t h = 0; h < heads; h++)
                                 for (uint32_t i = 0; i < t.keep; i++)
-                                        keep[(size_t)h * t.keep + i] = n - t.keep + i;
+                                        keep[(size_t)h * t.keep + i] = live - t.keep + i;
                         r = 0;
                 }
                 bool deltas = r == 1;
                 if (r >= 0 && s->summarize && k >= 2)
                         k = keep_summary(&view, keep, t.keep, &summary);
                 for (uint32_t h = 0; r >= 0 && h < heads; h++)
-                        r = compact_check_keep(keep + (size_t)h * k, k, n);
+                        r = compact_check_keep(keep + (size_t)h * k, k, live);
                 if (r < 0) {
                         log_error("session %llu: policy %s gave no valid keep-set for layer %u",
                                   (unsigned long long)s->id, s->policy_name, l);
                         continue;
+                }
+                if (S) { /* a shared prefix: slots kept in place, the evicted ones masked */
+                        if (deltas) { /* the increments go with the policy's own keep-set, as slots */
+                                for (size_t i = 0; i < (size_t)k * heads; i++)
+                                        d->scratch.keep2[i] = d->scratch.slot_of[keep[i]];
+                                add_logw(d, s, l, d->scratch.keep2, k, d->scratch.logw_delta);
+                                deltas = false;
+                        }
+                        uint8_t *mask = s->mask_next + (size_t)l * s->mask_stride;
+                        k = keep_with_prefix(d, s, n, S, heads, keep, k, mask, d->scratch.keep2);
+                        keep = d->scratch.keep2;
+                        /* all private slots kept: a plan that only masks (the compaction moves nothing) */
+                        if (k > s->keep_cap ||
+                            (k >= n && memcmp(mask, s->mask + (size_t)l * s->mask_stride, s->mask_stride) == 0))
+                                continue;
+                        for (uint32_t h = 0; h < s->n_kv_heads; h++)
+                                pool_write(d->pool, s->plan_offset + s->mask_offset + ((uint64_t)l * s->n_kv_heads + h) * s->mask_stride,
+                                           mask, s->mask_stride);
                 }
                 struct session_layer *L = &s->layers[l];
                 uint32_t q8 = plan_q8(s, L, keep, k, targets[l].q8), T = s->layout.block_tokens;
@@ -810,6 +978,7 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                 lp->per_head = s->per_head;
                 lp->q8_tokens = q8;
                 lp->summary_slot = summary == UINT32_MAX ? 0 : summary + 1;
+                lp->shared_tokens = S;
                 p->layers[p->n_layers++] = lp;
         }
         if (p) {
@@ -845,6 +1014,11 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                                  st->layer_tokens[l], L->n_q8, L->fp.n * T);
                         return -EPROTO;
                 }
+                if (st->layer_tokens[l] < shared_tokens(s)) {
+                        snprintf(why, why_len, "layer %u: %u tokens, fewer than its shared prefix of %u", l,
+                                 st->layer_tokens[l], shared_tokens(s));
+                        return -EPROTO;
+                }
         }
         if (st->layer_tokens[0] > s->layers[0].n_tokens)
                 s->appended += st->layer_tokens[0] - s->layers[0].n_tokens;
@@ -869,6 +1043,11 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
         struct policy_target *targets = d->scratch.targets;
         for (uint32_t l = 0; l < s->n_layers; l++)
                 targets[l] = (struct policy_target){ .keep = POLICY_NO_PLAN };
+        if (s->model_key) /* once its prefill has passed the prompt it may share */
+                prefix_publish(d, s);
+        uint32_t live[WIRE_MAX_LAYERS]; /* a shared prefix: the policy counts only unmasked tokens */
+        for (uint32_t l = 0; l < s->n_layers; l++)
+                live[l] = live_tokens(s, l);
         if (s->pending_plan_id == 0) {
                 struct policy_step ps = {
                         .step = st->step,
@@ -878,7 +1057,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         .margin = st->margin,
                         .confidence = s->confidence,
                         .appended = s->appended,
-                        .layer_tokens = st->layer_tokens,
+                        .layer_tokens = live,
                 };
                 const struct policy_ops *ops = s->policy->ops;
                 if (ops->observes && ops->observes(s->policy->state, &ps)) {
@@ -928,6 +1107,8 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
         if (m->status != 0) {
                 for (uint32_t l = 0; l < s->n_layers; l++) /* nothing moved */
                         s->layers[l].planned_q8 = s->layers[l].n_q8;
+                if (s->mask) /* nor was anything masked */
+                        memcpy(s->mask_next, s->mask, (size_t)s->n_layers * s->mask_stride);
                 log_notice("session %llu: client refused plan %llu: %s", (unsigned long long)s->id,
                            (unsigned long long)m->plan_id, wire_errno_name(m->status));
                 s->pending_plan_id = 0;
@@ -962,7 +1143,8 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 const struct session_layer *L = &s->layers[l];
                 uint32_t q8 = m->n_layer_q8_tokens ? m->layer_q8_tokens[l] : 0, n = m->layer_tokens[l];
                 if (q8 != L->planned_q8 || n < q8 || n - q8 > (L->fp.n - release[0][l]) * T ||
-                    q8 > (L->q8.n - release[1][l]) * T) {
+                    q8 > (L->q8.n - release[1][l]) * T || n < shared_tokens(s) ||
+                    L->fp.n - release[0][l] < s->n_shared_blocks) {
                         snprintf(why, why_len, "layer %u: %u tokens (%u INT8) do not fit the blocks kept, or the "
                                  "plan left %u INT8", l, n, q8, L->planned_q8);
                         return -EPROTO;
@@ -978,6 +1160,8 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 L->n_q8 = L->planned_q8;
         }
         s->pending_plan_id = 0;
+        if (s->mask)
+                memcpy(s->mask, s->mask_next, (size_t)s->n_layers * s->mask_stride);
         events_session_evicted(d, s, s->plan_intact);
         histogram_observe(&d->plan_latency, (double)(now_usec() - s->pending_since_usec) / 1e6);
         d->n.plans_applied++;

@@ -34,6 +34,8 @@ int attn_decode_ref(const struct block_layer *L, const float *q, float *out, uin
         if (n == 0 || n_heads == 0 || n_heads % H || D > ATTN_MAX_HEAD_DIM ||
             (uint64_t)n > (uint64_t)L->n_blocks * T)
                 return -EINVAL;
+        if (L->n_shared && (!L->shared_mask || (uint64_t)L->mask_stride * 8 < L->n_shared || L->n_shared > n))
+                return -EINVAL;
 
         uint32_t group = n_heads / H;
         float *att = scratch, *acc = scratch + n;
@@ -55,6 +57,9 @@ int attn_decode_ref(const struct block_layer *L, const float *q, float *out, uin
                                         s += qh[i] * krow[i];
                                 s /= scale;
                                 s += *(const float *)block_side(l, b, l->logw_offset, g, t % T);
+                                if (t < L->n_shared &&
+                                    (L->shared_mask[(size_t)g * L->mask_stride + t / 8] >> (t % 8) & 1))
+                                        s = -INFINITY; /* evicted by this session, kept for others */
                                 att[t] = s;
                         }
                         softmax_inplace(att, n);
@@ -71,7 +76,7 @@ int attn_decode_ref(const struct block_layer *L, const float *q, float *out, uin
                 }
                 if (!update_scores)
                         continue;
-                for (uint32_t t = 0; t < n; t++) {
+                for (uint32_t t = L->n_shared; t < n; t++) { /* shared slots are read-only */
                         uint8_t *b = L->blocks[t / T];
                         float a = acc[t] / (float)group;
                         float *sum = block_side(l, b, l->sum_offset, g, t % T);

@@ -8,8 +8,9 @@
  * the block's score arrays with the attention each token received, averaged over the query heads
  * of its KV head: sum += a, ema = gamma * ema + (1 - gamma) * a, last = a. The policies read them.
  *
- * A log-weight of -inf masks a token (it receives zero attention); that is how a session evicts
- * inside blocks it shares read-only.
+ * A log-weight of -inf masks a token (it receives zero attention). Inside a shared prefix
+ * (L->n_shared) a session masks with its own bitmap instead, since the blocks, log-weights
+ * included, are other sessions' too; their scores are left alone.
  */
 #pragma once
 

@@ -70,6 +70,11 @@ struct block_layer {
         uint8_t *const *blocks;
         uint32_t n_blocks;
         uint32_t n_tokens; /* slots [0, n_tokens) are live; n_tokens <= n_blocks * block_tokens */
+        /* a shared prefix, as in struct mixed_layer (mixed.h): slots [0, n_shared) are read, never
+         * written, and bit j of shared_mask[h * mask_stride + j / 8] masks slot j for KV head h */
+        uint32_t n_shared;
+        const uint8_t *shared_mask;
+        uint32_t mask_stride;
 };
 
 /* Fills l for the geometry. -EINVAL for a zero or unknown field or a block over 4 GiB. */

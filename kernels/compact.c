@@ -1,5 +1,11 @@
 /* compact.c: sequential in-place gather of kept slots into a dense prefix, moving runs of
- * consecutive slots with one memmove per array, so that a window shift costs about a memcpy. */
+ * consecutive slots with one move per array, so that a window shift costs about a memcpy.
+ *
+ * A run is often one token (h2o, sparse keep-sets) and then each of its seven pieces per head
+ * (key row, value row, five side words) is a few bytes: a call to memmove per piece cost more
+ * than the bytes (bench/RESULTS.md, item 3). Pieces of at most 64 bytes are moved inline, by
+ * loading all of them before storing any (so an overlapping run is still moved right); longer
+ * ones go to memmove. */
 #include "compact.h"
 
 #include <errno.h>
@@ -15,24 +21,62 @@ int compact_check_keep(const uint32_t *keep, uint32_t n, uint32_t base_tokens) {
         return 0;
 }
 
-/* Moves `len` consecutive slots of one head from src to dst (dst < src), all inside one block
- * each. memmove, because a run may overlap itself within a block. */
-static void move_run(const struct block_layer *L, uint32_t head, uint32_t src, uint32_t dst, uint32_t len) {
+/* memmove of n bytes. From 4 to 64 bytes: two possibly overlapping fixed-size copies from each
+ * end, every load before any store, which the compiler turns into a few register moves. Shorter
+ * (2-byte rows) and longer: memmove. */
+static inline void move_bytes(uint8_t *d, const uint8_t *s, size_t n) {
+        if (n > 64) {
+                memmove(d, s, n);
+        } else if (n >= 32) {
+                uint8_t a[32], b[32];
+                memcpy(a, s, 32);
+                memcpy(b, s + n - 32, 32);
+                memcpy(d, a, 32);
+                memcpy(d + n - 32, b, 32);
+        } else if (n >= 16) {
+                uint8_t a[16], b[16];
+                memcpy(a, s, 16);
+                memcpy(b, s + n - 16, 16);
+                memcpy(d, a, 16);
+                memcpy(d + n - 16, b, 16);
+        } else if (n >= 8) {
+                uint64_t a, b;
+                memcpy(&a, s, 8);
+                memcpy(&b, s + n - 8, 8);
+                memcpy(d, &a, 8);
+                memcpy(d + n - 8, &b, 8);
+        } else if (n >= 4) {
+                uint32_t a, b;
+                memcpy(&a, s, 4);
+                memcpy(&b, s + n - 4, 4);
+                memcpy(d, &a, 4);
+                memcpy(d + n - 4, &b, 4);
+        } else {
+                memmove(d, s, n);
+        }
+}
+
+/* Moves `len` consecutive slots of heads [h0, h1) from src to dst (dst < src), all inside one
+ * block each. Overlap-safe, because a run may overlap itself within a block. The block and slot
+ * arithmetic is done once for all the heads. */
+static void move_run(const struct block_layer *L, uint32_t h0, uint32_t h1, uint32_t src, uint32_t dst,
+                     uint32_t len) {
         const struct block_layout *l = L->layout;
         uint32_t T = l->block_tokens;
         uint8_t *sb = L->blocks[src / T], *db = L->blocks[dst / T];
         uint32_t ss = src % T, ds = dst % T;
-        static const size_t side_offsets[] = {
-                offsetof(struct block_layout, pos_offset),  offsetof(struct block_layout, sum_offset),
-                offsetof(struct block_layout, ema_offset),  offsetof(struct block_layout, last_offset),
-                offsetof(struct block_layout, logw_offset),
-        };
+        size_t rows = (size_t)len * l->row_bytes, side = (size_t)len * 4u;
 
-        memmove(block_key(l, db, head, ds), block_key(l, sb, head, ss), len * l->row_bytes);
-        memmove(block_value(l, db, head, ds), block_value(l, sb, head, ss), len * l->row_bytes);
-        for (size_t i = 0; i < sizeof(side_offsets) / sizeof(side_offsets[0]); i++) {
-                uint64_t off = *(const uint64_t *)((const uint8_t *)l + side_offsets[i]);
-                memmove(block_side(l, db, off, head, ds), block_side(l, sb, off, head, ss), (size_t)len * 4u);
+        for (uint32_t h = h0; h < h1; h++) {
+                move_bytes(block_key(l, db, h, ds), block_key(l, sb, h, ss), rows);
+                move_bytes(block_value(l, db, h, ds), block_value(l, sb, h, ss), rows);
+                move_bytes(block_side(l, db, l->pos_offset, h, ds), block_side(l, sb, l->pos_offset, h, ss), side);
+                move_bytes(block_side(l, db, l->sum_offset, h, ds), block_side(l, sb, l->sum_offset, h, ss), side);
+                move_bytes(block_side(l, db, l->ema_offset, h, ds), block_side(l, sb, l->ema_offset, h, ss), side);
+                move_bytes(block_side(l, db, l->last_offset, h, ds), block_side(l, sb, l->last_offset, h, ss),
+                           side);
+                move_bytes(block_side(l, db, l->logw_offset, h, ds), block_side(l, sb, l->logw_offset, h, ss),
+                           side);
         }
 }
 
@@ -40,8 +84,10 @@ static uint32_t source_of(const uint32_t *keep, uint32_t kc, uint32_t base, uint
         return i < kc ? keep[i] : base + (i - kc);
 }
 
-static void compact_head(const struct block_layer *L, uint32_t head, const uint32_t *keep, uint32_t kc,
-                         uint32_t base, uint32_t new_len) {
+/* Compacts heads [h0, h1), which share the keep-set: run after run, each run for all of them
+ * (the heads' slots never alias, and each head still sees its runs in ascending order). */
+static void compact_heads(const struct block_layer *L, uint32_t h0, uint32_t h1, const uint32_t *keep, uint32_t kc,
+                          uint32_t base, uint32_t new_len) {
         uint32_t T = L->layout->block_tokens;
         uint32_t i = 0;
         while (i < new_len) {
@@ -52,7 +98,7 @@ static void compact_head(const struct block_layer *L, uint32_t head, const uint3
                 while (len < room && i + len < new_len && source_of(keep, kc, base, i + len) == src + len)
                         len++;
                 if (src != i)
-                        move_run(L, head, src, i, len);
+                        move_run(L, h0, h1, src, i, len);
                 i += len;
         }
 }
@@ -69,9 +115,10 @@ int compact_layer(const struct block_layer *L, const uint32_t *keep, uint32_t ke
                         return -EINVAL;
 
         uint32_t new_len = keep_count + (L->n_tokens - base_tokens);
-        for (uint32_t h = 0; h < H; h++)
-                compact_head(L, h, per_head ? keep + (uint64_t)h * keep_count : keep, keep_count, base_tokens,
-                             new_len);
+        if (!per_head)
+                compact_heads(L, 0, H, keep, keep_count, base_tokens, new_len);
+        for (uint32_t h = 0; per_head && h < H; h++)
+                compact_heads(L, h, h + 1, keep + (uint64_t)h * keep_count, keep_count, base_tokens, new_len);
         *ret_n_tokens = new_len;
         return 0;
 }

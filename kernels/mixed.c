@@ -76,6 +76,9 @@ int mixed_layer_check(const struct mixed_layer *M) {
                 return -EINVAL;
         if ((M->n_q8_blocks && !M->q8_blocks) || (M->n_fp_blocks && !M->fp_blocks))
                 return -EINVAL;
+        if (M->n_shared && (!M->shared_mask || (uint64_t)M->mask_stride * 8 < M->n_shared ||
+                            M->n_shared > M->n_tokens || M->n_q8))
+                return -EINVAL; /* a shared prefix is full precision, and its mask covers it */
         return 0;
 }
 
@@ -301,6 +304,9 @@ static void attend_chunk(const struct attention *A, const struct chunk *ch) {
         }
         for (uint32_t t = 0; t < ch->cnt; t++) {
                 float logw = *(const float *)block_side(l, ch->block, l->logw_offset, g, t);
+                uint32_t j = ch->slot0 + t;
+                if (j < A->M->n_shared && (A->M->shared_mask[(uint64_t)g * A->M->mask_stride + j / 8] >> (j % 8) & 1))
+                        logw = -INFINITY; /* evicted by this session, kept for the others */
                 const int8_t *kq = (const int8_t *)block_key(l, ch->block, g, t);
                 if (!ch->q8)
                         block_load_row(l->dtype, block_key(l, ch->block, g, t), row, D);
@@ -419,8 +425,8 @@ int attn_decode_mixed(const struct mixed_layer *M, const float *q, float *out, u
                 }
                 if (!update_scores)
                         continue;
-                /* the second pass: the final weights from the stored logits */
-                for (uint32_t j = 0; j < n; j++) {
+                /* the second pass: the final weights from the stored logits (not into shared slots) */
+                for (uint32_t j = M->n_shared; j < n; j++) {
                         const struct block_layout *l = j < M->n_q8 ? lq : lf;
                         uint32_t s = j < M->n_q8 ? j : j - M->n_q8;
                         uint8_t *b = j < M->n_q8 ? M->q8_blocks[s / T] : M->fp_blocks[s / T];

@@ -34,6 +34,13 @@ struct mixed_layer {
         uint32_t n_q8_blocks;
         uint32_t n_q8;     /* slots [0, n_q8) are INT8 */
         uint32_t n_tokens; /* slots [n_q8, n_tokens) are full precision */
+        /* a shared prefix (blocks other sessions read too): slots [0, n_shared) are never written
+         * (attention leaves their scores alone) and a set bit of shared_mask masks one of them for
+         * this session alone: bit j of byte shared_mask[h * mask_stride + j / 8], per KV head h.
+         * n_shared 0: no shared prefix (the mask is not read). */
+        uint32_t n_shared;
+        const uint8_t *shared_mask;
+        uint32_t mask_stride;
 };
 
 /* 0 when the layouts match (Q8 and a full-precision dtype, same geometry), n_q8 <= n_tokens and
@@ -77,7 +84,8 @@ size_t attn_mixed_scratch_floats(const struct mixed_layer *M, uint32_t n_heads);
 /* Decode attention of one query token over M, with the semantics of attn_decode_ref
  * (attention.h): per query head s_j = q . k_j / sqrt(head_dim) + logw_j, softmax, out = sum a_j v_j;
  * the score arrays get the attention averaged over the query heads of each KV head; a -inf
- * log-weight masks a token; every token masked gives zeros, never NaN. q and out are
+ * log-weight masks a token, and so does a set bit of shared_mask; every token masked gives zeros,
+ * never NaN. The scores of shared slots are not updated. q and out are
  * [n_heads][head_dim]. -EINVAL for an empty or inconsistent layer, n_heads not a multiple of
  * n_kv_heads, or head_dim > ATTN_MAX_HEAD_DIM.
  *

@@ -46,7 +46,8 @@ struct fdwire_msg {
         uint64_t chunk_idx;
         uint64_t chunk_bytes;
         uint32_t flags;
-        uint32_t reserved;
+        uint32_t generation; /* CHUNK: which memory the index holds now (kvcd gives a chunk index fresh
+                                memory when it changes owner); the same generation is the same memory */
         uint8_t token[16];
 };
 

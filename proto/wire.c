@@ -238,6 +238,8 @@ static int v_open_session(const Kvc__Envelope *env, char *why, size_t why_len) {
                         return BAD("param %s has no value", p->key);
                 }
         }
+        if ((r = check_name(m->model_id, WIRE_MAX_NAME, 1, "model id", why, why_len)) < 0)
+                return r;
         return check_name(m->tenant, WIRE_MAX_NAME, 1, "tenant", why, why_len);
 }
 
@@ -261,6 +263,12 @@ static int v_session_opened(const Kvc__Envelope *env, char *why, size_t why_len)
                 return BAD("max_layer_tokens %u out of range", m->max_layer_tokens);
         if (m->budget_tokens > WIRE_MAX_TOKENS)
                 return BAD("budget %u out of range", m->budget_tokens);
+        if (m->shared_tokens % 16 || m->shared_tokens > WIRE_MAX_TOKENS || (m->shared_tokens && !m->n_attached))
+                return BAD("shared prefix of %u tokens invalid", m->shared_tokens);
+        size_t refs = 0;
+        int r = check_layer_blocks(m->attached, m->n_attached, &refs, "attached prefix", why, why_len);
+        if (r < 0)
+                return r;
         return check_name(m->policy, WIRE_MAX_NAME, 0, "policy", why, why_len);
 }
 
@@ -334,13 +342,20 @@ static int v_plan_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
                         const Kvc__LayerPlan *lp = p->layers[l];
                         if (lp->layer >= WIRE_MAX_LAYERS || lp->base_tokens > WIRE_MAX_TOKENS ||
                             lp->keep_count > lp->base_tokens || lp->q8_tokens > WIRE_MAX_TOKENS ||
-                            lp->summary_slot > lp->base_tokens)
+                            lp->summary_slot > lp->base_tokens || lp->shared_tokens > lp->keep_count ||
+                            lp->shared_tokens % 16 || (lp->shared_tokens && (lp->q8_tokens || lp->summary_slot)))
                                 return BAD("plan %zu: layer entry %zu out of range", i, l);
                 }
         }
         for (size_t i = 0; i < m->n_grants; i++)
                 if ((r = check_grant(m->grants[i], &refs, why, why_len)) < 0)
                         return r;
+        if (m->n_shared > WIRE_MAX_STEPS)
+                return BAD("plan batch too long");
+        for (size_t i = 0; i < m->n_shared; i++)
+                if (m->shared[i]->session_id == 0 || m->shared[i]->shared_tokens % 16 ||
+                    m->shared[i]->shared_tokens > WIRE_MAX_TOKENS)
+                        return BAD("shared prefix entry %zu invalid", i);
         for (size_t i = 0; i < m->n_errors; i++)
                 if ((r = check_error(m->errors[i], why, why_len)) < 0)
                         return r;

@@ -4,29 +4,35 @@
  * order that makes a quickselect quadratic and stall the daemon. A radix select over an
  * order-preserving integer key finds the k-th largest value exactly in O(n), always.
  *
- * How (three digits of 11, 11 and 10 bits, from the top):
+ * How, digit by digit from the top of the key:
  *   1. one pass over the scores counts the top digit of every key;
  *   2. one pass gathers the indices whose top digit is the threshold's into scratch (ascending);
- *      the next two digits are found on those candidates only, each pass narrowing them in
- *      place, so for ordinary scores the later digits cost next to nothing;
+ *      the next digits are found on those candidates only, each pass narrowing them in place,
+ *      so for ordinary scores the later digits cost next to nothing;
  *   3. the candidates left are exactly the indices whose key equals the threshold, ascending, so
- *      the ties to keep (the most recent ones) are their tail, found without another pass;
- *   4. one pass writes the keep-set.
- * Three passes over n in all (the old code made seven: a key array, four histograms over all of
- * it, a tie scan and the output). Worst case (all keys in one bucket) five, still linear.
- * Measured in bench/RESULTS.md (item 2).
+ *      the ties to keep (the most recent ones) are their tail, found without another pass (and
+ *      when the digits so far leave exactly as many candidates as are still needed, the rest
+ *      of the digits are skipped: all of them are kept);
+ *   4. one pass writes the keep-set, without branches.
+ * Three passes over n in all (the code before made seven: a key array, four histograms over all
+ * of it, a tie scan and the output). Worst case (all keys in one bucket) one more per digit,
+ * still linear. Long rows use digits of 11, 11 and 10 bits (few candidates survive the first);
+ * short ones (kvcd's usual: a budget plus a block) 8-bit digits, whose 256-entry histograms cost
+ * less to clear and scan than the rows themselves. Measured in bench/RESULTS.md (item 2).
  */
 #include <string.h>
 
 #include "policy.h"
 
-#define DIGIT1_SHIFT 21 /* bits 31..21 */
-#define DIGIT2_SHIFT 10 /* bits 20..10 */
-#define HIST_BUCKETS 2048
+#define WIDE_FROM   1024u /* rows at least this long use the wide digits */
+#define MAX_BUCKETS 2048u
+
+static const uint8_t wide_shifts[] = { 21, 10, 0 };      /* 11, 11, 10 bits */
+static const uint8_t short_shifts[] = { 24, 16, 8, 0 };  /* 8 bits each */
 
 /* An unsigned key with the same order as the float: NaN gets the key of -inf (the contract ranks
  * them equal), and -0 the key of +0 (equal floats tie). Integer selects only, no branches: the
- * compiler turns them into conditional moves (or vector blends), and every pass calls this. */
+ * compiler turns them into conditional moves, and every pass calls this. */
 static inline uint32_t float_key(float f) {
         uint32_t b;
         memcpy(&b, &f, sizeof(b));
@@ -47,9 +53,11 @@ static uint32_t find_bucket(const uint32_t *hist, uint32_t buckets, uint32_t *ne
 }
 
 /* Narrows cand[0..cnt) (ascending indices, all sharing the key bits above shift + bits) to those
- * whose next `bits` bits are the need-th largest digit; returns the new count. */
-static uint32_t narrow(const float *score, uint32_t *cand, uint32_t cnt, int shift, uint32_t bits, uint32_t *need) {
-        uint32_t hist[HIST_BUCKETS] = { 0 }, mask = (1u << bits) - 1;
+ * whose `bits` bits at shift are the digit holding the need-th largest; returns the new count. */
+static uint32_t narrow(const float *score, uint32_t *cand, uint32_t cnt, uint32_t shift, uint32_t bits,
+                       uint32_t *need) {
+        uint32_t hist[MAX_BUCKETS], mask = (1u << bits) - 1;
+        memset(hist, 0, (mask + 1) * sizeof(hist[0]));
         for (uint32_t j = 0; j < cnt; j++)
                 hist[(float_key(score[cand[j]]) >> shift) & mask]++;
         uint32_t digit = find_bucket(hist, mask + 1, need), m = 0;
@@ -70,34 +78,35 @@ void select_topk(const float *score, uint32_t n, uint32_t k, uint32_t *out, uint
         if (k == 0)
                 return;
 
-        /* two histograms, even and odd indices: neighbours in one bucket do not wait on each
-         * other's increment */
-        uint32_t hist[HIST_BUCKETS] = { 0 }, hist2[HIST_BUCKETS] = { 0 }, need = k, i = 0;
-        for (; i + 1 < n; i += 2) {
-                hist[float_key(score[i]) >> DIGIT1_SHIFT]++;
-                hist2[float_key(score[i + 1]) >> DIGIT1_SHIFT]++;
-        }
-        if (i < n)
-                hist[float_key(score[i]) >> DIGIT1_SHIFT]++;
-        for (uint32_t b = 0; b < HIST_BUCKETS; b++)
-                hist[b] += hist2[b];
-        uint32_t top = find_bucket(hist, HIST_BUCKETS, &need);
+        const uint8_t *shift = n >= WIDE_FROM ? wide_shifts : short_shifts;
+        uint32_t levels = n >= WIDE_FROM ? sizeof(wide_shifts) : sizeof(short_shifts);
+        uint32_t top_buckets = 1u << (32 - shift[0]), hist[MAX_BUCKETS], need = k, i;
+        memset(hist, 0, top_buckets * sizeof(hist[0]));
+        for (i = 0; i < n; i++)
+                hist[float_key(score[i]) >> shift[0]]++;
+        uint32_t top = find_bucket(hist, top_buckets, &need);
 
         /* the candidates: indices in the threshold's top bucket, ascending */
         uint32_t *cand = scratch, cnt = 0;
         for (i = 0; i < n; i++) {
                 cand[cnt] = i;
-                cnt += (float_key(score[i]) >> DIGIT1_SHIFT) == top;
+                cnt += (float_key(score[i]) >> shift[0]) == top;
         }
-        cnt = narrow(score, cand, cnt, DIGIT2_SHIFT, 11, &need);
-        cnt = narrow(score, cand, cnt, 0, 10, &need);
+        for (uint32_t l = 1; l < levels && cnt > need; l++)
+                cnt = narrow(score, cand, cnt, shift[l], shift[l - 1] - shift[l], &need);
 
-        /* cand[0..cnt) hold the threshold key exactly; the last `need` of them are kept */
-        uint32_t threshold = float_key(score[cand[0]]), tie_from = cand[cnt - need];
+        /* Kept: the indices whose (key, index) is at least `from`, the need-th largest among the
+         * candidates. With every digit found, the candidates all hold the threshold key and the
+         * last `need` of them are kept (ties go to the more recent); when the digits so far
+         * left exactly `need`, every candidate is kept and `from` is the least of them. */
+        uint64_t from = (uint64_t)float_key(score[cand[0]]) << 32 | cand[cnt - need];
+        for (uint32_t j = 0; cnt == need && j < cnt; j++) {
+                uint64_t c = (uint64_t)float_key(score[cand[j]]) << 32 | cand[j];
+                from = c < from ? c : from;
+        }
         /* Branch-free: out[m] is written for every index but kept only when m advances. While
          * m < k a later index is still to be kept and overwrites it, so nothing lands past
          * out[k - 1]; and the loop ends with the k-th. Key and index compare as one word. */
-        uint64_t from = (uint64_t)threshold << 32 | tie_from;
         i = 0;
         for (uint32_t m = 0; m < k; i++) {
                 out[m] = i;

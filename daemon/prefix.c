@@ -1,0 +1,198 @@
+/* prefix.c: shared prompt prefixes: the index of published blocks and their references (see
+ * prefix.h). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvcd.h"
+#include "log.h"
+
+static uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
+        x ^= x >> 30;
+        x *= 0xbf58476d1ce4e5b9ull;
+        x ^= x >> 27;
+        x *= 0x94d049bb133111ebull;
+        return x ^ (x >> 31);
+}
+
+static uint64_t key_of(uint64_t model, uint64_t chain) {
+        uint64_t k = mix(model ^ mix(chain));
+        return k ? k : 1;
+}
+
+int prefix_init(struct kvcd *d) {
+        return idmap_init(&d->prefixes, 64);
+}
+
+void prefix_done(struct kvcd *d) {
+        struct prefix_block *b;
+        for (uint32_t it = 0; (b = idmap_next(&d->prefixes, &it));)
+                free(b); /* by now every session has let go; the pool goes with kvcd */
+        if (d->prefixes.keys)
+                idmap_done(&d->prefixes);
+}
+
+uint64_t prefix_model_key(const char *model_id, uint32_t n_layers, uint32_t n_kv_heads, uint32_t head_dim,
+                          int dtype, uint32_t block_tokens) {
+        if (!model_id || !*model_id)
+                return 0;
+        uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 over the id, then the shape */
+        for (const char *p = model_id; *p; p++)
+                h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+        const uint32_t shape[] = { n_layers, n_kv_heads, head_dim, (uint32_t)dtype, block_tokens };
+        for (size_t i = 0; i < sizeof(shape) / sizeof(shape[0]); i++)
+                for (int k = 0; k < 4; k++)
+                        h = (h ^ (uint8_t)(shape[i] >> (8 * k))) * 0x100000001b3ull;
+        return h ? h : 1;
+}
+
+/* The published block i of s's prompt, if it is there. */
+static struct prefix_block *lookup(const struct kvcd *d, const struct session *s, uint32_t i) {
+        struct prefix_block *b = idmap_get(&d->prefixes, key_of(s->model_key, s->block_hashes[i]));
+        if (!b || b->model != s->model_key || b->chain != s->block_hashes[i] || b->index != i ||
+            b->n_layers != s->n_layers || b->unit_bytes != s->layout.block_bytes)
+                return NULL;
+        return b;
+}
+
+/* A domain whose units are all gone gives its chunks back. */
+static void domain_gc(struct kvcd *d, uint64_t domain) {
+        if (domain && pool_owner_units(d->pool, domain) == 0)
+                pool_release_owner(d->pool, domain);
+}
+
+uint32_t prefix_attach(struct kvcd *d, struct session *s) {
+        if (!s->model_key || !s->share_blocks || !s->block_hashes)
+                return 0;
+        uint32_t n = 0, T = s->layout.block_tokens;
+        uint64_t chunk = pool_chunk_bytes(d->pool);
+        uint8_t *sent = calloc((pool_n_chunks(d->pool) + 7) / 8, 1); /* each chunk once */
+        if (!sent)
+                return 0;
+        for (uint32_t i = 0; i < s->share_blocks; i++) {
+                struct prefix_block *b = lookup(d, s, i);
+                if (!b)
+                        break;
+                int r = 0;
+                for (uint32_t l = 0; l < s->n_layers && r == 0; l++) {
+                        uint64_t idx = b->offs[l] / chunk;
+                        if (sent[idx / 8] >> (idx % 8) & 1)
+                                continue;
+                        r = client_send_chunk_as(d, s->owner, (uint32_t)idx, true);
+                        sent[idx / 8] |= (uint8_t)(1u << (idx % 8));
+                }
+                if (r < 0)
+                        break; /* attach fewer: the rest the client computes */
+                b->refs++;
+                s->shared[i] = b;
+                for (uint32_t l = 0; l < s->n_layers; l++) {
+                        s->layers[l].fp.blocks[i] = b->offs[l];
+                        s->layers[l].fp.n = i + 1;
+                }
+                n++;
+        }
+        free(sent);
+        s->n_shared_blocks = n;
+        for (uint32_t l = 0; l < s->n_layers; l++)
+                s->layers[l].n_tokens = n * T;
+        if (n)
+                log_info("session %llu attached a shared prefix of %u tokens", (unsigned long long)s->id, n * T);
+        return n;
+}
+
+uint32_t prefix_publish(struct kvcd *d, struct session *s) {
+        uint32_t T = s->layout.block_tokens;
+        if (!s->model_key || s->publish_tried || s->n_shared_blocks >= s->share_blocks || s->pending_plan_id)
+                return 0;
+        for (uint32_t l = 0; l < s->n_layers; l++)
+                if (s->layers[l].n_tokens < s->share_blocks * T || s->layers[l].fp.n < s->share_blocks)
+                        return 0; /* the prefill has not passed them yet */
+        s->publish_tried = true;
+        /* only the prompt's leading blocks no plan has touched hold what the chain says */
+        uint32_t upto = s->prompt_alive < s->share_blocks ? s->prompt_alive : s->share_blocks, n = 0;
+        uint64_t chunk = pool_chunk_bytes(d->pool);
+        for (uint32_t i = s->n_shared_blocks; i < upto; i++) {
+                bool own = true;
+                for (uint32_t l = 0; l < s->n_layers && own; l++)
+                        own = pool_chunk_owner(d->pool, s->layers[l].fp.blocks[i] / chunk) == s->prefix_domain;
+                uint64_t key = key_of(s->model_key, s->block_hashes[i]);
+                if (!own || idmap_get(&d->prefixes, key))
+                        break; /* someone published it first: the shared part stays contiguous */
+                struct prefix_block *b = calloc(1, sizeof(*b) + s->n_layers * sizeof(uint64_t));
+                if (!b || idmap_put(&d->prefixes, key, b) < 0) {
+                        free(b);
+                        break;
+                }
+                b->model = s->model_key;
+                b->chain = s->block_hashes[i];
+                b->index = i;
+                b->refs = 1;
+                b->domain = s->prefix_domain;
+                b->ten = s->ten;
+                b->n_layers = s->n_layers;
+                b->unit_bytes = (uint32_t)s->layout.block_bytes;
+                b->bytes = (uint64_t)s->n_layers * s->layout.block_bytes;
+                for (uint32_t l = 0; l < s->n_layers; l++)
+                        b->offs[l] = s->layers[l].fp.blocks[i];
+                /* the tenant keeps paying for it, as the prefix's now, not the session's */
+                budget_charge(d, s, -(int64_t)b->bytes);
+                budget_charge_shared(d, b->ten, (int64_t)b->bytes);
+                s->shared[i] = b;
+                s->n_shared_blocks = i + 1;
+                n++;
+        }
+        if (n) {
+                s->just_published = true;
+                log_info("session %llu published %u prompt blocks (%u tokens shared)", (unsigned long long)s->id, n,
+                         s->n_shared_blocks * T);
+        }
+        return n;
+}
+
+static void unref(struct kvcd *d, struct prefix_block *b) {
+        if (--b->refs)
+                return;
+        for (uint32_t l = 0; l < b->n_layers; l++)
+                if (pool_release(d->pool, b->domain, b->offs[l], b->unit_bytes, 1) < 0)
+                        log_error("shared block at %llu: not its domain's in the pool", (unsigned long long)b->offs[l]);
+        idmap_del(&d->prefixes, key_of(b->model, b->chain));
+        d->freed = true;
+        uint64_t domain = b->domain;
+        budget_charge_shared(d, b->ten, -(int64_t)b->bytes);
+        free(b);
+        domain_gc(d, domain);
+}
+
+void prefix_release(struct kvcd *d, struct session *s) {
+        for (uint32_t i = 0; i < s->n_shared_blocks; i++)
+                unref(d, s->shared[i]);
+        s->n_shared_blocks = 0;
+        domain_gc(d, s->prefix_domain);
+}
+
+void prefix_totals(const struct kvcd *d, uint32_t *ret_blocks, uint64_t *ret_bytes) {
+        struct prefix_block *b;
+        uint32_t n = 0;
+        uint64_t bytes = 0;
+        for (uint32_t it = 0; (b = idmap_next(&d->prefixes, &it));) {
+                n++;
+                bytes += b->bytes;
+        }
+        *ret_blocks = n;
+        *ret_bytes = bytes;
+}
+
+int prefix_audit(const struct kvcd *d, uint64_t *ret_bytes) {
+        struct prefix_block *b;
+        uint64_t bytes = 0;
+        int bad = 0;
+        for (uint32_t it = 0; (b = idmap_next(&d->prefixes, &it));) {
+                for (uint32_t l = 0; l < b->n_layers; l++)
+                        if (pool_owns(d->pool, b->domain, b->offs[l], b->unit_bytes, 1) < 0)
+                                bad++;
+                bytes += b->bytes;
+        }
+        *ret_bytes = bytes;
+        return bad ? -EUCLEAN : 0;
+}
