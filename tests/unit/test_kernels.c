@@ -430,6 +430,59 @@ static void attn_masks_a_token_with_minus_inf_logweight(void **state) {
         }
 }
 
+/* A shared prefix: a token masked in this session's bitmap is removed exactly as a -inf
+ * log-weight removes it, and no score of a shared slot is written (other sessions read them). */
+static void attn_masks_shared_slots_with_the_bitmap_and_writes_none(void **state) {
+        (void)state;
+        rng_state = 0x5e7a;
+        for (int iter = 0; iter < 40; iter++) {
+                struct test_layer a, b;
+                uint32_t T = 16, H = 1 + rng_below(3), group = 1 + rng_below(4), D = 1 + rng_below(40);
+                uint32_t S = 16 * (1 + rng_below(3)), n = S + 1 + rng_below(40), drop = rng_below(S);
+                uint32_t n_heads = H * group, stride = 8;
+                layer_make(&a, T, H, D, BLOCK_DTYPE_F32, n, iter % 2 ? LOGW_RANDOM : LOGW_ZERO);
+                layer_make(&b, T, H, D, BLOCK_DTYPE_F32, n, LOGW_ZERO);
+                for (uint32_t bl = 0; bl < a.n_blocks; bl++) /* b: the same layer... */
+                        memcpy(b.blocks[bl], a.blocks[bl], a.layout.block_bytes);
+                for (uint32_t h = 0; h < H; h++) /* ...with the token masked the usual way */
+                        *side(&b, b.layout.logw_offset, h, drop) = -INFINITY;
+                uint8_t mask[3 * 8] = { 0 };
+                for (uint32_t h = 0; h < H; h++)
+                        mask[h * stride + drop / 8] |= (uint8_t)(1u << (drop % 8));
+                a.L.n_shared = S;
+                a.L.shared_mask = mask;
+                a.L.mask_stride = stride;
+                uint8_t **snap = layer_snapshot(&a);
+                float *q = random_q(n_heads, D, 4.0f);
+                float *out_a = malloc((size_t)n_heads * D * sizeof(float));
+                float *out_b = malloc((size_t)n_heads * D * sizeof(float));
+                float *scratch = malloc(2 * (size_t)n * sizeof(float));
+                assert_true(out_a && out_b && scratch);
+                assert_int_equal(attn_decode_ref(&a.L, q, out_a, n_heads, 0.8f, 1, scratch), 0);
+                assert_int_equal(attn_decode_ref(&b.L, q, out_b, n_heads, 0.8f, 1, scratch), 0);
+                for (size_t i = 0; i < (size_t)n_heads * D; i++)
+                        if (!(out_a[i] == out_b[i]))
+                                fail_msg("case %d: out[%zu] %a with the bitmap, %a with -inf", iter, i,
+                                         (double)out_a[i], (double)out_b[i]);
+                /* the shared blocks are byte for byte as they were; the private slots got scores */
+                for (uint32_t bl = 0; bl < S / T; bl++)
+                        assert_memory_equal(a.blocks[bl], snap[bl], a.layout.block_bytes);
+                for (uint32_t h = 0; h < H; h++)
+                        for (uint32_t j = S; j < n; j++)
+                                assert_true(*side(&a, a.layout.last_offset, h, j) == *side(&b, b.layout.last_offset, h, j));
+                /* a mask too short for the prefix is refused */
+                a.L.mask_stride = S / 8 - 1;
+                assert_int_equal(attn_decode_ref(&a.L, q, out_a, n_heads, 0.8f, 1, scratch), -EINVAL);
+                snapshot_free(&a, snap);
+                free(q);
+                free(out_a);
+                free(out_b);
+                free(scratch);
+                layer_done(&a);
+                layer_done(&b);
+        }
+}
+
 /* Every token masked: zero output and zero attention, never NaN. */
 static void attn_gives_zeros_when_every_token_is_masked(void **state) {
         struct test_layer t;
@@ -694,6 +747,7 @@ int main(void) {
                 cmocka_unit_test(attn_accumulates_scores_over_calls),
                 cmocka_unit_test(attn_leaves_side_arrays_alone_without_update_scores),
                 cmocka_unit_test(attn_masks_a_token_with_minus_inf_logweight),
+                cmocka_unit_test(attn_masks_shared_slots_with_the_bitmap_and_writes_none),
                 cmocka_unit_test(attn_gives_zeros_when_every_token_is_masked),
                 cmocka_unit_test(attn_rejects_bad_arguments),
                 cmocka_unit_test(summary_matches_double_oracle),
