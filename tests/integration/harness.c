@@ -416,3 +416,20 @@ char *harness_slurp(const char *path, size_t *ret_len) {
         }
         return buf;
 }
+
+int harness_group_start(void **state, const char *const *extra) {
+        struct daemon *d = calloc(1, sizeof(*d));
+        if (!d || harness_daemon_start(d, extra, NULL) < 0) {
+                free(d);
+                return -1;
+        }
+        *state = d;
+        return 0;
+}
+
+int harness_group_stop(void **state) {
+        struct daemon *d = *state;
+        int st = harness_daemon_stop(d);
+        free(d);
+        return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}

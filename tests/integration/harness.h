@@ -32,6 +32,10 @@ const char *harness_bin(const char *name);
 int harness_daemon_start(struct daemon *d, const char *const *extra, int *exit_status);
 /* SIGTERM, wait for the exit, remove the directory. Returns kvcd's exit status (or -errno). */
 int harness_daemon_stop(struct daemon *d);
+/* cmocka group fixtures: a kvcd started with extra (NULL-terminated, may be NULL), as *state; and
+ * its stop, which fails the group unless kvcd exits 0 (a clean stop on SIGTERM). */
+int harness_group_start(void **state, const char *const *extra);
+int harness_group_stop(void **state);
 /* SIGKILL and reap kvcd (its status in *ret_status); the directory and the notify socket stay,
  * for harness_daemon_restart(). */
 int harness_daemon_kill(struct daemon *d, int *ret_status);

@@ -16,21 +16,6 @@
 
 #define GOLDEN "../shared/models/stories260K/golden-greedy-256.txt"
 
-static int setup(void **state) {
-        struct daemon *d = calloc(1, sizeof(*d));
-        if (!d || harness_daemon_start(d, NULL, NULL) < 0)
-                return -1;
-        *state = d;
-        return 0;
-}
-
-static int teardown(void **state) {
-        struct daemon *d = *state;
-        int st = harness_daemon_stop(d);
-        free(d);
-        /* kvcd must stop cleanly on SIGTERM */
-        return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
-}
 
 /* Runs kvc-run against d with the extra arguments; returns its stdout, asserting exit 0. */
 static char *kvc_run(const struct daemon *d, const char *first, ...) {
@@ -221,6 +206,10 @@ static void kvcctl_exits_3_when_no_kvcd_answers(void **state) {
         assert_int_equal(WEXITSTATUS(st), 3);
 }
 
+static int setup(void **state) {
+        return harness_group_start(state, NULL);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(full_policy_reproduces_the_known_greedy_story),
@@ -232,5 +221,5 @@ int main(void) {
                 cmocka_unit_test(every_binary_answers_help_and_version),
                 cmocka_unit_test(kvcctl_exits_3_when_no_kvcd_answers),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, setup, harness_group_stop);
 }

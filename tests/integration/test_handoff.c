@@ -23,20 +23,6 @@
 
 #define RUN "-n", "300", "--no-stop", "--policy", "window", "--budget", "64"
 
-static int setup(void **state) {
-        struct daemon *d = calloc(1, sizeof(*d));
-        if (!d || harness_daemon_start(d, NULL, NULL) < 0)
-                return -1;
-        *state = d;
-        return 0;
-}
-
-static int teardown(void **state) {
-        struct daemon *d = *state;
-        int st = harness_daemon_stop(d);
-        free(d);
-        return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
-}
 
 static char *kvc_run(const struct daemon *d, const char *const *extra) {
         const char *argv[40] = { harness_bin("kvc-run"), "--socket", d->dir, RUN };
@@ -161,10 +147,14 @@ static void a_ticket_opens_its_session_once(void **state) {
         free(audit);
 }
 
+static int setup(void **state) {
+        return harness_group_start(state, NULL);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(two_processes_split_a_generation_and_print_one_story),
                 cmocka_unit_test(a_ticket_opens_its_session_once),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, setup, harness_group_stop);
 }

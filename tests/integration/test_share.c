@@ -26,20 +26,6 @@
         "Once upon a time, there was a little girl named Lily. She loved to play outside in the park " \
         "with her friends. One day, she saw a big red ball"
 
-static int setup(void **state) {
-        struct daemon *d = calloc(1, sizeof(*d));
-        if (!d || harness_daemon_start(d, NULL, NULL) < 0)
-                return -1;
-        *state = d;
-        return 0;
-}
-
-static int teardown(void **state) {
-        struct daemon *d = *state;
-        int st = harness_daemon_stop(d);
-        free(d);
-        return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
-}
 
 /* kvc-run --json with the prompt and the extra arguments: its JSON (malloc'd). */
 static char *run_json(const struct daemon *d, const char *const *extra) {
@@ -137,9 +123,13 @@ static void runs_of_one_prompt_share_its_prefix(void **state) {
         free(ref_long);
 }
 
+static int setup(void **state) {
+        return harness_group_start(state, NULL);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(runs_of_one_prompt_share_its_prefix),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, setup, harness_group_stop);
 }

@@ -24,19 +24,8 @@
 #define CHUNK (2u << 20)
 
 static int setup(void **state) {
-        struct daemon *d = calloc(1, sizeof(*d));
         const char *extra[] = { "--capacity", "4M", "--chunk-bytes", "2M", NULL };
-        if (!d || harness_daemon_start(d, extra, NULL) < 0)
-                return -1;
-        *state = d;
-        return 0;
-}
-
-static int teardown(void **state) {
-        struct daemon *d = *state;
-        int st = harness_daemon_stop(d);
-        free(d);
-        return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+        return harness_group_start(state, extra);
 }
 
 static struct kvc_client *client(const struct daemon *d, const char *name) {
@@ -122,7 +111,7 @@ static void kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them(void *
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them, setup,
-                                                teardown),
+                                                harness_group_stop),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
