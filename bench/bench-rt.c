@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -210,6 +211,14 @@ static void add(struct samples *s, double x) {
         s->v[s->n++] = x;
 }
 
+/* CPU seconds this process (every thread: ZeroMQ's I/O thread too) has used. */
+static double self_cpu(void) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+               ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) / 1e6;
+}
+
 static void fail(const char *what, int e, struct kvc_client *c) {
         fprintf(stderr, "bench-rt: %s: %s%s%s\n", what, strerror(-e), c ? ": " : "", c ? kvc_last_error(c) : "");
         exit(1);
@@ -284,13 +293,17 @@ int main(int argc, char **argv) {
                 if (floor_call(&fl, req, req1, buf, sizeof(buf)) < 0)
                         fail("floor", -EIO, NULL);
         }
+        double cpu_floor = 0, cpu_kvcd = 0, cpu_daemon = 0;
         for (int b = 0; b < o.blocks; b++) {
+                double c0 = self_cpu();
                 for (int r = 0; r < o.rounds; r++) {
                         uint64_t t0 = bench_now_ns();
                         if (floor_call(&fl, req, req1, buf, sizeof(buf)) < 0)
                                 fail("floor", -EIO, NULL);
                         add(&lat_floor, (double)(bench_now_ns() - t0) / 1e3);
                 }
+                double c1 = self_cpu(), d1 = bench_cpu_seconds(kd.pid);
+                cpu_floor += c1 - c0;
                 for (int r = 0; r < o.rounds; r++) {
                         if ((e = queue_step(s[0], step[0]++)) < 0)
                                 fail("step", e, c);
@@ -301,7 +314,10 @@ int main(int argc, char **argv) {
                         double us = (double)(bench_now_ns() - t0) / 1e3;
                         add(plans_applied(s, 1) != before ? &lat_kvcd_plan : &lat_kvcd, us);
                 }
+                cpu_kvcd += self_cpu() - c1; /* kvc_append_slots and kvc_step too: little */
+                cpu_daemon += bench_cpu_seconds(kd.pid) - d1;
         }
+        double rounds_all = (double)o.rounds * o.blocks;
         kvc_session_close(s[0], NULL);
         s[0] = NULL;
         step[0] = 0;
@@ -390,9 +406,11 @@ int main(int argc, char **argv) {
                 printf("{\"latency\":{\"request_bytes\":%zu,\"rounds\":%zu,\"floor_us\":{\"p50\":%.2f,\"p99\":%.2f,"
                        "\"mean\":%.2f},\"kvcd_us\":{\"p50\":%.2f,\"p99\":%.2f,\"mean\":%.2f},\"kvcd_no_plan_us\":{"
                        "\"p50\":%.2f,\"p99\":%.2f,\"mean\":%.2f,\"n\":%zu},\"kvcd_plan_us\":{\"p50\":%.2f,\"p99\":%."
-                       "2f,\"mean\":%.2f,\"n\":%zu},\"ratio_p50\":%.3f,\"ratio_mean\":%.3f},",
+                       "2f,\"mean\":%.2f,\"n\":%zu},\"ratio_p50\":%.3f,\"ratio_mean\":%.3f,\"client_cpu_us\":{\"floor\":%.2f,\"kvcd\":%.2f},"
+                       "\"kvcd_cpu_us\":%.2f},",
                        req1, all.n, f50, f99, fmean, k50, k99, kmean, n50, n99, nmean, lat_kvcd.n, p50, p99, pmean,
-                       lat_kvcd_plan.n, k50 / f50, kmean / fmean);
+                       lat_kvcd_plan.n, k50 / f50, kmean / fmean, cpu_floor / rounds_all * 1e6,
+                       cpu_kvcd / rounds_all * 1e6, cpu_daemon / rounds_all * 1e6);
                 printf("\"throughput\":{\"sessions\":%d,\"request_bytes\":%zu,\"floor_summaries_per_s\":%.0f,"
                        "\"kvcd_summaries_per_s\":%.0f,\"kvcd_summaries_per_cpu_s\":%.0f,\"kvcd_cpu_share\":%.3f,"
                        "\"plans\":%llu,\"floor_us\":{\"p50\":%.1f,\"p99\":%.1f},\"kvcd_us\":{\"p50\":%.1f,\"p99\":%."
@@ -413,6 +431,9 @@ int main(int argc, char **argv) {
                n50, n99, nmean, n50 / f50, nmean / fmean);
         printf("| kvcd: steps with a plan (applied, acknowledged) | %zu | %zu | %.1f | %.1f | %.1f | %.2f | %.2f |\n",
                req1, lat_kvcd_plan.n, p50, p99, pmean, p50 / f50, pmean / fmean);
+        printf("CPU per round trip: the client process (its ZeroMQ I/O thread included) %.1f us with the floor, "
+               "%.1f us with libkvc; kvcd %.1f us\n",
+               cpu_floor / rounds_all * 1e6, cpu_kvcd / rounds_all * 1e6, cpu_daemon / rounds_all * 1e6);
         printf("target: kvcd at most 1.5x the floor at one client (p50): %s (%.2fx)\n\n",
                k50 / f50 <= 1.5 ? "HOLDS" : "DOES NOT HOLD", k50 / f50);
         printf("1b. Throughput: %d sessions, one StepBatch of %d summaries per flush (%zu bytes), plan_lag 0\n",

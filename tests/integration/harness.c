@@ -433,3 +433,13 @@ int harness_group_stop(void **state) {
         free(d);
         return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
+
+char *harness_output(const char *const *argv) {
+        char *out = NULL;
+        int st = -1;
+        if (harness_run(argv, &out, &st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                free(out);
+                return NULL;
+        }
+        return out;
+}

@@ -64,6 +64,8 @@ int harness_wait(pid_t pid, int *ret_status, int timeout_ms);
 
 /* Runs argv to completion and returns its stdout (malloc'd). */
 int harness_run(const char *const *argv, char **ret_out, int *ret_status);
+/* The stdout of argv run to completion (malloc'd), or NULL unless it exited 0. */
+char *harness_output(const char *const *argv);
 
 /* kvcctl --socket DIR --json VERB: the JSON it printed (malloc'd) or NULL. */
 char *harness_kvcctl(const struct daemon *d, const char *verb);

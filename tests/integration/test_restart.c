@@ -60,10 +60,8 @@ static size_t count(const char *hay, const char *needle) {
 
 static char *run_to_end(struct sdsvc *s) {
         const char *argv[] = { harness_bin("kvc-run"), "--socket", s->dir, RUN_ARGS, NULL };
-        char *out = NULL;
-        int st;
-        assert_int_equal(harness_run(argv, &out, &st), 0);
-        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        char *out = harness_output(argv);
+        assert_non_null(out);
         return out;
 }
 
