@@ -35,13 +35,7 @@ static int teardown(void **state) {
 /* kvcctl --json VERB against the harness's kvcd: its output (malloc'd) or NULL. */
 static char *kvcctl(struct sdsvc *s, const char *verb) {
         const char *argv[] = { harness_bin("kvcctl"), "--socket", s->dir, "--json", verb, NULL };
-        char *out = NULL;
-        int st;
-        if (harness_run(argv, &out, &st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-                free(out);
-                return NULL;
-        }
-        return out;
+        return harness_output(argv);
 }
 
 static long long status_int(struct sdsvc *s, const char *key) {
