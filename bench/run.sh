@@ -9,11 +9,12 @@
 #                       apt-get when missing and this runs as root; else "skipped: no torch")
 #   3. bench-compact    compaction vs memcpy of the same bytes
 #   4. bench-footprint  kvcd's RSS: idle, per session, steady state
-#   5. kvc-run          tokens/s through kvcd vs kvc-run --local, interleaved runs (below)
+#   5. kvc-run          tokens/s through kvcd vs kvc-run --local, interleaved runs (below); and
+#      bench-attn       why: libkvc's attention kernel vs kvc-run --local's
 #   6. the GPU checks   tests/gpu/run.sh and tests/gpu/ipc.sh when a GPU is visible
 #
 # Programs that serve (kvcd, the echo server) run on one CPU and clients on another when there
-# are two. E2E_REPS sets the kvc-run repetitions (default 7).
+# are two. E2E_REPS sets the kvc-run repetitions (default 9).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${KVC_BENCH_BOUNDED:-}" ]; then
@@ -22,10 +23,11 @@ fi
 build=${1:-build}
 bin=$build/bin
 bb=$build/bench
-reps=${E2E_REPS:-7}
+reps=${E2E_REPS:-9}
 failed=0
 
-for p in "$bin/kvcd" "$bin/kvc-run" "$bb/bench-rt" "$bb/bench-select" "$bb/bench-compact" "$bb/bench-footprint"; do
+for p in "$bin/kvcd" "$bin/kvc-run" "$bb/bench-rt" "$bb/bench-select" "$bb/bench-compact" "$bb/bench-footprint" \
+        "$bb/bench-attn"; do
         [ -x "$p" ] || { echo "bench/run.sh: $p is missing: make bench-programs BUILD=$build" >&2; exit 2; }
 done
 
@@ -54,7 +56,7 @@ run() {
 
 # ---- 1 ----
 section "item 1: round trip and throughput"
-run "$bb/bench-rt" --kvcd "$bin/kvcd"
+run "$bb/bench-rt" --kvcd "$bin/kvcd" --blocks 10
 
 # ---- 2 ----
 section "item 2: plan building"
@@ -128,13 +130,14 @@ median() { sort -g "$1" | awk '{v[NR] = $1} END {print NR ? v[int((NR + 1) / 2)]
 best() { sort -g "$1" | tail -1; }
 base=$(median "$tmp/local")
 echo "5. kvc-run, stories260K, $steps tokens from BOS, greedy; $reps interleaved runs each, median (best) tokens/s"
-echo "| cache | tokens/s | best | / --local | overhead |"
-echo "|---|---:|---:|---:|---:|"
-echo "| --local: plain in-process cache, no kvcd (baseline) | $base | $(best "$tmp/local") | 1.00 | |"
+echo "| cache | tokens/s | best | us/token | / --local | overhead |"
+echo "|---|---:|---:|---:|---:|---:|"
+awk -v m="$base" -v x="$(best "$tmp/local")" \
+        'BEGIN { printf "| --local: plain in-process cache, no kvcd (baseline) | %s | %s | %.0f | 1.000 | |\n", m, x, 1e6 / m }'
 for i in "${!configs[@]}"; do
         m=$(median "$tmp/c$i")
         awk -v n="${configs[$i]%%|*}" -v m="$m" -v b="$base" -v x="$(best "$tmp/c$i")" \
-                'BEGIN { printf "| kvcd, %s | %s | %s | %.3f | %.1f%% |\n", n, m, x, m / b, (b / m - 1) * 100 }'
+                'BEGIN { printf "| kvcd, %s | %s | %s | %.0f | %.3f | %.1f%% |\n", n, m, x, 1e6 / m, m / b, (b / m - 1) * 100 }'
 done
 awk -v m="$(median "$tmp/c0")" -v b="$base" 'BEGIN {
         o = (b / m - 1) * 100
@@ -143,6 +146,8 @@ awk -v m="$(median "$tmp/c0")" -v b="$base" 'BEGIN {
 cleanup
 kvcd_pid=
 trap - EXIT
+echo
+run "${pin_client[@]}" "$bb/bench-attn"
 
 # ---- 6 ----
 section "item 6: GPU"

@@ -837,7 +837,12 @@ static int open_channels(struct kvc_client *c, bool *ret_device, uint8_t uuid[16
         if (!c->zctx && !(c->zctx = zmq_ctx_new()))
                 return -ENOMEM;
         c->zsock = zmq_socket(c->zctx, ZMQ_DEALER);
-        if (!c->zsock || zmq_setsockopt(c->zsock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+        /* our routing id: the secret token (a first byte of 0 is ZeroMQ's), so that a connection
+         * kvcd dropped (a heartbeat timeout while we were stopped) comes back as the same peer */
+        uint8_t rid[1 + sizeof(m.token)] = { 'K' };
+        memcpy(rid + 1, m.token, sizeof(m.token));
+        if (!c->zsock || zmq_setsockopt(c->zsock, ZMQ_ROUTING_ID, rid, sizeof(rid)) < 0 ||
+            zmq_setsockopt(c->zsock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
             zmq_setsockopt(c->zsock, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof(c->timeout_ms)) < 0 ||
             zmq_connect(c->zsock, ep) < 0)
                 return -ECONNREFUSED;

@@ -130,6 +130,9 @@ static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode
                 unlink(path);
         if ((act_fd >= 0 && zmq_setsockopt(s, ZMQ_USE_FD, &act_fd, sizeof(act_fd)) < 0) ||
             zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) < 0 ||
+            /* a client that comes back under its routing id (libkvc's is its secret token: after a
+             * heartbeat timeout, say) takes its place over again */
+            zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &one, sizeof(one)) < 0 ||
             zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max)) < 0 ||
             zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
             zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
