@@ -53,7 +53,9 @@ static double once(void (*fn)(struct job *), struct job *j, double min_ms) {
 
 int main(int argc, char **argv) {
         double min_ms = 20;
-        static const struct option lo[] = { { "min-ms", required_argument, NULL, 'm' }, { "help", no_argument, NULL, 'h' }, {} };
+        static const struct option lo[] = { { "min-ms", required_argument, NULL, 'm' },
+                                            { "help", no_argument, NULL, 'h' },
+                                            {} };
         int ch;
         while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
                 if (ch == 'm')
@@ -67,14 +69,21 @@ int main(int argc, char **argv) {
         bench_pick_cpus(&cpu_client, &cpu_server);
         bench_pin(0, cpu_client);
         const uint32_t sizes[] = { 64, 256, 512 };
-        struct model_config mc = { .dim = HEADS * HEAD_DIM, .hidden_dim = 4 * HEADS * HEAD_DIM, .n_layers = 1,
-                                   .n_heads = HEADS, .n_kv_heads = KV_HEADS, .vocab_size = 512, .seq_len = 512 };
+        struct model_config mc = { .dim = HEADS * HEAD_DIM,
+                                   .hidden_dim = 4 * HEADS * HEAD_DIM,
+                                   .n_layers = 1,
+                                   .n_heads = HEADS,
+                                   .n_kv_heads = KV_HEADS,
+                                   .vocab_size = 512,
+                                   .seq_len = 512 };
         struct block_layout lay;
         block_layout_init(&lay, T, KV_HEADS, HEAD_DIM, BLOCK_DTYPE_F32);
-        printf("5b. Decode attention for one layer and one token, stories260K's geometry: libkvc's kernel against "
+        printf("5b. Decode attention for one layer and one token, stories260K's geometry: libkvc's kernel "
+               "against "
                "kvc-run --local's (us per call, median of %d)\n",
                MEASUREMENTS);
-        printf("| tokens | --local: llama2.c loop, contiguous | libkvc: attn_decode_ref, scores updated | / --local | "
+        printf("| tokens | --local: llama2.c loop, contiguous | libkvc: attn_decode_ref, scores updated | / "
+               "--local | "
                "attn_decode_ref, no score update | / --local |\n");
         printf("|---:|---:|---:|---:|---:|---:|\n");
         for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
@@ -100,8 +109,8 @@ int main(int argc, char **argv) {
                         }
                         plain_cache_ops.store(j.plain, 0, (int)t, k, v);
                         for (uint32_t g = 0; g < KV_HEADS; g++) {
-                                block_store_row(BLOCK_DTYPE_F32, k + g * HEAD_DIM, block_key(&lay, blocks[t / T], g, t % T),
-                                                HEAD_DIM);
+                                block_store_row(BLOCK_DTYPE_F32, k + g * HEAD_DIM,
+                                                block_key(&lay, blocks[t / T], g, t % T), HEAD_DIM);
                                 block_store_row(BLOCK_DTYPE_F32, v + g * HEAD_DIM,
                                                 block_value(&lay, blocks[t / T], g, t % T), HEAD_DIM);
                         }

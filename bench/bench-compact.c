@@ -132,9 +132,12 @@ int main(int argc, char **argv) {
         int only_geometry = -1;
         bool json = false;
         static const struct option lo[] = {
-                { "tokens", required_argument, NULL, 'n' }, { "min-ms", required_argument, NULL, 'm' },
-                { "json", no_argument, NULL, 'j' },         { "help", no_argument, NULL, 'h' },
-                { "shape", required_argument, NULL, 's' },  { "geometry", required_argument, NULL, 'g' },
+                { "tokens", required_argument, NULL, 'n' },
+                { "min-ms", required_argument, NULL, 'm' },
+                { "json", no_argument, NULL, 'j' },
+                { "help", no_argument, NULL, 'h' },
+                { "shape", required_argument, NULL, 's' },
+                { "geometry", required_argument, NULL, 'g' },
                 {},
         };
         int ch;
@@ -161,7 +164,8 @@ int main(int argc, char **argv) {
         bench_pick_cpus(&cpu_client, &cpu_server);
         bench_pin(0, cpu_client);
         if (!json) {
-                printf("3. Plan application: compact_layer of one layer of %u tokens against memcpy of the same bytes\n",
+                printf("3. Plan application: compact_layer of one layer of %u tokens against memcpy of the "
+                       "same bytes\n",
                        n);
                 printf("| geometry | keep-set | tokens kept | bytes moved | compaction GB/s | memcpy GB/s | "
                        "compaction / memcpy |\n");
@@ -189,7 +193,9 @@ int main(int argc, char **argv) {
                         if (only_shape && strcmp(only_shape, shape_names[sh]) != 0)
                                 continue;
                         uint64_t rng = 7 + (uint64_t)sh;
-                        struct job j = { .L = { .layout = &lay, .blocks = blocks, .n_blocks = n_blocks, .n_tokens = n } };
+                        struct job j = {
+                                .L = { .layout = &lay, .blocks = blocks, .n_blocks = n_blocks, .n_tokens = n }
+                        };
                         j.k = make_keep((enum shape)sh, n, lay.n_kv_heads, keep, &rng);
                         j.keep = keep;
                         j.per_head = sh == SHAPE_H2O_PER_HEAD;
@@ -218,12 +224,13 @@ int main(int argc, char **argv) {
                         if (c / mc < worst)
                                 worst = c / mc;
                         if (json)
-                                printf("{\"geometry\":\"%s\",\"keep\":\"%s\",\"kept\":%u,\"bytes\":%zu,\"compact_gbs\":%.3f,"
+                                printf("{\"geometry\":\"%s\",\"keep\":\"%s\",\"kept\":%u,\"bytes\":%zu,"
+                                       "\"compact_gbs\":%.3f,"
                                        "\"memcpy_gbs\":%.3f,\"ratio\":%.3f}\n",
                                        ge->name, shape_names[sh], j.k, j.bytes, c, mc, c / mc);
                         else
-                                printf("| %s | %s | %u | %zu | %.2f | %.2f | **%.2f** |\n", ge->name, shape_names[sh], j.k,
-                                       j.bytes, c, mc, c / mc);
+                                printf("| %s | %s | %u | %zu | %.2f | %.2f | **%.2f** |\n", ge->name,
+                                       shape_names[sh], j.k, j.bytes, c, mc, c / mc);
                         fflush(stdout);
                         free(j.src);
                         free(j.dst);

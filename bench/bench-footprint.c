@@ -24,8 +24,8 @@
 #include "common.h"
 #include "kvc.h"
 
-#define LAYERS     5u
-#define MAX_TOKENS 512u
+#define LAYERS       5u
+#define MAX_TOKENS   512u
 #define SESSIONS_MAX 512
 
 struct rss {
@@ -38,14 +38,19 @@ static struct rss rss_of(pid_t pid) {
 }
 
 static void fail(const char *what, int e, struct kvc_client *c) {
-        fprintf(stderr, "bench-footprint: %s: %s%s%s\n", what, strerror(-e), c ? ": " : "", c ? kvc_last_error(c) : "");
+        fprintf(stderr, "bench-footprint: %s: %s%s%s\n", what, strerror(-e), c ? ": " : "",
+                c ? kvc_last_error(c) : "");
         exit(1);
 }
 
 static struct kvc_session *open_one(struct kvc_client *c) {
         struct kvc_session_config cfg = {
-                .geometry = { .n_layers = LAYERS, .n_heads = 8, .n_kv_heads = 4, .head_dim = 8,
-                              .dtype = KVC_DTYPE_F32, .max_tokens = MAX_TOKENS },
+                .geometry = { .n_layers = LAYERS,
+                              .n_heads = 8,
+                              .n_kv_heads = 4,
+                              .head_dim = 8,
+                              .dtype = KVC_DTYPE_F32,
+                              .max_tokens = MAX_TOKENS },
                 .policy = "window",
                 .budget_tokens = 64,
         };
@@ -76,9 +81,12 @@ int main(int argc, char **argv) {
         int checkpoints = 5, batches = 2000, churn = 20;
         bool json = false;
         static const struct option lo[] = {
-                { "kvcd", required_argument, NULL, 'k' },    { "checkpoints", required_argument, NULL, 'c' },
-                { "batches", required_argument, NULL, 'b' }, { "churn", required_argument, NULL, 'r' },
-                { "json", no_argument, NULL, 'j' },          { "help", no_argument, NULL, 'h' },
+                { "kvcd", required_argument, NULL, 'k' },
+                { "checkpoints", required_argument, NULL, 'c' },
+                { "batches", required_argument, NULL, 'b' },
+                { "churn", required_argument, NULL, 'r' },
+                { "json", no_argument, NULL, 'j' },
+                { "help", no_argument, NULL, 'h' },
                 {},
         };
         int ch;
@@ -90,7 +98,8 @@ int main(int argc, char **argv) {
                 case 'r': churn = atoi(optarg); break;
                 case 'j': json = true; break;
                 case 'h':
-                        printf("Usage: bench-footprint --kvcd PATH [--checkpoints N] [--batches N] [--churn N] "
+                        printf("Usage: bench-footprint --kvcd PATH [--checkpoints N] [--batches N] [--churn "
+                               "N] "
                                "[--json]\n");
                         return 0;
                 default: return 2;
@@ -129,7 +138,8 @@ int main(int argc, char **argv) {
                         for (uint32_t l = 0; l < LAYERS; l++) {
                                 struct kvc_layer_view v;
                                 if (kvc_layer_view(s[i], l, &v) == 0)
-                                        pool_bytes[m] += v.n_blocks * v.block_bytes + v.n_q8_blocks * v.q8_block_bytes;
+                                        pool_bytes[m] +=
+                                                v.n_blocks * v.block_bytes + v.n_q8_blocks * v.q8_block_bytes;
                         }
         }
         for (int i = 64; i < SESSIONS_MAX; i++)
@@ -166,7 +176,8 @@ int main(int argc, char **argv) {
 
         long growth = cp[checkpoints].rss - cp[1].rss, growth_anon = cp[checkpoints].anon - cp[1].anon;
         if (json) {
-                printf("{\"idle_kib\":{\"rss\":%ld,\"anon\":%ld,\"shmem\":%ld},\"per_session_bytes\":{\"rss\":%.0f,"
+                printf("{\"idle_kib\":{\"rss\":%ld,\"anon\":%ld,\"shmem\":%ld},\"per_session_bytes\":{"
+                       "\"rss\":%.0f,"
                        "\"anon\":%.0f,\"shmem\":%.0f,\"pool\":%.0f},\"steady_kib\":[",
                        idle.rss, idle.anon, idle.shmem, per_rss, per_anon, per_shmem, per_pool);
                 for (int r = 1; r <= checkpoints; r++)
@@ -182,16 +193,19 @@ int main(int argc, char **argv) {
         printf("| 512 sessions, 100 steps each | %ld | %ld | %ld |\n", at[1].rss, at[1].anon, at[1].shmem);
         for (int r = 1; r <= checkpoints; r++)
                 printf("| 64 sessions, after %llu summaries | %ld | %ld | %ld |\n",
-                       (unsigned long long)((uint64_t)(r + 1) * batches * 64), cp[r].rss, cp[r].anon, cp[r].shmem);
-        printf("| after %d rounds of closing and reopening the 64 | %ld | %ld | %ld |\n", churn, after_churn.rss,
-               after_churn.anon, after_churn.shmem);
-        printf("per session (64 -> 512): %.0f bytes of RSS (%.0f heap, %.0f pool pages touched) for %.0f pool bytes "
+                       (unsigned long long)((uint64_t)(r + 1) * batches * 64), cp[r].rss, cp[r].anon,
+                       cp[r].shmem);
+        printf("| after %d rounds of closing and reopening the 64 | %ld | %ld | %ld |\n", churn,
+               after_churn.rss, after_churn.anon, after_churn.shmem);
+        printf("per session (64 -> 512): %.0f bytes of RSS (%.0f heap, %.0f pool pages touched) for %.0f "
+               "pool bytes "
                "of KV blocks held: %.3f of them\n",
                per_rss, per_anon, per_shmem, per_pool, per_rss / per_pool);
-        printf("steady state: %llu summaries after warm-up, RSS %ld -> %ld KiB (%+ld KiB, heap %+ld KiB; ratio "
+        printf("steady state: %llu summaries after warm-up, RSS %ld -> %ld KiB (%+ld KiB, heap %+ld KiB; "
+               "ratio "
                "%.3f)\n",
-               (unsigned long long)(steps_done - (uint64_t)batches * 64), cp[1].rss, cp[checkpoints].rss, growth,
-               growth_anon, (double)cp[checkpoints].rss / (double)cp[1].rss);
+               (unsigned long long)(steps_done - (uint64_t)batches * 64), cp[1].rss, cp[checkpoints].rss,
+               growth, growth_anon, (double)cp[checkpoints].rss / (double)cp[1].rss);
         printf("target: steady state does not grow with steps: %s\n",
                growth_anon <= 0 && growth <= 4 ? "HOLDS" : "DOES NOT HOLD");
         return 0;

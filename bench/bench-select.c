@@ -52,7 +52,8 @@ static int by_score_desc(const void *a, const void *b) {
 }
 
 /* The baseline: a full sort of the indices, then the top k read back ascending. */
-static void sort_topk(const float *score, uint32_t n, uint32_t k, uint32_t *out, uint32_t *idx, uint8_t *mark) {
+static void sort_topk(const float *score, uint32_t n, uint32_t k, uint32_t *out, uint32_t *idx,
+                      uint8_t *mark) {
         for (uint32_t i = 0; i < n; i++)
                 idx[i] = i;
         qsort_score = score;
@@ -74,13 +75,14 @@ struct input {
 
 static void run_radix(struct input *in) {
         for (uint32_t r = 0; r < in->rows; r++)
-                select_topk(in->score + (size_t)r * in->n, in->n, in->k, in->out + (size_t)r * in->k, in->scratch);
+                select_topk(in->score + (size_t)r * in->n, in->n, in->k, in->out + (size_t)r * in->k,
+                            in->scratch);
 }
 
 static void run_qsort(struct input *in) {
         for (uint32_t r = 0; r < in->rows; r++)
-                sort_topk(in->score + (size_t)r * in->n, in->n, in->k, in->out + (size_t)r * in->k, in->scratch,
-                          in->mark);
+                sort_topk(in->score + (size_t)r * in->n, in->n, in->k, in->out + (size_t)r * in->k,
+                          in->scratch, in->mark);
 }
 
 /* The median over MEASUREMENTS of ns per score, each measurement repeating fn for min_ms. */
@@ -111,7 +113,8 @@ static bool run_torch(const struct opts *o, const struct input *in, double *ret_
         }
         snprintf(path, sizeof(path), "%s/scores.f32", dir);
         FILE *f = fopen(path, "wb");
-        bool ok = f && fwrite(in->score, sizeof(float), (size_t)in->rows * in->n, f) == (size_t)in->rows * in->n;
+        bool ok = f &&
+                  fwrite(in->score, sizeof(float), (size_t)in->rows * in->n, f) == (size_t)in->rows * in->n;
         if (f)
                 fclose(f);
         if (!ok) {
@@ -119,8 +122,8 @@ static bool run_torch(const struct opts *o, const struct input *in, double *ret_
                 snprintf(why, why_len, "skipped: cannot write the scores");
                 return false;
         }
-        snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' %u %u %u %.0f 2>&1", o->python, o->script, path, in->rows, in->n,
-                 in->k, o->min_ms);
+        snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' %u %u %u %.0f 2>&1", o->python, o->script, path, in->rows,
+                 in->n, in->k, o->min_ms);
         FILE *p = popen(cmd, "r");
         ok = false;
         snprintf(why, why_len, "skipped: %s did not answer", o->python);
@@ -157,22 +160,32 @@ static int parse_sizes(const char *s, struct opts *o) {
 }
 
 static void usage(FILE *f) {
-        fprintf(f, "Usage: bench-select [--layers N] [--heads N] [--keep F] [--sizes 1K,4K,...] [--min-ms MS]\n"
-                   "                    [--python PATH] [--torch-script PATH] [--json]\n"
-                   "Selection of the top k of layers x heads rows of n scores: radix select vs qsort vs "
-                   "torch.topk.\n");
+        fprintf(f,
+                "Usage: bench-select [--layers N] [--heads N] [--keep F] [--sizes 1K,4K,...] [--min-ms MS]\n"
+                "                    [--python PATH] [--torch-script PATH] [--json]\n"
+                "Selection of the top k of layers x heads rows of n scores: radix select vs qsort vs "
+                "torch.topk.\n");
 }
 
 int main(int argc, char **argv) {
-        struct opts o = { .layers = 4, .heads = 8, .keep = 0.125, .min_ms = 40, .python = "python3",
+        struct opts o = { .layers = 4,
+                          .heads = 8,
+                          .keep = 0.125,
+                          .min_ms = 40,
+                          .python = "python3",
                           .script = "bench/topk.py" };
         parse_sizes("1K,4K,16K,64K,128K", &o);
         static const struct option lo[] = {
-                { "layers", required_argument, NULL, 'L' },  { "heads", required_argument, NULL, 'H' },
-                { "keep", required_argument, NULL, 'k' },    { "sizes", required_argument, NULL, 'n' },
-                { "min-ms", required_argument, NULL, 'm' },  { "python", required_argument, NULL, 'p' },
-                { "torch-script", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
-                { "help", no_argument, NULL, 'h' },          {},
+                { "layers", required_argument, NULL, 'L' },
+                { "heads", required_argument, NULL, 'H' },
+                { "keep", required_argument, NULL, 'k' },
+                { "sizes", required_argument, NULL, 'n' },
+                { "min-ms", required_argument, NULL, 'm' },
+                { "python", required_argument, NULL, 'p' },
+                { "torch-script", required_argument, NULL, 's' },
+                { "json", no_argument, NULL, 'j' },
+                { "help", no_argument, NULL, 'h' },
+                {},
         };
         int ch;
         while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -244,17 +257,19 @@ int main(int argc, char **argv) {
                 last_radix = radix;
                 ahead &= radix < sorted && (!torch || radix < topk);
                 if (o.json) {
-                        printf("{\"n\":%u,\"rows\":%u,\"k\":%u,\"radix_ns\":%.3f,\"qsort_ns\":%.3f,", in.n, rows, in.k,
-                               radix, sorted);
+                        printf("{\"n\":%u,\"rows\":%u,\"k\":%u,\"radix_ns\":%.3f,\"qsort_ns\":%.3f,", in.n,
+                               rows, in.k, radix, sorted);
                         if (torch)
-                                printf("\"torch_topk_ns\":%.3f,\"torch_topk_sort_ns\":%.3f}\n", topk, topk_sorted);
+                                printf("\"torch_topk_ns\":%.3f,\"torch_topk_sort_ns\":%.3f}\n", topk,
+                                       topk_sorted);
                         else
                                 printf("\"torch\":\"%s\"}\n", torch_why);
                 } else if (torch) {
-                        printf("| %u | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f |\n", in.n, radix, sorted, topk,
-                               topk_sorted, sorted / radix, topk / radix, topk_sorted / radix);
+                        printf("| %u | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f |\n", in.n, radix,
+                               sorted, topk, topk_sorted, sorted / radix, topk / radix, topk_sorted / radix);
                 } else {
-                        printf("| %u | %.2f | %.2f | %s | | %.1f | | |\n", in.n, radix, sorted, torch_why, sorted / radix);
+                        printf("| %u | %.2f | %.2f | %s | | %.1f | | |\n", in.n, radix, sorted, torch_why,
+                               sorted / radix);
                 }
                 fflush(stdout);
                 free(in.score);

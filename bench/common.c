@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -134,6 +135,7 @@ int bench_kvcd_start(const char *path, int cpu, struct bench_kvcd *k) {
                 return -errno;
         if (k->pid == 0) {
                 int devnull = open("/dev/null", O_WRONLY);
+                bench_die_with_parent(SIGTERM); /* a benchmark that fails leaves no kvcd behind */
                 dup2(devnull, STDERR_FILENO);
                 bench_pin(0, cpu);
                 setenv("NOTIFY_SOCKET", sa.sun_path, 1);
@@ -164,10 +166,21 @@ int bench_kvcd_start(const char *path, int cpu, struct bench_kvcd *k) {
         return 0;
 }
 
+void bench_die_with_parent(int sig) {
+        prctl(PR_SET_PDEATHSIG, sig);
+}
+
 void bench_kvcd_stop(struct bench_kvcd *k) {
         if (k->pid > 0) {
+                /* a graceful stop; sessions still open would hold it for its stop timeout, so a
+                 * second SIGTERM (stop at once) follows after 3 s */
                 kill(k->pid, SIGTERM);
-                waitpid(k->pid, NULL, 0);
+                for (int i = 0; i < 300 && waitpid(k->pid, NULL, WNOHANG) == 0; i++)
+                        usleep(10000);
+                if (waitpid(k->pid, NULL, WNOHANG) == 0) {
+                        kill(k->pid, SIGTERM);
+                        waitpid(k->pid, NULL, 0);
+                }
                 k->pid = 0;
         }
         if (k->root[0])

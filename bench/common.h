@@ -39,8 +39,11 @@ struct bench_kvcd {
         char dir[160];
 };
 int bench_kvcd_start(const char *path, int cpu, struct bench_kvcd *k);
-/* SIGTERM, wait, remove the directory. */
+/* SIGTERM, wait (a second SIGTERM after 3 s: stop at once), remove the directory. */
 void bench_kvcd_stop(struct bench_kvcd *k);
+
+/* In a child after fork: sig when the parent dies (a failed benchmark leaves no server). */
+void bench_die_with_parent(int sig);
 
 /* A private temporary directory for the run (removed by bench_rmtree). */
 int bench_tmpdir(char *buf, size_t len, const char *tag);

@@ -107,12 +107,12 @@ static Kvc__SessionOpened *opened_reply(struct kvcd *d, struct session *s) {
         return o;
 }
 
-static void log_opened(const struct session *s) {
+static void log_opened(const struct kvcd *d, const struct session *s) {
         log_info("session %llu opened by client %llu: policy %s budget %u, %u layers x %u kv heads x %u dims, "
-                 "tenant %s, %llu..%llu bytes, priority %d",
+                 "tenant %s, %llu..%llu bytes, priority %d%s",
                  (unsigned long long)s->id, (unsigned long long)s->owner->id, s->policy_name, s->budget_tokens,
                  s->n_layers, s->n_kv_heads, s->head_dim, s->tenant, (unsigned long long)s->min_bytes,
-                 (unsigned long long)s->max_bytes, s->priority);
+                 (unsigned long long)budget_max(d, s), s->priority, s->model_key ? ", sharing its prefix" : "");
 }
 
 static int handle_open_session(struct request *rq) {
@@ -140,7 +140,7 @@ static int handle_open_session(struct request *rq) {
         }
         rq->reply.body_case = KVC__ENVELOPE__BODY_SESSION_OPENED;
         rq->reply.session_opened = o;
-        log_opened(s);
+        log_opened(d, s);
         return 0;
 }
 
@@ -524,7 +524,7 @@ static void retry_wait(struct kvcd *d, struct session *s, uint64_t now) {
         session_wait_done(d, s);
         struct client *c = s->owner;
         if (r == 0 && open)
-                log_opened(s);
+                log_opened(d, s);
         else if (r < 0 && open) {
                 log_notice("session %llu could not open: %s", (unsigned long long)s->id, why);
                 d->n.admission_refusals++;

@@ -3,9 +3,11 @@
  *
  * A run is often one token (h2o, sparse keep-sets) and then each of its seven pieces per head
  * (key row, value row, five side words) is a few bytes: a call to memmove per piece cost more
- * than the bytes (bench/RESULTS.md, item 3). Pieces of at most 64 bytes are moved inline, by
- * loading all of them before storing any (so an overlapping run is still moved right); longer
- * ones go to memmove. */
+ * than the bytes (bench/RESULTS.md, item 3). So pieces of 4 to 64 bytes are moved inline, by
+ * loading all of a piece before storing any (an overlapping run is still moved right), and the
+ * longer ones go to memmove. When the heads share a keep-set (per-layer plans) the runs are
+ * found once and each is moved for every head, rather than found again head by head.
+ */
 #include "compact.h"
 
 #include <errno.h>
@@ -70,9 +72,12 @@ static void move_run(const struct block_layer *L, uint32_t h0, uint32_t h1, uint
         for (uint32_t h = h0; h < h1; h++) {
                 move_bytes(block_key(l, db, h, ds), block_key(l, sb, h, ss), rows);
                 move_bytes(block_value(l, db, h, ds), block_value(l, sb, h, ss), rows);
-                move_bytes(block_side(l, db, l->pos_offset, h, ds), block_side(l, sb, l->pos_offset, h, ss), side);
-                move_bytes(block_side(l, db, l->sum_offset, h, ds), block_side(l, sb, l->sum_offset, h, ss), side);
-                move_bytes(block_side(l, db, l->ema_offset, h, ds), block_side(l, sb, l->ema_offset, h, ss), side);
+                move_bytes(block_side(l, db, l->pos_offset, h, ds), block_side(l, sb, l->pos_offset, h, ss),
+                           side);
+                move_bytes(block_side(l, db, l->sum_offset, h, ds), block_side(l, sb, l->sum_offset, h, ss),
+                           side);
+                move_bytes(block_side(l, db, l->ema_offset, h, ds), block_side(l, sb, l->ema_offset, h, ss),
+                           side);
                 move_bytes(block_side(l, db, l->last_offset, h, ds), block_side(l, sb, l->last_offset, h, ss),
                            side);
                 move_bytes(block_side(l, db, l->logw_offset, h, ds), block_side(l, sb, l->logw_offset, h, ss),
@@ -86,8 +91,8 @@ static uint32_t source_of(const uint32_t *keep, uint32_t kc, uint32_t base, uint
 
 /* Compacts heads [h0, h1), which share the keep-set: run after run, each run for all of them
  * (the heads' slots never alias, and each head still sees its runs in ascending order). */
-static void compact_heads(const struct block_layer *L, uint32_t h0, uint32_t h1, const uint32_t *keep, uint32_t kc,
-                          uint32_t base, uint32_t new_len) {
+static void compact_heads(const struct block_layer *L, uint32_t h0, uint32_t h1, const uint32_t *keep,
+                          uint32_t kc, uint32_t base, uint32_t new_len) {
         uint32_t T = L->layout->block_tokens;
         uint32_t i = 0;
         while (i < new_len) {

@@ -15,8 +15,8 @@
  *      of the digits are skipped: all of them are kept);
  *   4. one pass writes the keep-set, without branches.
  * Three passes over n in all (the code before made seven: a key array, four histograms over all
- * of it, a tie scan and the output). Worst case (all keys in one bucket) one more per digit,
- * still linear. Long rows use digits of 11, 11 and 10 bits (few candidates survive the first);
+ * of it, a tie scan and the output). Worst case (all keys in one bucket) two more per further
+ * digit, still linear. Long rows use digits of 11, 11 and 10 bits (few candidates survive the first);
  * short ones (kvcd's usual: a budget plus a block) 8-bit digits, whose 256-entry histograms cost
  * less to clear and scan than the rows themselves. Measured in bench/RESULTS.md (item 2).
  */
@@ -27,8 +27,8 @@
 #define WIDE_FROM   1024u /* rows at least this long use the wide digits */
 #define MAX_BUCKETS 2048u
 
-static const uint8_t wide_shifts[] = { 21, 10, 0 };      /* 11, 11, 10 bits */
-static const uint8_t short_shifts[] = { 24, 16, 8, 0 };  /* 8 bits each */
+static const uint8_t wide_shifts[] = { 21, 10, 0 };     /* 11, 11, 10 bits */
+static const uint8_t short_shifts[] = { 24, 16, 8, 0 }; /* 8 bits each */
 
 /* An unsigned key with the same order as the float: NaN gets the key of -inf (the contract ranks
  * them equal), and -0 the key of +0 (equal floats tie). Integer selects only, no branches: the
@@ -37,7 +37,7 @@ static inline uint32_t float_key(float f) {
         uint32_t b;
         memcpy(&b, &f, sizeof(b));
         b = (b & 0x7fffffffu) > 0x7f800000u ? 0xff800000u : b; /* NaN: -inf */
-        b = b == 0x80000000u ? 0u : b;                          /* -0: +0 */
+        b = b == 0x80000000u ? 0u : b;                         /* -0: +0 */
         return b ^ ((uint32_t)((int32_t)b >> 31) | 0x80000000u);
 }
 
