@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 /* Two-pass softmax in place, exactly as llama2.c: max, exp(x - max) with a running sum, divide.
@@ -40,6 +41,7 @@ int attn_decode_ref(const struct block_layer *L, const float *q, float *out, uin
         uint32_t group = n_heads / H;
         float *att = scratch, *acc = scratch + n;
         float scale = sqrtf((float)D);
+        bool f32 = l->dtype == BLOCK_DTYPE_F32;
 
         for (uint32_t g = 0; g < H; g++) {
                 if (update_scores)
@@ -49,29 +51,41 @@ int attn_decode_ref(const struct block_layer *L, const float *q, float *out, uin
                         const float *qh = q + (size_t)h * D;
                         float *oh = out + (size_t)h * D;
 
-                        for (uint32_t t = 0; t < n; t++) {
-                                uint8_t *b = L->blocks[t / T];
-                                block_load_row(l->dtype, block_key(l, b, g, t % T), krow, D);
-                                float s = 0.0f;
-                                for (uint32_t i = 0; i < D; i++)
-                                        s += qh[i] * krow[i];
-                                s /= scale;
-                                s += *(const float *)block_side(l, b, l->logw_offset, g, t % T);
-                                if (t < L->n_shared &&
-                                    (L->shared_mask[(size_t)g * L->mask_stride + t / 8] >> (t % 8) & 1))
-                                        s = -INFINITY; /* evicted by this session, kept for others */
-                                att[t] = s;
+                        /* block by block, slot by slot: the same arithmetic, in the same order, as
+                         * token by token; f32 rows are read where they lie */
+                        for (uint32_t t0 = 0; t0 < n; t0 += T) {
+                                uint8_t *b = L->blocks[t0 / T];
+                                uint32_t cnt = n - t0 < T ? n - t0 : T;
+                                for (uint32_t u = 0; u < cnt; u++) {
+                                        const float *k = f32 ? (const float *)block_key(l, b, g, u) : krow;
+                                        if (!f32)
+                                                block_load_row(l->dtype, block_key(l, b, g, u), krow, D);
+                                        float s = 0.0f;
+                                        for (uint32_t i = 0; i < D; i++)
+                                                s += qh[i] * k[i];
+                                        s /= scale;
+                                        s += *(const float *)block_side(l, b, l->logw_offset, g, u);
+                                        att[t0 + u] = s;
+                                }
                         }
+                        for (uint32_t t = 0; t < L->n_shared; t++) /* evicted by this session, kept for others */
+                                if (L->shared_mask[(size_t)g * L->mask_stride + t / 8] >> (t % 8) & 1)
+                                        att[t] = -INFINITY;
                         softmax_inplace(att, n);
                         memset(oh, 0, (size_t)D * sizeof(float));
-                        for (uint32_t t = 0; t < n; t++) {
-                                uint8_t *b = L->blocks[t / T];
-                                float a = att[t];
-                                block_load_row(l->dtype, block_value(l, b, g, t % T), vrow, D);
-                                for (uint32_t i = 0; i < D; i++)
-                                        oh[i] += a * vrow[i];
-                                if (update_scores)
-                                        acc[t] += a;
+                        for (uint32_t t0 = 0; t0 < n; t0 += T) {
+                                uint8_t *b = L->blocks[t0 / T];
+                                uint32_t cnt = n - t0 < T ? n - t0 : T;
+                                for (uint32_t u = 0; u < cnt; u++) {
+                                        float a = att[t0 + u];
+                                        const float *v = f32 ? (const float *)block_value(l, b, g, u) : vrow;
+                                        if (!f32)
+                                                block_load_row(l->dtype, block_value(l, b, g, u), vrow, D);
+                                        for (uint32_t i = 0; i < D; i++)
+                                                oh[i] += a * v[i];
+                                        if (update_scores)
+                                                acc[t0 + u] += a;
+                                }
                         }
                 }
                 if (!update_scores)

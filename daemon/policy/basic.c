@@ -114,12 +114,23 @@ static int window_select(void *state, const struct policy_step *step, const stru
                          const struct policy_target *t, uint32_t *keep, float *logw, void *scratch) {
         (void)state, (void)step, (void)logw;
         /* the most recent by original position; all heads hold the same tokens (per-layer plans),
-         * so head 0's positions speak for the layer */
+         * so head 0's positions speak for the layer. Slots are in position order when clients
+         * behave (appends go at the end, compaction keeps the order): then the last slots are the
+         * answer, found in one pass; anything else gets the selection. */
+        uint32_t n = layer->n_tokens;
+        bool ordered = true;
+        for (uint32_t i = 1; i < n && ordered; i++)
+                ordered = layer->pos[i - 1] < layer->pos[i];
+        if (ordered) {
+                for (uint32_t i = 0; i < t->keep; i++)
+                        keep[i] = n - t->keep + i;
+                return 0;
+        }
         float *score = scratch;
-        uint32_t *work = (uint32_t *)scratch + layer->n_tokens;
-        for (uint32_t i = 0; i < layer->n_tokens; i++)
+        uint32_t *work = (uint32_t *)scratch + n;
+        for (uint32_t i = 0; i < n; i++)
                 score[i] = (float)layer->pos[i];
-        select_topk(score, layer->n_tokens, t->keep, keep, work);
+        select_topk(score, n, t->keep, keep, work);
         return 0;
 }
 
