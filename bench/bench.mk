@@ -25,7 +25,7 @@ BENCH_PROGRAMS := $(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-select $(BENCH_DIR)/b
 .PHONY: load bench bench-programs
 all: $(BUILD)/bin/kvc-load
 
-$(BUILD)/bin/kvc-load: $(call obj,bench/kvc-load.c) $(LIB)/libkvc.a
+$(BUILD)/bin/kvc-load: $(call obj,bench/kvc-load.c) $(BENCH_COMMON) $(LIB)/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
 

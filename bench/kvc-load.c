@@ -41,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "kvc.h"
 
 #define MAX_PROCESSES   256
@@ -302,67 +303,6 @@ static pid_t find_kvcd(const char *socket_hint) {
         return strncmp(comm, "kvcd", 4) == 0 ? cred.pid : -1; /* socket activation: the listener is pid 1 */
 }
 
-struct spawned {
-        pid_t pid;
-        char root[128], dir[160];
-};
-
-/* Starts kvcd (binary path) in a fresh runtime directory and waits for READY=1. */
-static int start_kvcd(const char *path, struct spawned *k) {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(k->root, sizeof(k->root), "%s/kvc-load-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(k->root))
-                return -errno;
-        snprintf(k->dir, sizeof(k->dir), "%s/run", k->root);
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/notify", k->root);
-        int nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        if (nfd < 0 || bind(nfd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-                return -errno;
-        k->pid = fork();
-        if (k->pid < 0)
-                return -errno;
-        if (k->pid == 0) {
-                int devnull = open("/dev/null", O_WRONLY);
-                dup2(devnull, STDERR_FILENO);
-                setenv("NOTIFY_SOCKET", sa.sun_path, 1);
-                execl(path, path, "--runtime-dir", k->dir, "--log-level", "warning", (char *)NULL);
-                _exit(127);
-        }
-        int pfd = (int)syscall(SYS_pidfd_open, k->pid, 0);
-        for (;;) {
-                struct pollfd p[2] = { { .fd = nfd, .events = POLLIN }, { .fd = pfd, .events = POLLIN } };
-                if (poll(p, 2, 20000) <= 0 || (p[1].revents & POLLIN)) {
-                        close(nfd);
-                        close(pfd);
-                        return -ECHILD;
-                }
-                char msg[512];
-                ssize_t m = recv(nfd, msg, sizeof(msg) - 1, 0);
-                if (m > 0) {
-                        msg[m] = '\0';
-                        if (strstr(msg, "READY=1"))
-                                break;
-                }
-        }
-        close(pfd);
-        /* kvcd keeps telling the notify socket its status: a thread of ours would have to read it,
-         * so it goes away (sd_notify then fails harmlessly instead of blocking on a full queue) */
-        close(nfd);
-        unlink(sa.sun_path);
-        return 0;
-}
-
-static void stop_kvcd(struct spawned *k) {
-        int st;
-        kill(k->pid, SIGTERM);
-        waitpid(k->pid, &st, 0);
-        char cmd[200];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", k->root);
-        if (system(cmd) != 0)
-                fprintf(stderr, "kvc-load: could not remove %s\n", k->root);
-}
-
 /* ---- the command line and the parent ---- */
 
 static void usage(FILE *f) {
@@ -501,9 +441,9 @@ int main(int argc, char **argv) {
                 usage(stderr);
                 return 2;
         }
-        struct spawned sp = { 0 };
+        struct bench_kvcd sp = { 0 };
         if (o.kvcd) {
-                int e = start_kvcd(o.kvcd, &sp);
+                int e = bench_kvcd_start(o.kvcd, -1, &sp);
                 if (e < 0) {
                         fprintf(stderr, "kvc-load: cannot start %s: %s\n", o.kvcd, strerror(-e));
                         return 1;
@@ -579,7 +519,7 @@ int main(int argc, char **argv) {
         long hwm = o.kvcd_pid > 0 ? status_kib(o.kvcd_pid, "VmHWM") : -1;
         long rss_after = o.kvcd_pid > 0 ? status_kib(o.kvcd_pid, "VmRSS") : -1;
         if (o.kvcd)
-                stop_kvcd(&sp);
+                bench_kvcd_stop(&sp);
 
         double p50 = hist_quantile(total.hist, total.flushes, 0.50) / 1000.0;
         double p99 = hist_quantile(total.hist, total.flushes, 0.99) / 1000.0;
