@@ -30,8 +30,8 @@ static int drv_fail(const struct devpool *p, cuda_result r, const char *what, ch
         return r == CUDA_DRV_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
 }
 
-int devpool_open(const struct cuda_driver *drv, const uint8_t uuid[16], uint64_t pool_bytes, uint64_t chunk_bytes,
-                 struct devpool **ret, char *why, size_t why_len) {
+int devpool_open(const struct cuda_driver *drv, const uint8_t uuid[16], uint64_t pool_bytes,
+                 uint64_t chunk_bytes, struct devpool **ret, char *why, size_t why_len) {
         if (chunk_bytes == 0 || pool_bytes < chunk_bytes || pool_bytes % chunk_bytes) {
                 snprintf(why, why_len, "kvcd named a pool of %llu bytes in %llu-byte chunks",
                          (unsigned long long)pool_bytes, (unsigned long long)chunk_bytes);
@@ -54,7 +54,8 @@ int devpool_open(const struct cuda_driver *drv, const uint8_t uuid[16], uint64_t
                 return r;
         }
         if (chunk_bytes % p->dev.granularity) {
-                snprintf(why, why_len, "kvcd's chunks of %llu bytes are not a multiple of the granularity of %s here",
+                snprintf(why, why_len,
+                         "kvcd's chunks of %llu bytes are not a multiple of the granularity of %s here",
                          (unsigned long long)chunk_bytes, p->dev.uuid_text);
                 devpool_free(p);
                 return -EPROTO;
@@ -62,7 +63,8 @@ int devpool_open(const struct cuda_driver *drv, const uint8_t uuid[16], uint64_t
         cuda_result cr = drv->cuMemAddressReserve(&p->base, pool_bytes, p->dev.granularity, 0, 0);
         if (cr != CUDA_DRV_SUCCESS) {
                 p->base = 0;
-                r = drv_fail(p, cr, "reserving the pool's device address range (cuMemAddressReserve)", why, why_len);
+                r = drv_fail(p, cr, "reserving the pool's device address range (cuMemAddressReserve)", why,
+                             why_len);
                 devpool_free(p);
                 return r;
         }
@@ -106,7 +108,8 @@ int devpool_map(struct devpool *p, uint64_t idx, int fd, bool read_only, char *w
                 return drv_fail(p, cr, "mapping a chunk (cuMemMap)", why, why_len);
         struct cuda_mem_access_desc a = {
                 .location = { .type = CUDA_DRV_MEM_LOCATION_TYPE_DEVICE, .id = p->dev.dev },
-                .flags = read_only ? CUDA_DRV_MEM_ACCESS_FLAGS_PROT_READ : CUDA_DRV_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                .flags = read_only ? CUDA_DRV_MEM_ACCESS_FLAGS_PROT_READ
+                                   : CUDA_DRV_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         if ((cr = d->cuMemSetAccess(at, p->chunk_bytes, &a, 1)) != CUDA_DRV_SUCCESS) {
                 d->cuMemUnmap(at, p->chunk_bytes);

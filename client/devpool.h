@@ -22,8 +22,8 @@
 struct cuda_driver;
 struct devpool;
 
-int devpool_open(const struct cuda_driver *drv, const uint8_t uuid[16], uint64_t pool_bytes, uint64_t chunk_bytes,
-                 struct devpool **ret, char *why, size_t why_len);
+int devpool_open(const struct cuda_driver *drv, const uint8_t uuid[16], uint64_t pool_bytes,
+                 uint64_t chunk_bytes, struct devpool **ret, char *why, size_t why_len);
 struct devpool *devpool_free(struct devpool *p);
 
 /* -EINVAL for an index outside the range, -EEXIST when the chunk is mapped already, -EIO when the

@@ -36,10 +36,10 @@
 #include "model.h"
 #include "tokenizer.h"
 
-#define SHARED "../shared"
-#define MAX_CONFIGS 96
+#define SHARED            "../shared"
+#define MAX_CONFIGS       96
 #define MAX_CONFIG_PARAMS 8
-#define NAME_GAP 64
+#define NAME_GAP          64
 
 struct config {
         char label[64];
@@ -108,8 +108,8 @@ static int parse_config(const char *spec, struct config *c) {
                 int n = snprintf(c->label, sizeof(c->label), "%s-%u", c->policy, c->budget);
                 snprintf(c->family, sizeof(c->family), "%s", c->policy);
                 for (size_t i = 0; i < c->n_params && n > 0 && (size_t)n < sizeof(c->label); i++)
-                        n += snprintf(c->label + n, sizeof(c->label) - (size_t)n, ",%s=%s", c->param_text[i][0],
-                                      c->param_text[i][1]);
+                        n += snprintf(c->label + n, sizeof(c->label) - (size_t)n, ",%s=%s",
+                                      c->param_text[i][0], c->param_text[i][1]);
         }
         return 0;
 }
@@ -267,7 +267,8 @@ static int make_story(struct eval *e, const char *text, size_t len, struct story
         for (size_t k = 0; k < n_names; k++) {
                 int nt[32];
                 size_t nn;
-                if (tokenizer_encode(e->tok, names[k], strlen(names[k]), false, false, nt, 32, &nn) < 0 || nn == 0)
+                if (tokenizer_encode(e->tok, names[k], strlen(names[k]), false, false, nt, 32, &nn) < 0 ||
+                    nn == 0)
                         continue;
                 int64_t first = -1;
                 for (uint32_t i = 1; i + nn <= s->n; i++) {
@@ -358,7 +359,8 @@ static int run_story(struct eval *e, struct kvc_client *client, const struct sto
                 r = plain_cache_new(mc, mc->seq_len, &plain);
         for (uint32_t pos = 0; r == 0 && pos + 1 < n; pos++) {
                 float *logits;
-                if ((r = model_forward(e->model, st->tokens[pos], (int)pos, &plain_cache_ops, plain, &logits)) < 0)
+                if ((r = model_forward(e->model, st->tokens[pos], (int)pos, &plain_cache_ops, plain,
+                                       &logits)) < 0)
                         break;
                 ref_top[pos] = log_softmax(logits, V, ref + (size_t)pos * V);
                 struct kvc_summary sm;
@@ -374,12 +376,17 @@ static int run_story(struct eval *e, struct kvc_client *client, const struct sto
         for (uint32_t c = 0; r == 0 && c < e->n_configs; c++) {
                 const struct config *cf = &e->configs[c];
                 struct kvc_session_config sc = {
-                        .geometry = { .n_layers = (uint32_t)mc->n_layers, .n_heads = (uint32_t)mc->n_heads,
+                        .geometry = { .n_layers = (uint32_t)mc->n_layers,
+                                      .n_heads = (uint32_t)mc->n_heads,
                                       .n_kv_heads = (uint32_t)mc->n_kv_heads,
-                                      .head_dim = (uint32_t)(mc->dim / mc->n_heads), .dtype = e->dtype,
+                                      .head_dim = (uint32_t)(mc->dim / mc->n_heads),
+                                      .dtype = e->dtype,
                                       .max_tokens = (uint32_t)mc->seq_len },
-                        .policy = cf->policy, .budget_tokens = cf->budget, .params = cf->params,
-                        .n_params = cf->n_params, .prompt_tokens = prompt,
+                        .policy = cf->policy,
+                        .budget_tokens = cf->budget,
+                        .params = cf->params,
+                        .n_params = cf->n_params,
+                        .prompt_tokens = prompt,
                 };
                 if ((r = kvc_session_open(client, &sc, &sessions[c])) < 0)
                         fprintf(stderr, "kvc-eval: %s: %s\n", cf->label, kvc_last_error(client));
@@ -391,7 +398,8 @@ static int run_story(struct eval *e, struct kvc_client *client, const struct sto
                 for (uint32_t c = 0; r == 0 && c < e->n_configs; c++) {
                         double t0 = seconds();
                         float *logits;
-                        if ((r = model_forward(e->model, st->tokens[pos], (int)pos, &kvcd_ops, sessions[c], &logits)) < 0)
+                        if ((r = model_forward(e->model, st->tokens[pos], (int)pos, &kvcd_ops, sessions[c],
+                                               &logits)) < 0)
                                 break;
                         uint32_t top = log_softmax(logits, V, lp);
                         struct metrics *mt = &m[c];
@@ -464,7 +472,8 @@ static int worker(struct eval *e, uint32_t index, FILE *out) {
                 fprintf(stderr, "kvc-eval: cannot connect to kvcd: %s\n", strerror(-r));
                 return r;
         }
-        for (uint32_t s = e->first + index; r == 0 && s < e->first + e->sequences && s < n_stories; s += e->jobs) {
+        for (uint32_t s = e->first + index; r == 0 && s < e->first + e->sequences && s < n_stories;
+             s += e->jobs) {
                 struct story st = { 0 };
                 r = make_story(e, starts[s], lens[s], &st);
                 if (r == 0)
@@ -473,11 +482,12 @@ static int worker(struct eval *e, uint32_t index, FILE *out) {
         }
         kvc_disconnect(client);
         for (uint32_t c = 0; r == 0 && c < e->n_configs; c++)
-                fprintf(out, "M %u %.17g %.17g %.17g %.17g %.17g %.17g %llu %llu %llu %llu %llu %llu %llu\n", c, m[c].nll,
-                        m[c].kl, m[c].name_logp, m[c].bytes_sum, m[c].q8_bytes_sum, m[c].seconds,
-                        (unsigned long long)m[c].n, (unsigned long long)m[c].top1, (unsigned long long)m[c].name_n,
-                        (unsigned long long)m[c].name_hit, (unsigned long long)m[c].peak_bytes,
-                        (unsigned long long)m[c].plans, (unsigned long long)m[c].sequences);
+                fprintf(out, "M %u %.17g %.17g %.17g %.17g %.17g %.17g %llu %llu %llu %llu %llu %llu %llu\n",
+                        c, m[c].nll, m[c].kl, m[c].name_logp, m[c].bytes_sum, m[c].q8_bytes_sum, m[c].seconds,
+                        (unsigned long long)m[c].n, (unsigned long long)m[c].top1,
+                        (unsigned long long)m[c].name_n, (unsigned long long)m[c].name_hit,
+                        (unsigned long long)m[c].peak_bytes, (unsigned long long)m[c].plans,
+                        (unsigned long long)m[c].sequences);
         if (r == 0)
                 fprintf(out, "O %.17g %llu\n", own.nll, (unsigned long long)own.n);
         return r;
@@ -503,9 +513,10 @@ static int merge(FILE *in, struct metrics *m, struct metrics *own, FILE *pairs) 
                 unsigned c;
                 struct metrics x = { 0 };
                 unsigned long long v[7];
-                if (line[0] != 'M' || sscanf(line + 2, "%u %lf %lf %lf %lf %lf %lf %llu %llu %llu %llu %llu %llu %llu", &c,
-                                             &x.nll, &x.kl, &x.name_logp, &x.bytes_sum, &x.q8_bytes_sum, &x.seconds,
-                                             &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]) != 14 ||
+                if (line[0] != 'M' ||
+                    sscanf(line + 2, "%u %lf %lf %lf %lf %lf %lf %llu %llu %llu %llu %llu %llu %llu", &c,
+                           &x.nll, &x.kl, &x.name_logp, &x.bytes_sum, &x.q8_bytes_sum, &x.seconds, &v[0],
+                           &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]) != 14 ||
                     c >= MAX_CONFIGS)
                         continue;
                 m[c].nll += x.nll;
@@ -571,7 +582,8 @@ static double at_bytes(const struct row *rows, uint32_t n, const char *family, d
         }
         if (!lo || !hi)
                 return NAN;
-        double a = *(const double *)((const uint8_t *)lo + field), b = *(const double *)((const uint8_t *)hi + field);
+        double a = *(const double *)((const uint8_t *)lo + field),
+               b = *(const double *)((const uint8_t *)hi + field);
         if (hi->bytes == lo->bytes)
                 return a;
         return a + (b - a) * (bytes - lo->bytes) / (hi->bytes - lo->bytes);
@@ -607,7 +619,8 @@ static int pearson(const char *path, double *r, double *lo, double *hi, uint64_t
 #define FIELD(f) offsetof(struct row, f)
 
 /* The markdown report: the table, then each target the project set itself, measured. */
-static void write_markdown(const struct eval *e, const struct row *rows, uint32_t n, double own_ppl, uint64_t own_n) {
+static void write_markdown(const struct eval *e, const struct row *rows, uint32_t n, double own_ppl,
+                           uint64_t own_n) {
         char path[512];
         snprintf(path, sizeof(path), "%s/results.md", e->out_dir);
         FILE *f = fopen(path, "w");
@@ -615,38 +628,50 @@ static void write_markdown(const struct eval *e, const struct row *rows, uint32_
                 return;
         const struct row *full = find_row(rows, n, "full");
         fprintf(f, "# Quality per byte: every policy on stories260K through kvcd\n\n");
-        fprintf(f, "%u stories of the TinyStories validation sample (the first %u, at most %u tokens each, the first %u "
-                   "of each declared the prompt), %llu tokens scored per configuration, teacher-forced. The model's "
-                   "own perplexity without kvcd: %.4f. KV bytes per sequence count full precision as FP16 and INT8 "
-                   "with its scales; average over every step, peak the largest.\n\n",
-                   e->sequences, e->first + e->sequences, e->max_tokens, e->prompt_tokens, (unsigned long long)own_n,
-                   own_ppl);
-        fprintf(f, "| configuration | ppl | gap to full | KL(full‖policy) | top-1 agree | name acc | name logp | "
+        fprintf(f,
+                "%u stories of the TinyStories validation sample (the first %u, at most %u tokens each, the "
+                "first %u "
+                "of each declared the prompt), %llu tokens scored per configuration, teacher-forced. The "
+                "model's "
+                "own perplexity without kvcd: %.4f. KV bytes per sequence count full precision as FP16 and "
+                "INT8 "
+                "with its scales; average over every step, peak the largest.\n\n",
+                e->sequences, e->first + e->sequences, e->max_tokens, e->prompt_tokens,
+                (unsigned long long)own_n, own_ppl);
+        fprintf(f, "| configuration | ppl | gap to full | KL(full‖policy) | top-1 agree | name acc | name "
+                   "logp | "
                    "avg KV bytes | peak KV bytes | of which INT8 | plans |\n");
         fprintf(f, "|---|---|---|---|---|---|---|---|---|---|---|\n");
         for (uint32_t i = 0; i < n; i++) {
                 const struct row *r = &rows[i];
-                fprintf(f, "| %s | %.4f | %+.4f | %.4f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %llu |\n", r->cf->label,
-                        r->ppl, full ? r->ppl - full->ppl : 0, r->kl, r->top1, r->name_acc, r->name_lp, r->bytes, r->peak,
-                        r->q8, (unsigned long long)r->plans);
+                fprintf(f, "| %s | %.4f | %+.4f | %.4f | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %llu |\n",
+                        r->cf->label, r->ppl, full ? r->ppl - full->ppl : 0, r->kl, r->top1, r->name_acc,
+                        r->name_lp, r->bytes, r->peak, r->q8, (unsigned long long)r->plans);
         }
-        fprintf(f, "\nName recall counts %llu name recurrences (a character's name again at least %d tokens after it "
-                   "first appeared).\n\n## The targets, measured\n\n",
-                   (unsigned long long)(full ? full->name_n : 0), NAME_GAP);
+        fprintf(f,
+                "\nName recall counts %llu name recurrences (a character's name again at least %d tokens "
+                "after it "
+                "first appeared).\n\n## The targets, measured\n\n",
+                (unsigned long long)(full ? full->name_n : 0), NAME_GAP);
 
         const struct row *w64 = find_row(rows, n, "window-64");
         if (full && w64) {
                 double ppl = at_bytes(rows, n, "conf-int8", w64->bytes, FIELD(ppl));
                 double name = at_bytes(rows, n, "conf-int8", w64->bytes, FIELD(name_acc));
                 double closed = (w64->ppl - ppl) / (w64->ppl - full->ppl);
-                fprintf(f, "1. **CONF-KV with INT8 at the bytes of a 64-token FP16 window** (%.0f bytes): perplexity "
-                           "%.4f (interpolated along conf-int8), closing %.0f%% of the window's gap to the full cache "
-                           "(target: 80%%; the paper reports 74%% on GPT-2) — **%s**. Name recall %.3f against the full "
-                           "cache's %.3f (target: within 10%%) — **%s**.\n",
-                        w64->bytes, ppl, 100 * closed, closed >= 0.8 ? "holds" : "does not hold", name, full->name_acc,
-                        name >= 0.9 * full->name_acc ? "holds" : "does not hold");
+                fprintf(f,
+                        "1. **CONF-KV with INT8 at the bytes of a 64-token FP16 window** (%.0f bytes): "
+                        "perplexity "
+                        "%.4f (interpolated along conf-int8), closing %.0f%% of the window's gap to the full "
+                        "cache "
+                        "(target: 80%%; the paper reports 74%% on GPT-2) — **%s**. Name recall %.3f against "
+                        "the full "
+                        "cache's %.3f (target: within 10%%) — **%s**.\n",
+                        w64->bytes, ppl, 100 * closed, closed >= 0.8 ? "holds" : "does not hold", name,
+                        full->name_acc, name >= 0.9 * full->name_acc ? "holds" : "does not hold");
         }
-        fprintf(f, "2. **Confidence gating against its own fixed-budget ranking at equal average bytes** (perplexity, "
+        fprintf(f, "2. **Confidence gating against its own fixed-budget ranking at equal average bytes** "
+                   "(perplexity, "
                    "the gated point against conf-fixed interpolated at the same bytes):\n");
         static const char *const gated[] = { "conf-naive", "conf-defer" };
         for (size_t g = 0; g < 2; g++) {
@@ -656,11 +681,13 @@ static void write_markdown(const struct eval *e, const struct row *rows, uint32_
                         double fixed = at_bytes(rows, n, "conf-fixed", rows[i].bytes, FIELD(ppl));
                         if (isnan(fixed))
                                 continue;
-                        fprintf(f, "   - %s: %.4f at %.0f bytes vs %.4f: %s\n", rows[i].cf->label, rows[i].ppl,
-                                rows[i].bytes, fixed, rows[i].ppl < fixed ? "gating better" : "gating not better");
+                        fprintf(f, "   - %s: %.4f at %.0f bytes vs %.4f: %s\n", rows[i].cf->label,
+                                rows[i].ppl, rows[i].bytes, fixed,
+                                rows[i].ppl < fixed ? "gating better" : "gating not better");
                 }
         }
-        fprintf(f, "3. **Decode-time correction against plain eviction at equal budget** (mean KL; target: at least 20%% "
+        fprintf(f, "3. **Decode-time correction against plain eviction at equal budget** (mean KL; target: "
+                   "at least 20%% "
                    "lower):\n");
         static const char *const corr[][2] = { { "prob-ht", "prob-none" },
                                                { "prob-moment", "prob-none" },
@@ -674,27 +701,33 @@ static void write_markdown(const struct eval *e, const struct row *rows, uint32_
                         snprintf(lb, sizeof(lb), "%s-%u", corr[c][1], budgets[b]);
                         const struct row *x = find_row(rows, n, la), *y = find_row(rows, n, lb);
                         if (x && y && y->kl > 0)
-                                fprintf(f, "   - %s vs %s: KL %.4f vs %.4f (%+.0f%%)%s\n", la, lb, x->kl, y->kl,
-                                        100 * (x->kl - y->kl) / y->kl, x->kl <= 0.8 * y->kl ? " — holds" : "");
+                                fprintf(f, "   - %s vs %s: KL %.4f vs %.4f (%+.0f%%)%s\n", la, lb, x->kl,
+                                        y->kl, 100 * (x->kl - y->kl) / y->kl,
+                                        x->kl <= 0.8 * y->kl ? " — holds" : "");
                 }
         }
-        fprintf(f, "4. **SCOPE against unified compression (H2O over all positions, prompt included) at equal average "
+        fprintf(f, "4. **SCOPE against unified compression (H2O over all positions, prompt included) at "
+                   "equal average "
                    "bytes** (perplexity):\n");
         for (uint32_t i = 0; i < n; i++) {
                 if (strcmp(rows[i].cf->family, "scope-slide") != 0)
                         continue;
                 double uni = at_bytes(rows, n, "h2o-unified", rows[i].bytes, FIELD(ppl));
                 if (!isnan(uni))
-                        fprintf(f, "   - %s: %.4f at %.0f bytes vs h2o-unified %.4f: %s\n", rows[i].cf->label, rows[i].ppl,
-                                rows[i].bytes, uni, rows[i].ppl < uni ? "SCOPE better" : "SCOPE not better");
+                        fprintf(f, "   - %s: %.4f at %.0f bytes vs h2o-unified %.4f: %s\n", rows[i].cf->label,
+                                rows[i].ppl, rows[i].bytes, uni,
+                                rows[i].ppl < uni ? "SCOPE better" : "SCOPE not better");
         }
         char pairs[512];
         double r = 0, lo = 0, hi = 0;
         uint64_t np = 0;
         snprintf(pairs, sizeof(pairs), "%s/confidence_kl.csv", e->out_dir);
         if (pearson(pairs, &r, &lo, &hi, &np) == 0)
-                fprintf(f, "5. **The mechanism**: Pearson r between the full cache's confidence and the KL a %s causes, "
-                           "over %llu steps: **r = %.3f** (95%% CI %.3f to %.3f). The paper reports r = -0.77.\n",
+                fprintf(f,
+                        "5. **The mechanism**: Pearson r between the full cache's confidence and the KL a %s "
+                        "causes, "
+                        "over %llu steps: **r = %.3f** (95%% CI %.3f to %.3f). The paper reports r = "
+                        "-0.77.\n",
                         e->corr_label, (unsigned long long)np, r, lo, hi);
         fclose(f);
 }
@@ -712,24 +745,30 @@ static void report(struct eval *e, const struct metrics *m, const struct metrics
                 snprintf(path, sizeof(path), "%s/results.csv", e->out_dir);
                 csv = fopen(path, "w");
                 if (csv)
-                        fprintf(csv, "label,family,policy,budget,ppl,ppl_gap,kl,top1_agree,name_acc,name_logp,name_n,"
+                        fprintf(csv, "label,family,policy,budget,ppl,ppl_gap,kl,top1_agree,name_acc,name_"
+                                     "logp,name_n,"
                                      "avg_kv_bytes,peak_kv_bytes,avg_int8_bytes,tokens,plans,seconds\n");
         }
         for (uint32_t c = 0; c < e->n_configs; c++) {
                 const struct row *r = &rows[c];
                 double gap = full ? r->ppl - full->ppl : 0;
-                printf("{\"label\":\"%s\",\"family\":\"%s\",\"policy\":\"%s\",\"budget\":%u,\"ppl\":%.8f,\"ppl_gap\":%.6f,"
+                printf("{\"label\":\"%s\",\"family\":\"%s\",\"policy\":\"%s\",\"budget\":%u,\"ppl\":%.8f,"
+                       "\"ppl_gap\":%.6f,"
                        "\"kl\":%.6f,\"top1_agree\":%.6f,\"name_acc\":%.6f,\"name_logp\":%.6f,\"name_n\":%llu,"
-                       "\"avg_kv_bytes\":%.1f,\"peak_kv_bytes\":%.0f,\"avg_int8_bytes\":%.1f,\"tokens\":%llu,\"plans\":%llu,"
+                       "\"avg_kv_bytes\":%.1f,\"peak_kv_bytes\":%.0f,\"avg_int8_bytes\":%.1f,\"tokens\":%llu,"
+                       "\"plans\":%llu,"
                        "\"seconds\":%.3f}\n",
-                       r->cf->label, r->cf->family, r->cf->policy, r->cf->budget, r->ppl, gap, r->kl, r->top1, r->name_acc,
-                       r->name_lp, (unsigned long long)r->name_n, r->bytes, r->peak, r->q8, (unsigned long long)r->n,
-                       (unsigned long long)r->plans, r->seconds);
+                       r->cf->label, r->cf->family, r->cf->policy, r->cf->budget, r->ppl, gap, r->kl, r->top1,
+                       r->name_acc, r->name_lp, (unsigned long long)r->name_n, r->bytes, r->peak, r->q8,
+                       (unsigned long long)r->n, (unsigned long long)r->plans, r->seconds);
                 if (csv)
-                        fprintf(csv, "%s,%s,%s,%u,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%llu,%.1f,%.0f,%.1f,%llu,%llu,%.3f\n",
-                                r->cf->label, r->cf->family, r->cf->policy, r->cf->budget, r->ppl, gap, r->kl, r->top1,
-                                r->name_acc, r->name_lp, (unsigned long long)r->name_n, r->bytes, r->peak, r->q8,
-                                (unsigned long long)r->n, (unsigned long long)r->plans, r->seconds);
+                        fprintf(csv,
+                                "%s,%s,%s,%u,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%llu,%.1f,%.0f,%.1f,%llu,%llu,%."
+                                "3f\n",
+                                r->cf->label, r->cf->family, r->cf->policy, r->cf->budget, r->ppl, gap, r->kl,
+                                r->top1, r->name_acc, r->name_lp, (unsigned long long)r->name_n, r->bytes,
+                                r->peak, r->q8, (unsigned long long)r->n, (unsigned long long)r->plans,
+                                r->seconds);
         }
         if (csv)
                 fclose(csv);
@@ -738,43 +777,54 @@ static void report(struct eval *e, const struct metrics *m, const struct metrics
 }
 
 static void usage(FILE *f) {
-        fprintf(f,
-                "Usage: kvc-eval [OPTIONS]\n"
-                "Measures every policy on the real model through the real kvcd.\n\n"
-                "  --socket PATH          kvcd's runtime directory or kvcd.sock\n"
-                "  --model FILE           (default " SHARED "/models/stories260K/stories260K.bin)\n"
-                "  --tokenizer FILE       (default " SHARED "/models/stories260K/tok512.bin)\n"
-                "  --data FILE            (default " SHARED "/data/tinystories/validation-sample.txt)\n"
-                "  --sequences N          stories to run (default 64)\n"
-                "  --first N              skip the first N stories (default 0)\n"
-                "  --max-tokens N         tokens per story at most (default: the model's context)\n"
-                "  --prompt-tokens N      the first N tokens of a story are its prompt (default 64)\n"
-                "  --config SPEC          [label=]policy:budget[:key=value,...] (repeatable; default: the suite)\n"
-                "  --corr LABEL           the configuration whose per-step KL is paired with the\n"
-                "                         full cache's confidence (default window-32)\n"
-                "  --dtype f32|f16        storage of keys and values (default f32)\n"
-                "  --jobs N               worker processes (default 2)\n"
-                "  --out DIR              write DIR/results.csv and DIR/confidence_kl.csv\n"
-                "  --quick                3 stories, 4 configurations: checks the harness itself\n"
-                "  -h, --help, -V, --version\n");
+        fprintf(f, "Usage: kvc-eval [OPTIONS]\n"
+                   "Measures every policy on the real model through the real kvcd.\n\n"
+                   "  --socket PATH          kvcd's runtime directory or kvcd.sock\n"
+                   "  --model FILE           (default " SHARED "/models/stories260K/stories260K.bin)\n"
+                   "  --tokenizer FILE       (default " SHARED "/models/stories260K/tok512.bin)\n"
+                   "  --data FILE            (default " SHARED "/data/tinystories/validation-sample.txt)\n"
+                   "  --sequences N          stories to run (default 64)\n"
+                   "  --first N              skip the first N stories (default 0)\n"
+                   "  --max-tokens N         tokens per story at most (default: the model's context)\n"
+                   "  --prompt-tokens N      the first N tokens of a story are its prompt (default 64)\n"
+                   "  --config SPEC          [label=]policy:budget[:key=value,...] (repeatable; default: the "
+                   "suite)\n"
+                   "  --corr LABEL           the configuration whose per-step KL is paired with the\n"
+                   "                         full cache's confidence (default window-32)\n"
+                   "  --dtype f32|f16        storage of keys and values (default f32)\n"
+                   "  --jobs N               worker processes (default 2)\n"
+                   "  --out DIR              write DIR/results.csv and DIR/confidence_kl.csv\n"
+                   "  --quick                3 stories, 4 configurations: checks the harness itself\n"
+                   "  -h, --help, -V, --version\n");
 }
 
 int main(int argc, char **argv) {
         static const struct option opts[] = {
-                { "socket", required_argument, NULL, 'S' },    { "model", required_argument, NULL, 'm' },
-                { "tokenizer", required_argument, NULL, 'k' }, { "data", required_argument, NULL, 'D' },
-                { "sequences", required_argument, NULL, 'n' }, { "first", required_argument, NULL, 'f' },
-                { "max-tokens", required_argument, NULL, 'x' }, { "prompt-tokens", required_argument, NULL, 'p' },
-                { "config", required_argument, NULL, 'c' },    { "corr", required_argument, NULL, 'C' },
-                { "dtype", required_argument, NULL, 'd' },     { "jobs", required_argument, NULL, 'j' },
-                { "out", required_argument, NULL, 'o' },       { "quick", no_argument, NULL, 'q' },
-                { "help", no_argument, NULL, 'h' },            { "version", no_argument, NULL, 'V' },
+                { "socket", required_argument, NULL, 'S' },
+                { "model", required_argument, NULL, 'm' },
+                { "tokenizer", required_argument, NULL, 'k' },
+                { "data", required_argument, NULL, 'D' },
+                { "sequences", required_argument, NULL, 'n' },
+                { "first", required_argument, NULL, 'f' },
+                { "max-tokens", required_argument, NULL, 'x' },
+                { "prompt-tokens", required_argument, NULL, 'p' },
+                { "config", required_argument, NULL, 'c' },
+                { "corr", required_argument, NULL, 'C' },
+                { "dtype", required_argument, NULL, 'd' },
+                { "jobs", required_argument, NULL, 'j' },
+                { "out", required_argument, NULL, 'o' },
+                { "quick", no_argument, NULL, 'q' },
+                { "help", no_argument, NULL, 'h' },
+                { "version", no_argument, NULL, 'V' },
                 {},
         };
         struct eval e = { .model_path = SHARED "/models/stories260K/stories260K.bin",
                           .tok_path = SHARED "/models/stories260K/tok512.bin",
                           .data_path = SHARED "/data/tinystories/validation-sample.txt",
-                          .sequences = 64, .prompt_tokens = 64, .jobs = 2, .dtype = KVC_DTYPE_F32,
+                          .sequences = 64,
+                          .prompt_tokens = 64,
+                          .jobs = 2,
+                          .dtype = KVC_DTYPE_F32,
                           .corr_label = "window-32" };
         int o;
         while ((o = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {

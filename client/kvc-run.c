@@ -61,7 +61,8 @@ static void usage(FILE *f) {
                    "  --budget TOKENS     the policy's budget per layer (default: the policy's)\n"
                    "  --param KEY=VALUE   a policy parameter (repeatable)\n"
                    "  --tenant NAME       the tenant to charge\n"
-                   "  --min-bytes BYTES   memory kvcd must guarantee the session (default: the least it runs with)\n"
+                   "  --min-bytes BYTES   memory kvcd must guarantee the session (default: the least it runs "
+                   "with)\n"
                    "  --max-bytes BYTES   the most it may hold (default: no limit of its own)\n"
                    "  --priority N        higher keeps its memory longer when memory is short (default 0)\n"
                    "  --export-at N       after N positions, hand the session off (ticket and place in the\n"
@@ -84,19 +85,30 @@ static void usage(FILE *f) {
 
 static int parse_args(int argc, char **argv, struct run_opts *o) {
         static const struct option opts[] = {
-                { "model", required_argument, NULL, 'm' },    { "tokenizer", required_argument, NULL, 'k' },
-                { "policy", required_argument, NULL, 'p' },   { "budget", required_argument, NULL, 'b' },
-                { "param", required_argument, NULL, 'P' },    { "socket", required_argument, NULL, 'S' },
-                { "tenant", required_argument, NULL, 'T' },   { "dtype", required_argument, NULL, 'd' },
-                { "plan-lag", required_argument, NULL, 'L' }, { "trace", required_argument, NULL, 'r' },
-                { "json", no_argument, NULL, 'j' },           { "local", no_argument, NULL, 'l' },
-                { "no-stop", no_argument, NULL, 'N' },        { "help", no_argument, NULL, 'h' },
-                { "min-bytes", required_argument, NULL, 'A' }, { "max-bytes", required_argument, NULL, 'B' },
+                { "model", required_argument, NULL, 'm' },
+                { "tokenizer", required_argument, NULL, 'k' },
+                { "policy", required_argument, NULL, 'p' },
+                { "budget", required_argument, NULL, 'b' },
+                { "param", required_argument, NULL, 'P' },
+                { "socket", required_argument, NULL, 'S' },
+                { "tenant", required_argument, NULL, 'T' },
+                { "dtype", required_argument, NULL, 'd' },
+                { "plan-lag", required_argument, NULL, 'L' },
+                { "trace", required_argument, NULL, 'r' },
+                { "json", no_argument, NULL, 'j' },
+                { "local", no_argument, NULL, 'l' },
+                { "no-stop", no_argument, NULL, 'N' },
+                { "help", no_argument, NULL, 'h' },
+                { "min-bytes", required_argument, NULL, 'A' },
+                { "max-bytes", required_argument, NULL, 'B' },
                 { "priority", required_argument, NULL, 'R' },
-                { "export-at", required_argument, NULL, 'X' }, { "import", no_argument, NULL, 'I' },
-                { "handoff-file", required_argument, NULL, 'H' }, { "share", no_argument, NULL, 'Z' },
+                { "export-at", required_argument, NULL, 'X' },
+                { "import", no_argument, NULL, 'I' },
+                { "handoff-file", required_argument, NULL, 'H' },
+                { "share", no_argument, NULL, 'Z' },
                 { "stop-at", required_argument, NULL, 'Y' },
-                { "version", no_argument, NULL, 'V' },        {},
+                { "version", no_argument, NULL, 'V' },
+                {},
         };
         int c;
         char *end;
@@ -189,8 +201,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 default: return -EINVAL;
                 }
         }
-        if ((o->export_at || o->import) && (!o->handoff_file || o->local || o->temperature != 0 ||
-                                            (o->export_at && o->import) || o->share))
+        if ((o->export_at || o->import) &&
+            (!o->handoff_file || o->local || o->temperature != 0 || (o->export_at && o->import) || o->share))
                 return -EINVAL; /* a hand-off needs the file, kvcd, and greedy decoding */
         return optind < argc ? -EINVAL : 0;
 }
@@ -317,8 +329,8 @@ static int encode_prompt(struct runner *r) {
         if (!r->o.prompt)
                 return 0;
         size_t n;
-        int e = tokenizer_encode(r->tok, r->o.prompt, strlen(r->o.prompt), true, false, r->prompt, (size_t)mc->seq_len,
-                                 &n);
+        int e = tokenizer_encode(r->tok, r->o.prompt, strlen(r->o.prompt), true, false, r->prompt,
+                                 (size_t)mc->seq_len, &n);
         if (e < 0) {
                 fprintf(stderr, "kvc-run: the prompt does not fit the model's %d positions\n", mc->seq_len);
                 return e;
@@ -381,8 +393,8 @@ static int take_over(struct runner *r, int *ret_pos, int *ret_token) {
         struct kvc_handoff h;
         unsigned long long id;
         char hex[33];
-        int version, n = fscanf(f, "kvc-handoff %d session %llu ticket %32s pos %d token %d", &version, &id, hex,
-                                ret_pos, ret_token);
+        int version, n = fscanf(f, "kvc-handoff %d session %llu ticket %32s pos %d token %d", &version, &id,
+                                hex, ret_pos, ret_token);
         fclose(f);
         if (n != 5 || version != 1 || strlen(hex) != 32) {
                 fprintf(stderr, "kvc-run: %s is not a hand-off file\n", r->o.handoff_file);
@@ -414,7 +426,8 @@ static int generate(struct runner *r, int *ret_steps) {
         uint32_t shared = r->session && !r->o.import ? kvc_session_shared_tokens(r->session) : 0;
         for (; pos < (int)shared && pos < n_prompt - 1; pos++) {
                 size_t len = 1;
-                if (tokenizer_piece_safe(r->tok, prompt[pos], prompt[pos + 1], piece, sizeof(piece), &len) < 0)
+                if (tokenizer_piece_safe(r->tok, prompt[pos], prompt[pos + 1], piece, sizeof(piece), &len) <
+                    0)
                         len = 0;
                 if ((e = emit(r, piece, len)) < 0)
                         return e;

@@ -129,9 +129,9 @@ struct kvc_client {
         uint64_t pool_bytes;
         uint32_t n_chunks;
         uint32_t block_tokens;
-        uint8_t *base;   /* the pool's range: host memory, or a device pointer when dev */
-        uint8_t *mapped; /* per chunk: 0, MAPPED_RW or MAPPED_RO */
-        uint32_t *mapped_gen; /* per chunk: the generation mapped (fdwire.h) */
+        uint8_t *base;          /* the pool's range: host memory, or a device pointer when dev */
+        uint8_t *mapped;        /* per chunk: 0, MAPPED_RW or MAPPED_RO */
+        uint32_t *mapped_gen;   /* per chunk: the generation mapped (fdwire.h) */
         struct cuda_driver drv; /* loaded for a device pool */
         struct devpool *dev;    /* a device pool; NULL: host memory */
         uint8_t device_uuid[16];
@@ -149,7 +149,7 @@ struct kvc_client {
         size_t n_queue, cap_queue;
         uint32_t *lengths;
         size_t n_lengths, cap_lengths;
-        uint64_t pending[KVC_MAX_PENDING]; /* request ids of StepBatches awaiting their PlanBatch */
+        uint64_t pending[KVC_MAX_PENDING];       /* request ids of StepBatches awaiting their PlanBatch */
         struct sent_batch sent[KVC_MAX_PENDING]; /* the same batches, whole */
         uint32_t pending_head, n_pending;
         int step_error; /* first per-step error kvcd reported since the last flush */
@@ -308,7 +308,8 @@ static int recv_env(struct kvc_client *c, int timeout_ms, Kvc__Envelope **ret) {
 static int map_chunk(struct kvc_client *c, const struct fdwire_msg *m, int fd) {
         struct stat st;
         bool device = (m->flags & FDWIRE_DEVICE_MEM) != 0;
-        if (fd < 0 || m->chunk_idx >= c->n_chunks || m->chunk_bytes != c->chunk_bytes || device != (c->dev != NULL) ||
+        if (fd < 0 || m->chunk_idx >= c->n_chunks || m->chunk_bytes != c->chunk_bytes ||
+            device != (c->dev != NULL) ||
             (!device && (fstat(fd, &st) < 0 || (uint64_t)st.st_size < c->chunk_bytes))) {
                 if (fd >= 0)
                         close(fd);
@@ -331,16 +332,16 @@ static int map_chunk(struct kvc_client *c, const struct fdwire_msg *m, int fd) {
                 int r = devpool_map(c->dev, m->chunk_idx, fd, read_only, why, sizeof(why));
                 close(fd);
                 if (r < 0)
-                        return set_error(c, r, "mapping chunk %llu on the GPU: %s", (unsigned long long)m->chunk_idx,
-                                         why);
+                        return set_error(c, r, "mapping chunk %llu on the GPU: %s",
+                                         (unsigned long long)m->chunk_idx, why);
         } else {
                 int prot = PROT_READ | (read_only ? 0 : PROT_WRITE);
-                void *p = mmap(c->base + m->chunk_idx * c->chunk_bytes, c->chunk_bytes, prot, MAP_SHARED | MAP_FIXED,
-                               fd, 0);
+                void *p = mmap(c->base + m->chunk_idx * c->chunk_bytes, c->chunk_bytes, prot,
+                               MAP_SHARED | MAP_FIXED, fd, 0);
                 close(fd);
                 if (p == MAP_FAILED)
-                        return set_error(c, -errno, "mapping chunk %llu: %s", (unsigned long long)m->chunk_idx,
-                                         strerror(errno));
+                        return set_error(c, -errno, "mapping chunk %llu: %s",
+                                         (unsigned long long)m->chunk_idx, strerror(errno));
                 /* a child forked without exec must not keep the pool: it would outlive our death */
                 madvise(p, c->chunk_bytes, MADV_DONTFORK);
         }
@@ -383,7 +384,8 @@ static int unmap_chunk(struct kvc_client *c, uint64_t idx) {
                         return set_error(c, r, "giving chunk %llu back: %s", (unsigned long long)idx, why);
         } else if (mmap(c->base + idx * c->chunk_bytes, c->chunk_bytes, PROT_NONE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
-                return set_error(c, -errno, "giving chunk %llu back: %s", (unsigned long long)idx, strerror(errno));
+                return set_error(c, -errno, "giving chunk %llu back: %s", (unsigned long long)idx,
+                                 strerror(errno));
         }
         c->mapped[idx] = 0;
         struct fdwire_msg m = { .magic = FDWIRE_MAGIC,
@@ -392,7 +394,8 @@ static int unmap_chunk(struct kvc_client *c, uint64_t idx) {
                                 .chunk_idx = idx,
                                 .chunk_bytes = c->chunk_bytes };
         int r = fdwire_send(c->fd, &m, -1);
-        return r < 0 ? set_error(c, r, "telling kvcd chunk %llu is unmapped: %s", (unsigned long long)idx, strerror(-r))
+        return r < 0 ? set_error(c, r, "telling kvcd chunk %llu is unmapped: %s", (unsigned long long)idx,
+                                 strerror(-r))
                      : 0;
 }
 
@@ -447,7 +450,8 @@ static int check_region(struct kvc_client *c, uint64_t off, uint64_t bytes) {
 static int apply_grant(struct kvc_client *c, const Kvc__Grant *g) {
         struct kvc_session *s = find_session(c, g->session_id);
         if (!s)
-                return set_error(c, -EPROTO, "grant for unknown session %llu", (unsigned long long)g->session_id);
+                return set_error(c, -EPROTO, "grant for unknown session %llu",
+                                 (unsigned long long)g->session_id);
         /* check all, then apply */
         for (size_t i = 0; i < g->n_layers; i++) {
                 const Kvc__LayerBlocks *lb = g->layers[i];
@@ -484,9 +488,13 @@ static const uint8_t *mask_of(const struct kvc_session *s, uint32_t l) {
 
 static struct block_layer layer_of(const struct kvc_session *s, uint32_t l) {
         const struct layer *L = &s->layers[l];
-        return (struct block_layer){ .layout = &s->layout, .blocks = L->fp.ptrs, .n_blocks = L->fp.n,
-                                     .n_tokens = L->n_tokens - L->n_q8, .n_shared = s->n_shared,
-                                     .shared_mask = mask_of(s, l), .mask_stride = s->mask_stride };
+        return (struct block_layer){ .layout = &s->layout,
+                                     .blocks = L->fp.ptrs,
+                                     .n_blocks = L->fp.n,
+                                     .n_tokens = L->n_tokens - L->n_q8,
+                                     .n_shared = s->n_shared,
+                                     .shared_mask = mask_of(s, l),
+                                     .mask_stride = s->mask_stride };
 }
 
 static struct mixed_layer mixed_of(const struct kvc_session *s, uint32_t l) {
@@ -578,7 +586,8 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                 }
                 seen[lp->layer] = true;
                 const struct layer *L = &s->layers[lp->layer];
-                uint32_t new_len = lp->keep_count + (L->n_tokens - lp->base_tokens), T = s->layout.block_tokens;
+                uint32_t new_len = lp->keep_count + (L->n_tokens - lp->base_tokens),
+                         T = s->layout.block_tokens;
                 if (lp->q8_tokens && (s->q8_layout.block_bytes == 0 || lp->q8_tokens > new_len ||
                                       (lp->q8_tokens + T - 1) / T > L->q8.n)) {
                         status = EPROTO;
@@ -612,18 +621,22 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                                 }
                 }
                 if (status == 0 && lp->shared_tokens &&
-                    (lp->shared_tokens != s->n_shared || lp->keep_count < lp->shared_tokens || lp->q8_tokens ||
-                     lp->summary_slot || L->n_q8 || !s->mask || lp->shared_tokens / T > L->fp.n)) {
+                    (lp->shared_tokens != s->n_shared || lp->keep_count < lp->shared_tokens ||
+                     lp->q8_tokens || lp->summary_slot || L->n_q8 || !s->mask ||
+                     lp->shared_tokens / T > L->fp.n)) {
                         status = EPROTO;
-                        set_error(c, -EPROTO, "plan %llu: layer %u's shared prefix of %u does not match ours (%u)",
+                        set_error(c, -EPROTO,
+                                  "plan %llu: layer %u's shared prefix of %u does not match ours (%u)",
                                   (unsigned long long)p->plan_id, lp->layer, lp->shared_tokens, s->n_shared);
                 }
                 used += n;
         }
         if (status == 0 && c->dev && !c->compactor) {
                 status = ENOTSUP;
-                set_error(c, -ENOTSUP, "plan %llu: the pool is GPU memory and no compactor is registered "
-                                       "(kvc_set_compactor)", (unsigned long long)p->plan_id);
+                set_error(c, -ENOTSUP,
+                          "plan %llu: the pool is GPU memory and no compactor is registered "
+                          "(kvc_set_compactor)",
+                          (unsigned long long)p->plan_id);
         }
         if (status != 0) {
                 int r = send_plan_applied(c, s, p->plan_id, status, NULL);
@@ -642,7 +655,8 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                         struct kvc_compaction job = {
                                 .layer = lp->layer,
                                 .keep = s->plan_copy + used,
-                                .keep_device = (const uint32_t *)(c->base + s->plan_offset + (uint64_t)lp->keep_offset * 4),
+                                .keep_device = (const uint32_t *)(c->base + s->plan_offset +
+                                                                  (uint64_t)lp->keep_offset * 4),
                                 .keep_count = lp->keep_count,
                                 .per_head = lp->per_head,
                                 .base_tokens = lp->base_tokens,
@@ -659,9 +673,12 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                         uint32_t *keep = s->plan_copy + used, private_len = 0;
                         for (uint32_t h = 0; h < (lp->per_head ? H : 1u); h++)
                                 for (uint32_t j = 0; j < kp; j++)
-                                        keep[(uint64_t)h * kp + j] = keep[(uint64_t)h * lp->keep_count + S + j] - S;
-                        struct block_layer bl = { .layout = &s->layout, .blocks = L->fp.ptrs + S / T,
-                                                  .n_blocks = L->fp.n - S / T, .n_tokens = L->n_tokens - S };
+                                        keep[(uint64_t)h * kp + j] =
+                                                keep[(uint64_t)h * lp->keep_count + S + j] - S;
+                        struct block_layer bl = { .layout = &s->layout,
+                                                  .blocks = L->fp.ptrs + S / T,
+                                                  .n_blocks = L->fp.n - S / T,
+                                                  .n_tokens = L->n_tokens - S };
                         r = compact_layer(&bl, keep, kp, lp->per_head, lp->base_tokens - S, &private_len);
                         new_len = S + private_len;
                         uint64_t at = (uint64_t)lp->layer * H * s->mask_stride;
@@ -670,16 +687,17 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                                                   (size_t)H * s->mask_stride);
                 } else if (L->n_q8 == 0 && lp->q8_tokens == 0) {
                         struct block_layer bl = layer_of(s, lp->layer);
-                        r = lp->summary_slot ? summarize_evicted(&bl, s->plan_copy + used, lp->keep_count, lp->base_tokens,
-                                                                 lp->summary_slot - 1, s->compact_scratch)
+                        r = lp->summary_slot ? summarize_evicted(&bl, s->plan_copy + used, lp->keep_count,
+                                                                 lp->base_tokens, lp->summary_slot - 1,
+                                                                 s->compact_scratch)
                                              : 0;
                         if (r == 0)
-                                r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head, lp->base_tokens,
-                                          &new_len);
+                                r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head,
+                                                  lp->base_tokens, &new_len);
                 } else {
                         struct mixed_layer ml = mixed_of(s, lp->layer);
-                        r = compact_mixed(&ml, s->plan_copy + used, lp->keep_count, lp->per_head, lp->base_tokens,
-                                          lp->q8_tokens, s->compact_scratch, &new_len);
+                        r = compact_mixed(&ml, s->plan_copy + used, lp->keep_count, lp->per_head,
+                                          lp->base_tokens, lp->q8_tokens, s->compact_scratch, &new_len);
                 }
                 if (r < 0) /* the kernel checks what only it can (kept INT8 beyond q8_tokens) */
                         return set_error(c, r, "compaction refused plan %llu on layer %u",
@@ -799,7 +817,8 @@ static int call(struct kvc_client *c, Kvc__Envelope *env, Kvc__Envelope__BodyCas
 
 /* The fd channel (kvcd's Welcome record, and the GPU's UUID for a device pool), the ZeroMQ
  * socket, and Hello: this client's connection to kvcd. On failure the caller closes what opened. */
-static int open_channels(struct kvc_client *c, bool *ret_device, uint8_t uuid[16], Kvc__Envelope **ret_welcome) {
+static int open_channels(struct kvc_client *c, bool *ret_device, uint8_t uuid[16],
+                         Kvc__Envelope **ret_welcome) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         struct fdwire_msg m;
         int fd = -1, r;
@@ -916,7 +935,8 @@ int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
                 }
                 c->base = (uint8_t *)(uintptr_t)devpool_base(c->dev);
         } else {
-                c->base = mmap(NULL, c->pool_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                c->base = mmap(NULL, c->pool_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                               -1, 0);
                 if (c->base == MAP_FAILED) {
                         kvc_disconnect(c);
                         return -ENOMEM;
@@ -1004,8 +1024,9 @@ static int recover(struct kvc_client *c) {
                         break;
                 poll(NULL, 0, 50);
         }
-        if (r == 0 && (in->welcome->chunk_bytes != c->chunk_bytes || in->welcome->pool_bytes != c->pool_bytes ||
-                       device != (c->dev != NULL) || (device && memcmp(uuid, c->device_uuid, 16) != 0)))
+        if (r == 0 &&
+            (in->welcome->chunk_bytes != c->chunk_bytes || in->welcome->pool_bytes != c->pool_bytes ||
+             device != (c->dev != NULL) || (device && memcmp(uuid, c->device_uuid, 16) != 0)))
                 r = set_error(c, -ESTALE, "kvcd came back with another pool");
         if (r == 0) {
                 c->client_id = in->welcome->client_id;
@@ -1166,7 +1187,8 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
                        struct kvc_session **ret) {
         struct block_layout layout;
         int r;
-        if (block_layout_init(&layout, c->block_tokens, geo->n_kv_heads, geo->head_dim, (enum block_dtype)geo->dtype) < 0)
+        if (block_layout_init(&layout, c->block_tokens, geo->n_kv_heads, geo->head_dim,
+                              (enum block_dtype)geo->dtype) < 0)
                 return set_error(c, -EINVAL, "geometry has a zero or unknown field");
         if (o->block_bytes != layout.block_bytes || o->block_tokens != c->block_tokens)
                 return set_error(c, -EPROTO, "kvcd's block layout (%llu bytes) differs from ours (%llu)",
@@ -1174,9 +1196,9 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
         if (o->plan_bytes && (r = check_region(c, o->plan_offset, o->plan_bytes)) < 0)
                 return r;
         struct block_layout q8_layout = { 0 };
-        if (o->q8_block_bytes &&
-            (block_layout_init(&q8_layout, c->block_tokens, geo->n_kv_heads, geo->head_dim, BLOCK_DTYPE_Q8) < 0 ||
-             q8_layout.block_bytes != o->q8_block_bytes))
+        if (o->q8_block_bytes && (block_layout_init(&q8_layout, c->block_tokens, geo->n_kv_heads,
+                                                    geo->head_dim, BLOCK_DTYPE_Q8) < 0 ||
+                                  q8_layout.block_bytes != o->q8_block_bytes))
                 return set_error(c, -EPROTO, "kvcd's INT8 block layout differs from ours");
 
         struct kvc_session *s = calloc(1, sizeof(*s));
@@ -1229,7 +1251,8 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
                 return -ENOMEM;
         }
         r = 0;
-        if (o->mask_stride && o->plan_bytes && (o->mask_offset > o->plan_bytes || mask_bytes > o->plan_bytes - o->mask_offset))
+        if (o->mask_stride && o->plan_bytes &&
+            (o->mask_offset > o->plan_bytes || mask_bytes > o->plan_bytes - o->mask_offset))
                 r = set_error(c, -EPROTO, "kvcd's masks lie outside the session's plan buffer");
         if (r == 0 && o->shared_tokens) { /* a prefix attached: the first blocks of every layer */
                 uint32_t nb = o->shared_tokens / layout.block_tokens;
@@ -1265,7 +1288,8 @@ int kvc_session_export(struct kvc_session *s, struct kvc_handoff *ret) {
         struct kvc_client *c = s->c;
         int r;
         if (s->closed_by_kvcd)
-                return set_error(c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
+                return set_error(c, -s->closed_by_kvcd, "kvcd closed session %llu",
+                                 (unsigned long long)s->id);
         if (c->n_queue && (r = kvc_flush(c)) < 0)
                 return r;
         while (c->n_pending) /* every answer in, every plan applied */
@@ -1300,10 +1324,11 @@ static enum kvc_dtype dtype_of_wire(Kvc__Dtype d) {
 }
 
 /* Fills one table of a session handed over, checking every block kvcd names. */
-static int import_table(struct kvc_client *c, struct table *t, const uint64_t *blocks, size_t n, uint64_t block_bytes,
-                        uint32_t max_blocks) {
+static int import_table(struct kvc_client *c, struct table *t, const uint64_t *blocks, size_t n,
+                        uint64_t block_bytes, uint32_t max_blocks) {
         if (n > max_blocks)
-                return set_error(c, -EPROTO, "kvcd handed over %zu blocks for a layer of at most %u", n, max_blocks);
+                return set_error(c, -EPROTO, "kvcd handed over %zu blocks for a layer of at most %u", n,
+                                 max_blocks);
         for (size_t b = 0; b < n; b++) {
                 int r = check_region(c, blocks[b], block_bytes);
                 if (r < 0)
@@ -1328,8 +1353,11 @@ int kvc_session_import(struct kvc_client *c, const struct kvc_handoff *h, struct
                 return r;
         const Kvc__HandoffImported *hi = in->handoff_imported;
         const Kvc__Geometry *g = hi->geometry;
-        struct kvc_geometry geo = { .n_layers = g->n_layers, .n_heads = g->n_heads, .n_kv_heads = g->n_kv_heads,
-                                    .head_dim = g->head_dim, .dtype = dtype_of_wire(g->dtype),
+        struct kvc_geometry geo = { .n_layers = g->n_layers,
+                                    .n_heads = g->n_heads,
+                                    .n_kv_heads = g->n_kv_heads,
+                                    .head_dim = g->head_dim,
+                                    .dtype = dtype_of_wire(g->dtype),
                                     .max_tokens = g->max_tokens };
         struct kvc_session *s;
         if ((r = session_new(c, &geo, hi->opened, &s)) < 0)
@@ -1338,7 +1366,8 @@ int kvc_session_import(struct kvc_client *c, const struct kvc_handoff *h, struct
         for (uint32_t l = 0; l < geo.n_layers && r == 0; l++) {
                 const Kvc__ResumeLayer *L = hi->layers[l];
                 struct layer *SL = &s->layers[l];
-                r = import_table(c, &SL->fp, L->fp_blocks, L->n_fp_blocks, s->layout.block_bytes, s->max_layer_blocks);
+                r = import_table(c, &SL->fp, L->fp_blocks, L->n_fp_blocks, s->layout.block_bytes,
+                                 s->max_layer_blocks);
                 if (r == 0 && L->n_q8_blocks && !s->q8_layout.block_bytes)
                         r = set_error(c, -EPROTO, "INT8 blocks handed over for a session without INT8");
                 if (r == 0)
@@ -1419,7 +1448,7 @@ int kvc_session_reserve(struct kvc_session *s, uint32_t n_tokens) {
 }
 
 #define DEVICE_POOL_HINT                                                                                     \
-        "the pool is GPU memory: write and read it with CUDA kernels (kernels/cuda.h) at the blocks "       \
+        "the pool is GPU memory: write and read it with CUDA kernels (kernels/cuda.h) at the blocks "        \
         "kvc_layer_view shows, and count tokens with kvc_append_slots"
 
 int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *k, const float *v) {
@@ -1428,7 +1457,8 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
         if (s->c->dev)
                 return set_error(s->c, -ENOTSUP, "kvc_append: " DEVICE_POOL_HINT);
         if (s->closed_by_kvcd)
-                return set_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
+                return set_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu",
+                                 (unsigned long long)s->id);
         struct layer *L = &s->layers[layer];
         const struct block_layout *l = &s->layout;
         uint32_t T = l->block_tokens, fp = L->n_tokens - L->n_q8;
@@ -1439,11 +1469,13 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
                 if (r < 0)
                         return r;
                 if (s->closed_by_kvcd)
-                        return set_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
+                        return set_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu",
+                                         (unsigned long long)s->id);
                 fp = L->n_tokens - L->n_q8;
         }
         if (L->n_tokens >= s->max_layer_tokens) /* the scratch is sized for it, whatever kvcd granted */
-                return set_error(s->c, -ENOSPC, "layer %u holds the %u tokens the session allows", layer, s->max_layer_tokens);
+                return set_error(s->c, -ENOSPC, "layer %u holds the %u tokens the session allows", layer,
+                                 s->max_layer_tokens);
         if (fp >= L->fp.n * T) {
                 int r = kvc_session_reserve(s, L->n_tokens + 1);
                 if (r < 0)
@@ -1487,12 +1519,13 @@ int kvc_append_slots(struct kvc_session *s, uint32_t layer, uint32_t n) {
         if (layer >= s->g.n_layers)
                 return set_error(s->c, -EINVAL, "layer %u of %u", layer, s->g.n_layers);
         if (s->closed_by_kvcd)
-                return set_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
+                return set_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu",
+                                 (unsigned long long)s->id);
         struct layer *L = &s->layers[layer];
         uint32_t T = s->layout.block_tokens;
         if (n > s->max_layer_tokens || L->n_tokens > s->max_layer_tokens - n)
-                return set_error(s->c, -ENOSPC, "layer %u: %u more tokens pass the session's limit of %u", layer, n,
-                                 s->max_layer_tokens);
+                return set_error(s->c, -ENOSPC, "layer %u: %u more tokens pass the session's limit of %u",
+                                 layer, n, s->max_layer_tokens);
         if (L->n_tokens - L->n_q8 + n > L->fp.n * T) {
                 int r = kvc_session_reserve(s, L->n_tokens + n);
                 if (r < 0)
@@ -1577,7 +1610,8 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
 int kvc_step(struct kvc_session *s, uint64_t step, enum kvc_phase phase, const struct kvc_summary *sum) {
         struct kvc_client *c = s->c;
         if (s->closed_by_kvcd)
-                return set_error(c, -s->closed_by_kvcd, "kvcd closed session %llu", (unsigned long long)s->id);
+                return set_error(c, -s->closed_by_kvcd, "kvcd closed session %llu",
+                                 (unsigned long long)s->id);
         if (s->stepped && step <= s->last_step)
                 return set_error(c, -EINVAL, "step %llu is not after %llu", (unsigned long long)step,
                                  (unsigned long long)s->last_step);
@@ -1710,7 +1744,7 @@ void kvc_session_get_stats(const struct kvc_session *s, struct kvc_session_stats
 #include "kvc_fuzz.h"
 
 #define FUZZ_CHUNK_BYTES (64u * 1024u)
-#define FUZZ_CHUNKS 8u
+#define FUZZ_CHUNKS      8u
 
 int kvc_fuzz_client_new(const struct kvc_geometry *g, uint32_t max_layer_tokens, uint64_t plan_bytes,
                         struct kvc_client **ret_c, struct kvc_session **ret_s) {
@@ -1729,7 +1763,8 @@ int kvc_fuzz_client_new(const struct kvc_geometry *g, uint32_t max_layer_tokens,
         c->mapped = malloc(FUZZ_CHUNKS);
         c->mapped_gen = calloc(FUZZ_CHUNKS, sizeof(*c->mapped_gen));
         c->base = mmap(NULL, c->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (!c->mapped || !c->mapped_gen || c->base == MAP_FAILED || wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena) < 0)
+        if (!c->mapped || !c->mapped_gen || c->base == MAP_FAILED ||
+            wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena) < 0)
                 goto fail;
         memset(c->mapped, 1, FUZZ_CHUNKS); /* every chunk "arrived" */
 
@@ -1750,9 +1785,11 @@ int kvc_fuzz_client_new(const struct kvc_geometry *g, uint32_t max_layer_tokens,
         s->plan_copy = malloc(plan_bytes ? plan_bytes : 4);
         size_t slots = (size_t)s->max_layer_blocks * 16 + 1;
         struct mixed_layer probe = { .fp = &s->layout, .q8 = &s->q8_layout, .n_tokens = (uint32_t)slots };
-        size_t attn = attn_mixed_scratch_floats(&probe, g->n_heads), cs = compact_mixed_scratch_floats(&probe);
+        size_t attn = attn_mixed_scratch_floats(&probe, g->n_heads),
+               cs = compact_mixed_scratch_floats(&probe);
         s->attn_scratch = malloc((attn > 2 * slots ? attn : 2 * slots) * sizeof(float));
-        s->compact_scratch = malloc((cs > 2 * (size_t)g->head_dim ? cs : 2 * (size_t)g->head_dim) * sizeof(float));
+        s->compact_scratch =
+                malloc((cs > 2 * (size_t)g->head_dim ? cs : 2 * (size_t)g->head_dim) * sizeof(float));
         r = -ENOMEM;
         if (!s->layers || !s->plan_copy || !s->attn_scratch || !s->compact_scratch)
                 goto fail;

@@ -98,9 +98,9 @@ struct kvc_session_config {
         uint32_t budget_tokens; /* per layer; 0: the policy's default */
         const struct kvc_param *params;
         size_t n_params;
-        const char *tenant; /* NULL: the default tenant */
-        uint32_t prompt_tokens; /* the prompt's length (BOS included) if known: the prefill policies
-                                   (snapkv, scope) compress the prompt once it is in */
+        const char *tenant;               /* NULL: the default tenant */
+        uint32_t prompt_tokens;           /* the prompt's length (BOS included) if known: the prefill policies
+                                             (snapkv, scope) compress the prompt once it is in */
         const uint32_t *prompt_token_ids; /* optional: the prompt's tokens, whose 16-token blocks
                                              kvcd publishes as KV events (prefix routing) */
         size_t n_prompt_token_ids;
@@ -236,8 +236,8 @@ struct kvc_compaction {
         uint32_t base_tokens;
         uint32_t q8_tokens;
         uint32_t summary_slot;
-        uint32_t new_tokens;         /* the layer's length after compaction */
-        struct kvc_layer_view view;  /* the layer before it */
+        uint32_t new_tokens;        /* the layer's length after compaction */
+        struct kvc_layer_view view; /* the layer before it */
 };
 /* Compacts one layer and returns 0 once the work is complete (the stream synchronized: kvcd may
  * grant the blocks the layer gives back to another session), or -errno, which fails the plan. */

@@ -41,26 +41,28 @@ struct ctl {
 };
 
 static void usage(FILE *f) {
-        fprintf(f, "Usage: kvcctl [--socket PATH] [--json] [--timeout MS] VERB [ARGS]\n"
-                   "Watches and steers kvcd.\n\n"
-                   "Verbs:\n"
-                   "  status                    the daemon: pool, clients, sessions, counters\n"
-                   "  sessions                  one row per session\n"
-                   "  top [--interval S] [--iterations N]\n"
-                   "                            status and sessions, refreshed in place; q quits\n"
-                   "  budget get                the capacity and the tenants' quotas\n"
-                   "  budget set [--capacity BYTES] [--tenant NAME [--quota BYTES] [--uid N | --gid N]]\n"
-                   "             [--session ID [--min BYTES] [--max BYTES] [--priority N]]\n"
-                   "  evict SESSION             close a session; its client is told\n"
-                   "  drain [--timeout S] [--resume]\n"
-                   "                            refuse new sessions; wait until the open ones end\n"
-                   "  audit                     recompute the accounting from the blocks (exit 1 on a mismatch)\n"
-                   "  metrics                   Prometheus text\n"
-                   "  events [--count N]        KV events as they happen (block stored / removed / cleared)\n\n"
-                   "  --socket PATH   kvcd's admin socket or its runtime directory\n"
-                   "  --json          machine-readable output\n"
-                   "  --timeout MS    how long to wait for kvcd (default 5000)\n\n"
-                   "Exit codes: 0 done, 1 refused (or a mismatch found), 2 bad usage, 3 kvcd unreachable.\n");
+        fprintf(f,
+                "Usage: kvcctl [--socket PATH] [--json] [--timeout MS] VERB [ARGS]\n"
+                "Watches and steers kvcd.\n\n"
+                "Verbs:\n"
+                "  status                    the daemon: pool, clients, sessions, counters\n"
+                "  sessions                  one row per session\n"
+                "  top [--interval S] [--iterations N]\n"
+                "                            status and sessions, refreshed in place; q quits\n"
+                "  budget get                the capacity and the tenants' quotas\n"
+                "  budget set [--capacity BYTES] [--tenant NAME [--quota BYTES] [--uid N | --gid N]]\n"
+                "             [--session ID [--min BYTES] [--max BYTES] [--priority N]]\n"
+                "  evict SESSION             close a session; its client is told\n"
+                "  drain [--timeout S] [--resume]\n"
+                "                            refuse new sessions; wait until the open ones end\n"
+                "  audit                     recompute the accounting from the blocks (exit 1 on a "
+                "mismatch)\n"
+                "  metrics                   Prometheus text\n"
+                "  events [--count N]        KV events as they happen (block stored / removed / cleared)\n\n"
+                "  --socket PATH   kvcd's admin socket or its runtime directory\n"
+                "  --json          machine-readable output\n"
+                "  --timeout MS    how long to wait for kvcd (default 5000)\n\n"
+                "Exit codes: 0 done, 1 refused (or a mismatch found), 2 bad usage, 3 kvcd unreachable.\n");
 }
 
 static int admin_path(struct ctl *c) {
@@ -72,7 +74,8 @@ static int admin_path(struct ctl *c) {
                           (n > 5 && strcmp(c->socket + n - 5, ".sock") == 0))) {
                 snprintf(c->path, sizeof(c->path), "%s", c->socket);
                 const char *slash = strrchr(c->socket, '/');
-                snprintf(c->dir, sizeof(c->dir), "%.*s", slash ? (int)(slash - c->socket) : 1, slash ? c->socket : ".");
+                snprintf(c->dir, sizeof(c->dir), "%.*s", slash ? (int)(slash - c->socket) : 1,
+                         slash ? c->socket : ".");
                 return 0;
         }
         if (c->socket)
@@ -89,8 +92,8 @@ static int connect_admin(struct ctl *c) {
         snprintf(ep, sizeof(ep), "ipc://%s", c->path);
         c->zctx = zmq_ctx_new();
         c->zsock = c->zctx ? zmq_socket(c->zctx, ZMQ_DEALER) : NULL;
-        if (!c->zsock || zmq_setsockopt(c->zsock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 || zmq_connect(c->zsock, ep) < 0 ||
-            wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena) < 0) {
+        if (!c->zsock || zmq_setsockopt(c->zsock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+            zmq_connect(c->zsock, ep) < 0 || wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena) < 0) {
                 fprintf(stderr, "kvcctl: cannot connect to %s\n", c->path);
                 return EXIT_UNREACHABLE;
         }
@@ -126,8 +129,8 @@ static int request_wait(struct ctl *c, Kvc__Envelope *req, Kvc__Envelope__BodyCa
                         return EXIT_UNREACHABLE;
                 }
                 Kvc__Envelope *env;
-                r = wire_decode(c->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES, &env, why,
-                                sizeof(why));
+                r = wire_decode(c->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES, &env,
+                                why, sizeof(why));
                 zmq_msg_close(&msg);
                 if (r < 0) {
                         fprintf(stderr, "kvcctl: bad answer from kvcd: %s\n", why);
@@ -166,7 +169,6 @@ static const char *human_bytes(uint64_t b, char *buf, size_t len) {
         return buf;
 }
 
-
 /* Prints a string as a JSON string literal. */
 static void json_string(const char *s) {
         putchar('"');
@@ -196,7 +198,8 @@ static void print_status(const struct ctl *c, const Kvc__Status *s) {
         if (c->json) {
                 printf("{\"version\":\"%s\",\"backend\":\"%s\",\"uptime_usec\":%llu,\"capacity_bytes\":%llu,"
                        "\"used_bytes\":%llu,\"int8_bytes\":%llu,\"chunk_bytes\":%llu,\"chunks_total\":%u,"
-                       "\"chunks_in_use\":%u,\"clients\":%u,\"sessions\":%u,\"steps_total\":%llu,\"plans_total\":%llu,"
+                       "\"chunks_in_use\":%u,\"clients\":%u,\"sessions\":%u,\"steps_total\":%llu,\"plans_"
+                       "total\":%llu,"
                        "\"client_deaths\":%llu,\"errors_total\":%llu,\"draining\":%s,\"shared_bytes\":%llu,"
                        "\"shared_blocks\":%u}\n",
                        s->version, s->backend, (unsigned long long)s->uptime_usec,
@@ -219,9 +222,9 @@ static void print_status(const struct ctl *c, const Kvc__Status *s) {
         if (s->shared_blocks)
                 printf("shared    %u prompt blocks, %s (counted once)\n", s->shared_blocks,
                        human_bytes(s->shared_bytes, q, sizeof(q)));
-        printf("steps     %llu   plans %llu   client deaths %llu   errors %llu\n", (unsigned long long)s->steps_total,
-               (unsigned long long)s->plans_total, (unsigned long long)s->client_deaths,
-               (unsigned long long)s->errors_total);
+        printf("steps     %llu   plans %llu   client deaths %llu   errors %llu\n",
+               (unsigned long long)s->steps_total, (unsigned long long)s->plans_total,
+               (unsigned long long)s->client_deaths, (unsigned long long)s->errors_total);
 }
 
 static int verb_status(struct ctl *c) {
@@ -248,27 +251,32 @@ static void print_sessions(const struct ctl *c, const Kvc__SessionList *l) {
                         printf("%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"client\":", i ? "," : "",
                                (unsigned long long)s->session_id, s->pid, s->uid);
                         json_string(s->client_name);
-                        printf(",\"tenant\":\"%s\",\"policy\":\"%s\",\"budget\":%u,\"tokens\":%u,\"peak_tokens\":%u,"
-                               "\"blocks\":%u,\"bytes\":%llu,\"int8_bytes\":%llu,\"confidence\":%.4f,\"steps\":%llu,"
-                               "\"plans\":%llu,\"age_usec\":%llu,\"layers\":%u,\"min_bytes\":%llu,\"max_bytes\":%llu,"
+                        printf(",\"tenant\":\"%s\",\"policy\":\"%s\",\"budget\":%u,\"tokens\":%u,\"peak_"
+                               "tokens\":%u,"
+                               "\"blocks\":%u,\"bytes\":%llu,\"int8_bytes\":%llu,\"confidence\":%.4f,"
+                               "\"steps\":%llu,"
+                               "\"plans\":%llu,\"age_usec\":%llu,\"layers\":%u,\"min_bytes\":%llu,\"max_"
+                               "bytes\":%llu,"
                                "\"cap_bytes\":%llu,\"priority\":%d}",
                                s->tenant, s->policy, s->budget_tokens, s->tokens, s->peak_tokens, s->blocks,
-                               (unsigned long long)s->bytes, (unsigned long long)s->int8_bytes, (double)s->confidence,
-                               (unsigned long long)s->steps, (unsigned long long)s->plans,
-                               (unsigned long long)s->age_usec, s->n_layers, (unsigned long long)s->min_bytes,
-                               (unsigned long long)s->max_bytes, (unsigned long long)s->cap_bytes, s->priority);
+                               (unsigned long long)s->bytes, (unsigned long long)s->int8_bytes,
+                               (double)s->confidence, (unsigned long long)s->steps,
+                               (unsigned long long)s->plans, (unsigned long long)s->age_usec, s->n_layers,
+                               (unsigned long long)s->min_bytes, (unsigned long long)s->max_bytes,
+                               (unsigned long long)s->cap_bytes, s->priority);
                 }
                 printf("]\n");
                 return;
         }
-        printf("%6s %8s %6s %-10s %-8s %6s %6s %5s %10s %10s %8s %6s %8s\n", "ID", "PID", "UID", "TENANT", "POLICY",
-               "BUDGET", "TOKENS", "CONF", "FP BYTES", "INT8 BYTES", "STEPS", "PLANS", "AGE");
+        printf("%6s %8s %6s %-10s %-8s %6s %6s %5s %10s %10s %8s %6s %8s\n", "ID", "PID", "UID", "TENANT",
+               "POLICY", "BUDGET", "TOKENS", "CONF", "FP BYTES", "INT8 BYTES", "STEPS", "PLANS", "AGE");
         for (size_t i = 0; i < l->n_sessions; i++) {
                 const Kvc__SessionInfo *s = l->sessions[i];
                 char b[32], q[32];
                 printf("%6llu %8u %6u %-10.10s %-8.8s %6u %6u %5.2f %10s %10s %8llu %6llu %7.1fs\n",
-                       (unsigned long long)s->session_id, s->pid, s->uid, s->tenant, s->policy, s->budget_tokens,
-                       s->tokens, (double)s->confidence, human_bytes(s->bytes - s->int8_bytes, b, sizeof(b)),
+                       (unsigned long long)s->session_id, s->pid, s->uid, s->tenant, s->policy,
+                       s->budget_tokens, s->tokens, (double)s->confidence,
+                       human_bytes(s->bytes - s->int8_bytes, b, sizeof(b)),
                        human_bytes(s->int8_bytes, q, sizeof(q)), (unsigned long long)s->steps,
                        (unsigned long long)s->plans, (double)s->age_usec / 1e6);
         }
@@ -340,27 +348,31 @@ static int verb_top(struct ctl *c) {
 
 static void print_budgets(const struct ctl *c, const Kvc__Budgets *b) {
         if (c->json) {
-                printf("{\"capacity_bytes\":%llu,\"used_bytes\":%llu,\"default_quota_bytes\":%llu,\"tenants\":[",
+                printf("{\"capacity_bytes\":%llu,\"used_bytes\":%llu,\"default_quota_bytes\":%llu,"
+                       "\"tenants\":[",
                        (unsigned long long)b->capacity_bytes, (unsigned long long)b->used_bytes,
                        (unsigned long long)b->default_quota_bytes);
                 for (size_t i = 0; i < b->n_tenants; i++) {
                         const Kvc__TenantBudget *t = b->tenants[i];
                         printf("%s{\"name\":", i ? "," : "");
                         json_string(t->name);
-                        printf(",\"quota_bytes\":%llu,\"used_bytes\":%llu,\"reserved_bytes\":%llu,\"sessions\":%u,"
+                        printf(",\"quota_bytes\":%llu,\"used_bytes\":%llu,\"reserved_bytes\":%llu,"
+                               "\"sessions\":%u,"
                                "\"uid\":%lld,\"gid\":%lld,\"declared\":%s}",
                                (unsigned long long)t->quota_bytes, (unsigned long long)t->used_bytes,
-                               (unsigned long long)t->reserved_bytes, t->sessions, (long long)t->uid, (long long)t->gid,
-                               t->declared ? "true" : "false");
+                               (unsigned long long)t->reserved_bytes, t->sessions, (long long)t->uid,
+                               (long long)t->gid, t->declared ? "true" : "false");
                 }
                 printf("]}\n");
                 return;
         }
         char x[32], y[32], z[32];
-        printf("capacity  %s (%s in use)\ndefault tenant quota  %s\n", human_bytes(b->capacity_bytes, x, sizeof(x)),
-               human_bytes(b->used_bytes, y, sizeof(y)), human_bytes(b->default_quota_bytes, z, sizeof(z)));
+        printf("capacity  %s (%s in use)\ndefault tenant quota  %s\n",
+               human_bytes(b->capacity_bytes, x, sizeof(x)), human_bytes(b->used_bytes, y, sizeof(y)),
+               human_bytes(b->default_quota_bytes, z, sizeof(z)));
         if (b->n_tenants)
-                printf("\n%-16s %12s %12s %12s %8s %s\n", "TENANT", "QUOTA", "USED", "GUARANTEED", "SESSIONS", "BOUND TO");
+                printf("\n%-16s %12s %12s %12s %8s %s\n", "TENANT", "QUOTA", "USED", "GUARANTEED", "SESSIONS",
+                       "BOUND TO");
         for (size_t i = 0; i < b->n_tenants; i++) {
                 const Kvc__TenantBudget *t = b->tenants[i];
                 char bound[48] = "-";
@@ -368,9 +380,10 @@ static void print_budgets(const struct ctl *c, const Kvc__Budgets *b) {
                         snprintf(bound, sizeof(bound), "uid %lld", (long long)t->uid);
                 else if (t->gid >= 0)
                         snprintf(bound, sizeof(bound), "gid %lld", (long long)t->gid);
-                printf("%-16.16s %12s %12s %12s %8u %s%s\n", t->name, human_bytes(t->quota_bytes, x, sizeof(x)),
-                       human_bytes(t->used_bytes, y, sizeof(y)), human_bytes(t->reserved_bytes, z, sizeof(z)),
-                       t->sessions, bound, t->declared ? "" : " (undeclared)");
+                printf("%-16.16s %12s %12s %12s %8u %s%s\n", t->name,
+                       human_bytes(t->quota_bytes, x, sizeof(x)), human_bytes(t->used_bytes, y, sizeof(y)),
+                       human_bytes(t->reserved_bytes, z, sizeof(z)), t->sessions, bound,
+                       t->declared ? "" : " (undeclared)");
         }
 }
 
@@ -463,10 +476,11 @@ static int verb_evict(struct ctl *c) {
         const Kvc__SessionStats *st = env->session_closed->stats;
         if (c->json)
                 printf("{\"evicted\":%llu,\"steps\":%llu,\"bytes_freed\":%llu}\n",
-                       (unsigned long long)env->session_closed->session_id, st ? (unsigned long long)st->steps : 0ull,
-                       st ? (unsigned long long)st->bytes : 0ull);
+                       (unsigned long long)env->session_closed->session_id,
+                       st ? (unsigned long long)st->steps : 0ull, st ? (unsigned long long)st->bytes : 0ull);
         else
-                printf("session %llu evicted (%llu bytes freed)\n", (unsigned long long)env->session_closed->session_id,
+                printf("session %llu evicted (%llu bytes freed)\n",
+                       (unsigned long long)env->session_closed->session_id,
                        st ? (unsigned long long)st->bytes : 0ull);
         return 0;
 }
@@ -498,7 +512,8 @@ static int verb_drain(struct ctl *c) {
         else if (dr.resume)
                 printf("sessions are admitted again\n");
         else
-                printf("draining: %u sessions left%s\n", d->sessions_left, d->timed_out ? " (timed out)" : "");
+                printf("draining: %u sessions left%s\n", d->sessions_left,
+                       d->timed_out ? " (timed out)" : "");
         return 0;
 }
 
@@ -513,8 +528,8 @@ static int verb_audit(struct ctl *c) {
         const Kvc__Audit *a = env->audit;
         if (c->json) {
                 printf("{\"clean\":%s,\"used_bytes\":%llu,\"blocks\":%llu,\"sessions\":%u,\"report\":",
-                       a->clean ? "true" : "false", (unsigned long long)a->used_bytes, (unsigned long long)a->blocks,
-                       a->sessions);
+                       a->clean ? "true" : "false", (unsigned long long)a->used_bytes,
+                       (unsigned long long)a->blocks, a->sessions);
                 json_string(a->report);
                 printf("}\n");
         } else {
@@ -582,28 +597,38 @@ static int verb_events(struct ctl *c) {
                         for (int i = 0; i < 8; i++)
                                 seq = seq << 8 | sq[i];
                         Kvc__KvEventBatch *b;
-                        if (wire_event_decode(c->arena, zmq_msg_data(&part[2]), zmq_msg_size(&part[2]), &b) == 0) {
+                        if (wire_event_decode(c->arena, zmq_msg_data(&part[2]), zmq_msg_size(&part[2]), &b) ==
+                            0) {
                                 for (size_t i = 0; i < b->n_events; i++, seen++) {
                                         const Kvc__KvEvent *e = b->events[i];
-                                        const char *kind = e->event_case == KVC__KV_EVENT__EVENT_STORED    ? "stored"
-                                                           : e->event_case == KVC__KV_EVENT__EVENT_REMOVED ? "removed"
-                                                                                                             : "cleared";
-                                        size_t n = e->event_case == KVC__KV_EVENT__EVENT_STORED    ? e->stored->n_block_hashes
-                                                   : e->event_case == KVC__KV_EVENT__EVENT_REMOVED ? e->removed->n_block_hashes
-                                                                                                     : 0;
-                                        const uint64_t *h = e->event_case == KVC__KV_EVENT__EVENT_STORED    ? e->stored->block_hashes
-                                                            : e->event_case == KVC__KV_EVENT__EVENT_REMOVED ? e->removed->block_hashes
-                                                                                                              : NULL;
-                                        unsigned long long sid = e->event_case == KVC__KV_EVENT__EVENT_STORED ? e->stored->session_id
-                                                                 : e->event_case == KVC__KV_EVENT__EVENT_REMOVED
-                                                                         ? e->removed->session_id
-                                                                         : 0;
+                                        const char *kind =
+                                                e->event_case == KVC__KV_EVENT__EVENT_STORED    ? "stored"
+                                                : e->event_case == KVC__KV_EVENT__EVENT_REMOVED ? "removed"
+                                                                                                : "cleared";
+                                        size_t n = e->event_case == KVC__KV_EVENT__EVENT_STORED
+                                                           ? e->stored->n_block_hashes
+                                                   : e->event_case == KVC__KV_EVENT__EVENT_REMOVED
+                                                           ? e->removed->n_block_hashes
+                                                           : 0;
+                                        const uint64_t *h = e->event_case == KVC__KV_EVENT__EVENT_STORED
+                                                                    ? e->stored->block_hashes
+                                                            : e->event_case == KVC__KV_EVENT__EVENT_REMOVED
+                                                                    ? e->removed->block_hashes
+                                                                    : NULL;
+                                        unsigned long long sid =
+                                                e->event_case == KVC__KV_EVENT__EVENT_STORED
+                                                        ? e->stored->session_id
+                                                : e->event_case == KVC__KV_EVENT__EVENT_REMOVED
+                                                        ? e->removed->session_id
+                                                        : 0;
                                         if (c->json) {
-                                                printf("{\"seq\":%llu,\"ts_usec\":%llu,\"event\":\"%s\",\"session\":%llu,"
+                                                printf("{\"seq\":%llu,\"ts_usec\":%llu,\"event\":\"%s\","
+                                                       "\"session\":%llu,"
                                                        "\"block_hashes\":[",
                                                        seq, (unsigned long long)b->ts_usec, kind, sid);
                                                 for (size_t k = 0; k < n; k++)
-                                                        printf("%s\"%016llx\"", k ? "," : "", (unsigned long long)h[k]);
+                                                        printf("%s\"%016llx\"", k ? "," : "",
+                                                               (unsigned long long)h[k]);
                                                 printf("]}\n");
                                         } else {
                                                 printf("%8llu  %-8s %8llu  %zu", seq, kind, sid, n);
@@ -625,17 +650,16 @@ static const struct {
         const char *name;
         int (*run)(struct ctl *c);
 } verbs[] = {
-        { "events", verb_events },
-        { "status", verb_status }, { "sessions", verb_sessions }, { "top", verb_top },
-        { "budget", verb_budget }, { "evict", verb_evict },       { "drain", verb_drain },
-        { "audit", verb_audit },   { "metrics", verb_metrics },
+        { "events", verb_events }, { "status", verb_status }, { "sessions", verb_sessions },
+        { "top", verb_top },       { "budget", verb_budget }, { "evict", verb_evict },
+        { "drain", verb_drain },   { "audit", verb_audit },   { "metrics", verb_metrics },
 };
 
 int main(int argc, char **argv) {
         static const struct option opts[] = {
-                { "socket", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
+                { "socket", required_argument, NULL, 's' },  { "json", no_argument, NULL, 'j' },
                 { "timeout", required_argument, NULL, 't' }, { "help", no_argument, NULL, 'h' },
-                { "version", no_argument, NULL, 'V' },      {},
+                { "version", no_argument, NULL, 'V' },       {},
         };
         struct ctl c = { .timeout_ms = 5000 };
         int o;

@@ -28,12 +28,14 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
                         const struct session_layer *L = &s->layers[l];
                         for (int q = 0; q < 2; q++) {
                                 const struct block_table *t = q ? &L->q8 : &L->fp;
-                                uint32_t unit = (uint32_t)(q ? s->q8_layout.block_bytes : s->layout.block_bytes);
+                                uint32_t unit =
+                                        (uint32_t)(q ? s->q8_layout.block_bytes : s->layout.block_bytes);
                                 /* shared blocks are the prefix index's (below); prompt blocks it did not
                                  * get to share are in its prefix domain */
                                 uint32_t first = q ? 0 : s->n_shared_blocks;
                                 for (uint32_t b = first; b < t->n; b++)
-                                        if (pool_owns(d->pool, session_pool_owner(s), t->blocks[b], unit, 1) < 0 &&
+                                        if (pool_owns(d->pool, session_pool_owner(s), t->blocks[b], unit, 1) <
+                                                    0 &&
                                             (!s->prefix_domain ||
                                              pool_owns(d->pool, s->prefix_domain, t->blocks[b], unit, 1) < 0))
                                                 bad++;
@@ -41,9 +43,10 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
                                 blocks += t->n - first;
                         }
                         if (L->n_tokens > L->n_q8 + L->fp.n * s->layout.block_tokens && len + 128 < cap)
-                                len += (size_t)snprintf(report + len, cap - len,
-                                                        "session %llu layer %u: %u tokens beyond its blocks\n",
-                                                        (unsigned long long)s->id, l, L->n_tokens);
+                                len += (size_t)snprintf(
+                                        report + len, cap - len,
+                                        "session %llu layer %u: %u tokens beyond its blocks\n",
+                                        (unsigned long long)s->id, l, L->n_tokens);
                 }
                 if (bytes != s->bytes && len + 128 < cap)
                         len += (size_t)snprintf(report + len, cap - len,
@@ -54,15 +57,18 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
         }
         uint64_t shared = 0;
         if (prefix_audit(d, &shared) < 0 && len + 128 < cap)
-                len += (size_t)snprintf(report + len, cap - len, "shared prefix blocks not in their domains' chunks\n");
+                len += (size_t)snprintf(report + len, cap - len,
+                                        "shared prefix blocks not in their domains' chunks\n");
         used += shared;
         struct pool_stats ps;
         pool_get_stats(d->pool, &ps);
         if (bad && len + 128 < cap)
-                len += (size_t)snprintf(report + len, cap - len, "%llu blocks in sessions' tables are not theirs in the pool\n",
+                len += (size_t)snprintf(report + len, cap - len,
+                                        "%llu blocks in sessions' tables are not theirs in the pool\n",
                                         (unsigned long long)bad);
         if (used != ps.used_bytes && len + 128 < cap)
-                len += (size_t)snprintf(report + len, cap - len, "sessions hold %llu bytes, the pool counts %llu\n",
+                len += (size_t)snprintf(report + len, cap - len,
+                                        "sessions hold %llu bytes, the pool counts %llu\n",
                                         (unsigned long long)used, (unsigned long long)ps.used_bytes);
         bool clean = len == 0;
         if (clean)
@@ -143,7 +149,8 @@ int admin_budgets(struct kvcd *d, Kvc__Envelope *reply) {
         return 0;
 }
 
-int admin_budget_set(struct kvcd *d, const Kvc__BudgetSet *m, Kvc__Envelope *reply, char *why, size_t why_len) {
+int admin_budget_set(struct kvcd *d, const Kvc__BudgetSet *m, Kvc__Envelope *reply, char *why,
+                     size_t why_len) {
         int r;
         struct session *s = NULL;
         if (m->set_session && !(s = idmap_get(&d->sessions, m->session_id))) {
@@ -156,7 +163,8 @@ int admin_budget_set(struct kvcd *d, const Kvc__BudgetSet *m, Kvc__Envelope *rep
         if (m->set_capacity) {
                 r = pool_set_capacity(d->pool, m->capacity_bytes);
                 if (r < 0) {
-                        snprintf(why, why_len, "capacity must be between one chunk (%llu) and the pool's maximum (%llu)",
+                        snprintf(why, why_len,
+                                 "capacity must be between one chunk (%llu) and the pool's maximum (%llu)",
                                  (unsigned long long)pool_chunk_bytes(d->pool),
                                  (unsigned long long)pool_va_bytes(d->pool));
                         return r;
@@ -166,16 +174,16 @@ int admin_budget_set(struct kvcd *d, const Kvc__BudgetSet *m, Kvc__Envelope *rep
                 d->freed = true;
         }
         if (m->set_quota || m->set_binding) {
-                r = budget_set_tenant(d, m->tenant ? m->tenant : "", m->set_quota, m->quota_bytes, m->set_binding,
-                                      m->tenant_uid, m->tenant_gid, why, why_len);
+                r = budget_set_tenant(d, m->tenant ? m->tenant : "", m->set_quota, m->quota_bytes,
+                                      m->set_binding, m->tenant_uid, m->tenant_gid, why, why_len);
                 if (r < 0)
                         return r;
                 log_notice("tenant %s: quota %llu bytes%s", m->tenant && *m->tenant ? m->tenant : "(default)",
                            (unsigned long long)m->quota_bytes, m->set_binding ? ", binding changed" : "");
         }
         if (s) {
-                r = budget_set_session(d, s, m->set_min, m->session_min_bytes, m->set_max, m->session_max_bytes,
-                                       m->set_priority, m->priority, why, why_len);
+                r = budget_set_session(d, s, m->set_min, m->session_min_bytes, m->set_max,
+                                       m->session_max_bytes, m->set_priority, m->priority, why, why_len);
                 if (r < 0)
                         return r;
                 log_notice("session %llu: limits %llu..%llu bytes, priority %d", (unsigned long long)s->id,
@@ -246,8 +254,11 @@ int admin_drain(struct kvcd *d, const Kvc__Drain *m, const uint8_t *rid, size_t 
         if (!m->resume && m->timeout_ms && d->sessions.n) {
                 if (d->drain.active)
                         drain_answer(d, true); /* one waiter at a time: the previous one is answered now */
-                d->drain = (struct drain_wait){ .active = true, .rid_len = (uint8_t)rid_len, .request_id = request_id,
-                                                .deadline_usec = now_usec() + (uint64_t)m->timeout_ms * 1000u };
+                d->drain =
+                        (struct drain_wait){ .active = true,
+                                             .rid_len = (uint8_t)rid_len,
+                                             .request_id = request_id,
+                                             .deadline_usec = now_usec() + (uint64_t)m->timeout_ms * 1000u };
                 memcpy(d->drain.rid, rid, rid_len);
                 *deferred = true;
                 return 0;

@@ -18,7 +18,8 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
 int admin_audit(struct kvcd *d, Kvc__Envelope *reply);
 int admin_metrics(struct kvcd *d, Kvc__Envelope *reply);
 int admin_budgets(struct kvcd *d, Kvc__Envelope *reply);
-int admin_budget_set(struct kvcd *d, const Kvc__BudgetSet *m, Kvc__Envelope *reply, char *why, size_t why_len);
+int admin_budget_set(struct kvcd *d, const Kvc__BudgetSet *m, Kvc__Envelope *reply, char *why,
+                     size_t why_len);
 int admin_evict(struct kvcd *d, uint64_t id, Kvc__Envelope *reply, char *why, size_t why_len);
 /* A drain with a timeout and sessions open answers later (*deferred): admin_tick() sends it. */
 int admin_drain(struct kvcd *d, const Kvc__Drain *m, const uint8_t *rid, size_t rid_len, uint64_t request_id,

@@ -107,8 +107,8 @@ static int backend_open(const struct backend_ops *ops, const struct backend_para
         return ops->open ? ops->open(p, why, why_len) : 0;
 }
 
-int backend_select(const char *name, const struct backend_params *p, const struct backend_ops **ret, char *why,
-                   size_t why_len) {
+int backend_select(const char *name, const struct backend_params *p, const struct backend_ops **ret,
+                   char *why, size_t why_len) {
         const struct backend_ops *ops;
         int r;
         why[0] = 0;

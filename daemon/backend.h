@@ -35,12 +35,12 @@ struct backend_params {
 
 /* What an open backend serves from. */
 struct backend_info {
-        bool device;            /* chunks are GPU memory: clients import them with the CUDA driver */
+        bool device; /* chunks are GPU memory: clients import them with the CUDA driver */
         uint8_t device_uuid[16];
-        char device_text[41];   /* "GPU-...", or "" */
+        char device_text[41]; /* "GPU-...", or "" */
         char device_name[96];
-        int driver_version;     /* cuDriverGetVersion, e.g. 13000 */
-        uint64_t granularity;   /* the chunk size must be a multiple of this */
+        int driver_version;   /* cuDriverGetVersion, e.g. 13000 */
+        uint64_t granularity; /* the chunk size must be a multiple of this */
 };
 
 struct backend_ops {
@@ -74,10 +74,10 @@ struct backend_ops {
 int backend_find(const char *name, const struct backend_ops **ret);
 
 /* Finds and opens the backend called name. "auto" opens cuda and, when that answers -ENODEV (no
- * usable CUDA here: no driver, a stub, no device), host; why then says why cuda was passed over (log it), and is ""
- * otherwise. On failure why says what failed and the error is open's (or backend_find's). */
-int backend_select(const char *name, const struct backend_params *p, const struct backend_ops **ret, char *why,
-                   size_t why_len);
+ * usable CUDA here: no driver, a stub, no device), host; why then says why cuda was passed over (log it), and
+ * is "" otherwise. On failure why says what failed and the error is open's (or backend_find's). */
+int backend_select(const char *name, const struct backend_params *p, const struct backend_ops **ret,
+                   char *why, size_t why_len);
 /* Closes what backend_select opened. Accepts NULL. */
 void backend_close(const struct backend_ops *ops);
 /* The backend's description; zeros (device false) for host memory. */

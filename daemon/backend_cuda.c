@@ -90,8 +90,9 @@ static int cuda_open(const struct backend_params *p, char *why, size_t why_len) 
                 return -EINVAL;
         }
         if (p->device && cuda_uuid_parse(p->device, &want) < 0) {
-                snprintf(why, why_len, "%s is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L "
-                                       "prints it)",
+                snprintf(why, why_len,
+                         "%s is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L "
+                         "prints it)",
                          p->device);
                 return -EINVAL;
         }
@@ -106,7 +107,8 @@ static int cuda_open(const struct backend_params *p, char *why, size_t why_len) 
                 goto fail;
         if (p->chunk_bytes % cb.dev.granularity) {
                 snprintf(why, why_len,
-                         "--chunk-bytes %llu is not a multiple of the allocation granularity of %s (%llu bytes)",
+                         "--chunk-bytes %llu is not a multiple of the allocation granularity of %s (%llu "
+                         "bytes)",
                          (unsigned long long)p->chunk_bytes, cb.dev.uuid_text,
                          (unsigned long long)cb.dev.granularity);
                 r = -EINVAL;
@@ -124,8 +126,9 @@ static int cuda_open(const struct backend_params *p, char *why, size_t why_len) 
         cuda_result cr = cb.drv->cuMemAddressReserve(&cb.va, cb.va_bytes, cb.dev.granularity, 0, 0);
         if (cr != CUDA_DRV_SUCCESS) {
                 char e[96];
-                snprintf(why, why_len, "cuMemAddressReserve of %llu bytes on %s: %s", (unsigned long long)cb.va_bytes,
-                         cb.dev.uuid_text, cuda_driver_error(cb.drv, cr, e, sizeof(e)));
+                snprintf(why, why_len, "cuMemAddressReserve of %llu bytes on %s: %s",
+                         (unsigned long long)cb.va_bytes, cb.dev.uuid_text,
+                         cuda_driver_error(cb.drv, cr, e, sizeof(e)));
                 cb.va = 0;
                 r = cr == CUDA_DRV_ERROR_OUT_OF_MEMORY ? -ENOMEM : -EIO;
                 goto fail;
@@ -192,14 +195,15 @@ static int cuda_chunk_create(uint64_t bytes, uint8_t *addr, struct backend_chunk
 
         if ((cr = d->cuMemCreate(&h, bytes, &prop, 0)) != CUDA_DRV_SUCCESS)
                 return cuda_errno(cr, "cuMemCreate");
-        if ((cr = d->cuMemExportToShareableHandle(&fd, h, CUDA_DRV_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) !=
-            CUDA_DRV_SUCCESS) {
+        if ((cr = d->cuMemExportToShareableHandle(&fd, h, CUDA_DRV_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                  0)) != CUDA_DRV_SUCCESS) {
                 r = cuda_errno(cr, "cuMemExportToShareableHandle");
                 goto release;
         }
         if ((r = map_at(at, bytes, h)) < 0)
                 goto close_fd;
-        if ((cr = d->cuMemsetD8(at, 0, bytes)) != CUDA_DRV_SUCCESS || (cr = d->cuCtxSynchronize()) != CUDA_DRV_SUCCESS) {
+        if ((cr = d->cuMemsetD8(at, 0, bytes)) != CUDA_DRV_SUCCESS ||
+            (cr = d->cuCtxSynchronize()) != CUDA_DRV_SUCCESS) {
                 r = cuda_errno(cr, "zeroing a new chunk");
                 d->cuMemUnmap(at, bytes);
                 cb.slot_used[(at - cb.va) / bytes] = 0;
@@ -221,8 +225,8 @@ static int cuda_chunk_adopt(int fd, uint64_t bytes, uint8_t *addr, struct backen
         if (r < 0)
                 return r;
         cuda_mem_handle h;
-        cuda_result cr = cb.drv->cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
-                                                                CUDA_DRV_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        cuda_result cr = cb.drv->cuMemImportFromShareableHandle(
+                &h, (void *)(intptr_t)fd, CUDA_DRV_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         if (cr != CUDA_DRV_SUCCESS)
                 return cuda_errno(cr, "cuMemImportFromShareableHandle (a chunk kept across a restart)");
         if ((r = map_at(at, bytes, h)) < 0) {

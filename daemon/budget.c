@@ -26,7 +26,8 @@ static uint64_t used(const struct kvcd *d) {
 }
 
 uint64_t budget_max(const struct kvcd *d, const struct session *s) {
-        uint64_t m = s->max_bytes, q = s->ten ? budget_quota(&d->budget, s->ten) : BUDGET_NO_LIMIT, c = capacity(d);
+        uint64_t m = s->max_bytes, q = s->ten ? budget_quota(&d->budget, s->ten) : BUDGET_NO_LIMIT,
+                 c = capacity(d);
         if (m > q)
                 m = q;
         if (m > c)
@@ -151,10 +152,12 @@ static int resolve(struct budget *b, const struct client *c, const char *asked, 
         struct tenant *t = find(b, name);
         if (t) {
                 bool bound = t->uid >= 0 || t->gid >= 0;
-                if (check_creds && bound && c->uid != 0 && t->uid != (int64_t)c->uid && t->gid != (int64_t)c->gid) {
-                        snprintf(why, why_len, "tenant %s is bound to %s %lld; this client runs as uid %u gid %u", name,
-                                 t->uid >= 0 ? "uid" : "gid", (long long)(t->uid >= 0 ? t->uid : t->gid), c->uid,
-                                 c->gid);
+                if (check_creds && bound && c->uid != 0 && t->uid != (int64_t)c->uid &&
+                    t->gid != (int64_t)c->gid) {
+                        snprintf(why, why_len,
+                                 "tenant %s is bound to %s %lld; this client runs as uid %u gid %u", name,
+                                 t->uid >= 0 ? "uid" : "gid", (long long)(t->uid >= 0 ? t->uid : t->gid),
+                                 c->uid, c->gid);
                         return -EACCES;
                 }
         } else {
@@ -169,8 +172,8 @@ static int resolve(struct budget *b, const struct client *c, const char *asked, 
         return 0;
 }
 
-int budget_admit(struct kvcd *d, struct session *s, struct client *c, const Kvc__OpenSession *m, bool check_creds,
-                 uint64_t floor, char *why, size_t why_len) {
+int budget_admit(struct kvcd *d, struct session *s, struct client *c, const Kvc__OpenSession *m,
+                 bool check_creds, uint64_t floor, char *why, size_t why_len) {
         struct budget *b = &d->budget;
         struct tenant *t;
         int r = resolve(b, c, m->tenant, check_creds, &t, why, why_len);
@@ -180,7 +183,8 @@ int budget_admit(struct kvcd *d, struct session *s, struct client *c, const Kvc_
         uint64_t min = m->min_bytes > floor ? m->min_bytes : floor;
         uint64_t max = m->max_bytes ? m->max_bytes : BUDGET_NO_LIMIT;
         if (max < floor) {
-                snprintf(why, why_len, "a maximum of %llu bytes is below the %llu this session needs to run at all",
+                snprintf(why, why_len,
+                         "a maximum of %llu bytes is below the %llu this session needs to run at all",
                          (unsigned long long)max, (unsigned long long)floor);
                 r = -EINVAL;
         } else if (min > max) {
@@ -262,15 +266,16 @@ int budget_may_grow(struct kvcd *d, const struct session *s, uint64_t n, char *w
                 return 0;
         if (t->used_bytes + n + (t->unmet_bytes - own) > quota) {
                 snprintf(why, why_len,
-                         "quota of tenant %s: %.1f MiB, %.1f MiB in use, %.1f MiB guaranteed to its other sessions",
+                         "quota of tenant %s: %.1f MiB, %.1f MiB in use, %.1f MiB guaranteed to its other "
+                         "sessions",
                          t->name, mib(quota), mib(t->used_bytes), mib(t->unmet_bytes - own));
                 return -ENOSPC;
         }
         uint64_t cap = capacity(d), u = used(d);
         if (u + n + (b->unmet_bytes - own) > cap) {
                 snprintf(why, why_len,
-                         "node capacity: %.1f MiB, %.1f MiB in use, %.1f MiB guaranteed to other sessions", mib(cap),
-                         mib(u), mib(b->unmet_bytes - own));
+                         "node capacity: %.1f MiB, %.1f MiB in use, %.1f MiB guaranteed to other sessions",
+                         mib(cap), mib(u), mib(b->unmet_bytes - own));
                 return -ENOSPC;
         }
         return 0;
@@ -339,7 +344,8 @@ static int shrink_order(const void *a, const void *b) {
 /* Cuts excess bytes from the caps of v (sorted), never below a minimum, only from sessions
  * whose policy can shrink (a policy that never plans cannot give memory back). Returns what is
  * left of the excess. */
-static uint64_t cut(struct budget *b, struct session **v, uint32_t n, const struct tenant *only, uint64_t excess) {
+static uint64_t cut(struct budget *b, struct session **v, uint32_t n, const struct tenant *only,
+                    uint64_t excess) {
         for (uint32_t i = 0; i < n && excess; i++) {
                 struct session *s = v[i];
                 if ((only && s->ten != only) || !s->plan_units || s->cap_bytes <= s->min_bytes)
@@ -419,7 +425,8 @@ int budget_set_tenant(struct kvcd *d, const char *name, bool set_quota, uint64_t
                 return -EINVAL;
         }
         if (set_quota && quota && t && quota < t->reserved_bytes) {
-                snprintf(why, why_len, "tenant %s: a quota of %.1f MiB is below the %.1f MiB guaranteed to its sessions",
+                snprintf(why, why_len,
+                         "tenant %s: a quota of %.1f MiB is below the %.1f MiB guaranteed to its sessions",
                          name, mib(quota), mib(t->reserved_bytes));
                 return -EBUSY;
         }
@@ -438,25 +445,29 @@ int budget_set_tenant(struct kvcd *d, const char *name, bool set_quota, uint64_t
         return 0;
 }
 
-int budget_set_session(struct kvcd *d, struct session *s, bool set_min, uint64_t min, bool set_max, uint64_t max,
-                       bool set_priority, int32_t priority, char *why, size_t why_len) {
+int budget_set_session(struct kvcd *d, struct session *s, bool set_min, uint64_t min, bool set_max,
+                       uint64_t max, bool set_priority, int32_t priority, char *why, size_t why_len) {
         struct budget *b = &d->budget;
         struct tenant *t = s->ten;
         uint64_t new_min = set_min ? (min > s->floor_bytes ? min : s->floor_bytes) : s->min_bytes;
         uint64_t new_max = set_max ? (max ? max : BUDGET_NO_LIMIT) : s->max_bytes;
         uint64_t quota = budget_quota(b, t), cap = capacity(d);
         if (new_max < new_min) {
-                snprintf(why, why_len, "maximum %llu bytes below the minimum %llu", (unsigned long long)new_max,
-                         (unsigned long long)new_min);
+                snprintf(why, why_len, "maximum %llu bytes below the minimum %llu",
+                         (unsigned long long)new_max, (unsigned long long)new_min);
                 return -EINVAL;
         }
         if (b->reserved_bytes - s->min_bytes + new_min > cap) {
-                snprintf(why, why_len, "node capacity: a minimum of %.2f MiB does not fit beside the %.1f MiB guaranteed to others",
+                snprintf(why, why_len,
+                         "node capacity: a minimum of %.2f MiB does not fit beside the %.1f MiB guaranteed "
+                         "to others",
                          mib(new_min), mib(b->reserved_bytes - s->min_bytes));
                 return -EBUSY;
         }
         if (t->reserved_bytes - s->min_bytes + new_min > quota) {
-                snprintf(why, why_len, "quota of tenant %s: a minimum of %.2f MiB does not fit beside the %.1f MiB guaranteed to its other sessions",
+                snprintf(why, why_len,
+                         "quota of tenant %s: a minimum of %.2f MiB does not fit beside the %.1f MiB "
+                         "guaranteed to its other sessions",
                          t->name, mib(new_min), mib(t->reserved_bytes - s->min_bytes));
                 return -EBUSY;
         }
@@ -479,7 +490,8 @@ int budget_set_session(struct kvcd *d, struct session *s, bool set_min, uint64_t
 
 int budget_check_capacity(const struct kvcd *d, uint64_t bytes, char *why, size_t why_len) {
         if (bytes < d->budget.reserved_bytes) {
-                snprintf(why, why_len, "a capacity of %.1f MiB is below the %.1f MiB guaranteed to the sessions' minimums",
+                snprintf(why, why_len,
+                         "a capacity of %.1f MiB is below the %.1f MiB guaranteed to the sessions' minimums",
                          mib(bytes), mib(d->budget.reserved_bytes));
                 return -EBUSY;
         }

@@ -33,7 +33,7 @@ struct kvcd;
 struct client;
 struct session;
 
-#define BUDGET_NO_LIMIT UINT64_MAX
+#define BUDGET_NO_LIMIT    UINT64_MAX
 #define BUDGET_MAX_TENANTS 256u
 
 struct tenant {
@@ -71,8 +71,8 @@ int budget_declare(struct budget *b, const char *spec, char *why, size_t why_len
 int budget_set_tenant(struct kvcd *d, const char *name, bool set_quota, uint64_t quota, bool set_binding,
                       int64_t uid, int64_t gid, char *why, size_t why_len);
 /* kvcctl budget set --session: -EBUSY (nothing changes) when a new minimum does not fit. */
-int budget_set_session(struct kvcd *d, struct session *s, bool set_min, uint64_t min, bool set_max, uint64_t max,
-                       bool set_priority, int32_t priority, char *why, size_t why_len);
+int budget_set_session(struct kvcd *d, struct session *s, bool set_min, uint64_t min, bool set_max,
+                       uint64_t max, bool set_priority, int32_t priority, char *why, size_t why_len);
 /* Whether the capacity may go down to bytes: -EBUSY when the guaranteed minimums need more. */
 int budget_check_capacity(const struct kvcd *d, uint64_t bytes, char *why, size_t why_len);
 
@@ -83,8 +83,8 @@ uint64_t budget_max(const struct kvcd *d, const struct session *s);
 /* Admission: resolves the session's tenant for client c (check_creds false after a restart,
  * when the client was checked at open), clamps its limits, and guarantees its minimum. -ENOSPC
  * naming the limit that bit, -EACCES for a tenant bound to someone else; nothing changes then. */
-int budget_admit(struct kvcd *d, struct session *s, struct client *c, const Kvc__OpenSession *m, bool check_creds,
-                 uint64_t floor, char *why, size_t why_len);
+int budget_admit(struct kvcd *d, struct session *s, struct client *c, const Kvc__OpenSession *m,
+                 bool check_creds, uint64_t floor, char *why, size_t why_len);
 /* The session goes: its minimum and its tenant's share are given back. */
 void budget_leave(struct kvcd *d, struct session *s);
 

@@ -117,7 +117,8 @@ int client_send_chunk_as(struct kvcd *d, struct client *c, uint32_t idx, bool re
                                 .kind = FDWIRE_CHUNK,
                                 .chunk_idx = idx,
                                 .chunk_bytes = pool_chunk_bytes(d->pool),
-                                .flags = (d->backend->device ? FDWIRE_DEVICE_MEM : 0) | (read_only ? FDWIRE_READ_ONLY : 0),
+                                .flags = (d->backend->device ? FDWIRE_DEVICE_MEM : 0) |
+                                         (read_only ? FDWIRE_READ_ONLY : 0),
                                 .generation = pool_chunk_generation(d->pool, idx) };
         return fdwire_send(c->fd, &m, pool_chunk_fd(d->pool, idx));
 }
@@ -177,10 +178,9 @@ void client_reclaim(struct kvcd *d) {
                 int r = c ? client_send_unmap(d, c, idx[i]) : -ENOENT; /* no c: an orphan of a restart */
                 if (r < 0) { /* not delivered (a record goes whole or not at all): called off */
                         pool_reclaim_cancel(d->pool, idx[i]);
-                        log_info("cannot ask client %llu for chunk %u back: %s", (unsigned long long)owner[i], idx[i],
-                                 strerror(-r));
-                }
-                else
+                        log_info("cannot ask client %llu for chunk %u back: %s", (unsigned long long)owner[i],
+                                 idx[i], strerror(-r));
+                } else
                         log_info("asked client %llu for chunk %u back (it holds nothing there)",
                                  (unsigned long long)owner[i], idx[i]);
         }

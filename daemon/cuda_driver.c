@@ -21,7 +21,8 @@ static const struct {
         const char *symbol;
         size_t at;
 } entry_points[] = {
-#define E(member, symbol) { symbol, offsetof(struct cuda_driver, member) }
+#define E(member, symbol)                                                                                    \
+        { symbol, offsetof(struct cuda_driver, member) }
         E(cuInit, "cuInit"),
         E(cuDriverGetVersion, "cuDriverGetVersion"),
         E(cuDeviceGetCount, "cuDeviceGetCount"),
@@ -66,8 +67,9 @@ int cuda_driver_load(const char *path, struct cuda_driver *ret, char *why, size_
         for (size_t i = 0; i < sizeof(entry_points) / sizeof(entry_points[0]); i++) {
                 void *f = dlsym(dl, entry_points[i].symbol);
                 if (!f) {
-                        snprintf(why, why_len, "the CUDA driver %s lacks %s: it is older than the VMM API needs",
-                                 lib, entry_points[i].symbol);
+                        snprintf(why, why_len,
+                                 "the CUDA driver %s lacks %s: it is older than the VMM API needs", lib,
+                                 entry_points[i].symbol);
                         dlclose(dl);
                         return -ENOSYS;
                 }
@@ -120,8 +122,9 @@ int cuda_uuid_parse(const char *s, struct cuda_uuid *ret) {
 
 void cuda_uuid_format(const struct cuda_uuid *u, char buf[41]) {
         const unsigned char *b = u->bytes;
-        snprintf(buf, 41, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                 b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        snprintf(buf, 41, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                 b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+                 b[15]);
 }
 
 static struct cuda_mem_alloc_prop chunk_prop(cuda_device dev) {
@@ -144,22 +147,21 @@ static int fail(const struct cuda_driver *drv, cuda_result r, const char *what, 
                          what, r);
                 return -ENODEV;
         case CUDA_DRV_ERROR_NO_DEVICE:
-                snprintf(why, why_len, "%s: no CUDA device (error %d, CUDA_ERROR_NO_DEVICE): a driver is "
-                                       "installed but it sees no GPU (check CUDA_VISIBLE_DEVICES and /dev/nvidia*)",
+                snprintf(why, why_len,
+                         "%s: no CUDA device (error %d, CUDA_ERROR_NO_DEVICE): a driver is "
+                         "installed but it sees no GPU (check CUDA_VISIBLE_DEVICES and /dev/nvidia*)",
                          what, r);
                 return -ENODEV;
         case CUDA_DRV_ERROR_SYSTEM_DRIVER_MISMATCH:
                 snprintf(why, why_len, "%s: %s: the user-mode driver does not match the kernel module", what,
                          cuda_driver_error(drv, r, e, sizeof(e)));
                 return -ENODEV;
-        default:
-                snprintf(why, why_len, "%s: %s", what, cuda_driver_error(drv, r, e, sizeof(e)));
-                return -EIO;
+        default: snprintf(why, why_len, "%s: %s", what, cuda_driver_error(drv, r, e, sizeof(e))); return -EIO;
         }
 }
 
-int cuda_driver_open(const struct cuda_driver *drv, const struct cuda_uuid *uuid, struct cuda_device_info *ret,
-                     char *why, size_t why_len) {
+int cuda_driver_open(const struct cuda_driver *drv, const struct cuda_uuid *uuid,
+                     struct cuda_device_info *ret, char *why, size_t why_len) {
         struct cuda_device_info info = { .dev = -1 };
         cuda_result r;
         int n = 0;
@@ -202,11 +204,12 @@ int cuda_driver_open(const struct cuda_driver *drv, const struct cuda_uuid *uuid
         info.name[sizeof(info.name) - 1] = 0;
 
         int vmm = 0, posix_fd = 0;
-        if ((r = drv->cuDeviceGetAttribute(&vmm, CUDA_DRV_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        if ((r = drv->cuDeviceGetAttribute(&vmm,
+                                           CUDA_DRV_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                            info.dev)) != CUDA_DRV_SUCCESS ||
-            (r = drv->cuDeviceGetAttribute(&posix_fd,
-                                           CUDA_DRV_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                                           info.dev)) != CUDA_DRV_SUCCESS)
+            (r = drv->cuDeviceGetAttribute(
+                     &posix_fd, CUDA_DRV_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                     info.dev)) != CUDA_DRV_SUCCESS)
                 return fail(drv, r, "cuDeviceGetAttribute", why, why_len);
         if (!vmm || !posix_fd) {
                 snprintf(why, why_len, "CUDA device %s (%s) does not support %s", info.uuid_text, info.name,
@@ -219,8 +222,8 @@ int cuda_driver_open(const struct cuda_driver *drv, const struct cuda_uuid *uuid
             CUDA_DRV_SUCCESS)
                 return fail(drv, r, "cuMemGetAllocationGranularity", why, why_len);
         if (g == 0 || (g & (g - 1))) {
-                snprintf(why, why_len, "CUDA device %s reports an allocation granularity of %zu bytes", info.uuid_text,
-                         g);
+                snprintf(why, why_len, "CUDA device %s reports an allocation granularity of %zu bytes",
+                         info.uuid_text, g);
                 return -EIO;
         }
         info.granularity = g;

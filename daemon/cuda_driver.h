@@ -86,7 +86,8 @@ struct cuda_uuid { /* CUuuid */
 
 _Static_assert(sizeof(struct cuda_mem_alloc_prop) == 32, "CUmemAllocationProp is 32 bytes");
 _Static_assert(__builtin_offsetof(struct cuda_mem_alloc_prop, location) == 8, "CUmemAllocationProp.location");
-_Static_assert(__builtin_offsetof(struct cuda_mem_alloc_prop, alloc_flags) == 24, "CUmemAllocationProp.allocFlags");
+_Static_assert(__builtin_offsetof(struct cuda_mem_alloc_prop, alloc_flags) == 24,
+               "CUmemAllocationProp.allocFlags");
 _Static_assert(sizeof(struct cuda_mem_access_desc) == 12, "CUmemAccessDesc is 12 bytes");
 _Static_assert(sizeof(struct cuda_uuid) == 16, "CUuuid is 16 bytes");
 _Static_assert(sizeof(cuda_dptr) == 8 && sizeof(cuda_mem_handle) == 8, "64-bit device pointers and handles");
@@ -104,10 +105,10 @@ struct cuda_driver {
         cuda_result (*cuDevicePrimaryCtxRelease)(cuda_device dev);
         cuda_result (*cuCtxSetCurrent)(cuda_context ctx);
         cuda_result (*cuCtxSynchronize)(void);
-        cuda_result (*cuMemGetAllocationGranularity)(size_t *granularity, const struct cuda_mem_alloc_prop *prop,
-                                                     int option);
-        cuda_result (*cuMemCreate)(cuda_mem_handle *handle, size_t size, const struct cuda_mem_alloc_prop *prop,
-                                   unsigned long long flags);
+        cuda_result (*cuMemGetAllocationGranularity)(size_t *granularity,
+                                                     const struct cuda_mem_alloc_prop *prop, int option);
+        cuda_result (*cuMemCreate)(cuda_mem_handle *handle, size_t size,
+                                   const struct cuda_mem_alloc_prop *prop, unsigned long long flags);
         cuda_result (*cuMemRelease)(cuda_mem_handle handle);
         cuda_result (*cuMemExportToShareableHandle)(void *shareable, cuda_mem_handle handle, int type,
                                                     unsigned long long flags);
@@ -129,13 +130,13 @@ struct cuda_driver {
 
 /* What cuda_driver_open() found. */
 struct cuda_device_info {
-        cuda_device dev;          /* the ordinal in this process */
+        cuda_device dev; /* the ordinal in this process */
         struct cuda_uuid uuid;
-        char uuid_text[41];       /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L shows it */
+        char uuid_text[41]; /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi -L shows it */
         char name[96];
-        int driver_version;       /* 13000 for 13.0 */
-        uint64_t granularity;     /* cuMemGetAllocationGranularity, MINIMUM, for POSIX-fd chunks */
-        cuda_context ctx;         /* the device's primary context, retained and current */
+        int driver_version;   /* 13000 for 13.0 */
+        uint64_t granularity; /* cuMemGetAllocationGranularity, MINIMUM, for POSIX-fd chunks */
+        cuda_context ctx;     /* the device's primary context, retained and current */
 };
 
 /* Loads the driver: dlopen(path, or "libcuda.so.1" when NULL) and every entry point above. Does not
@@ -154,8 +155,8 @@ void cuda_driver_unload(struct cuda_driver *drv);
  *   -ENXIO   no device has that UUID (the others are listed in why)
  *   -EIO     any other driver error
  * Pair with cuda_driver_close(). */
-int cuda_driver_open(const struct cuda_driver *drv, const struct cuda_uuid *uuid, struct cuda_device_info *ret,
-                     char *why, size_t why_len);
+int cuda_driver_open(const struct cuda_driver *drv, const struct cuda_uuid *uuid,
+                     struct cuda_device_info *ret, char *why, size_t why_len);
 /* Releases the primary context cuda_driver_open() retained. */
 void cuda_driver_close(const struct cuda_driver *drv, struct cuda_device_info *info);
 

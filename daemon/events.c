@@ -69,8 +69,10 @@ int events_open(struct kvcd *d) {
         snprintf(ep, sizeof(ep), "ipc://%s", d->events_path);
         if (zmq_setsockopt(d->zevents, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
             zmq_setsockopt(d->zevents, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
-            (d->events_fd >= 0 && zmq_setsockopt(d->zevents, ZMQ_USE_FD, &d->events_fd, sizeof(d->events_fd)) < 0) ||
-            (d->events_fd < 0 && unlink(d->events_path) < 0 && errno != ENOENT) || zmq_bind(d->zevents, ep) < 0) {
+            (d->events_fd >= 0 &&
+             zmq_setsockopt(d->zevents, ZMQ_USE_FD, &d->events_fd, sizeof(d->events_fd)) < 0) ||
+            (d->events_fd < 0 && unlink(d->events_path) < 0 && errno != ENOENT) ||
+            zmq_bind(d->zevents, ep) < 0) {
                 int r = -zmq_errno();
                 zmq_close(d->zevents);
                 d->zevents = NULL;

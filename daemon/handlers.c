@@ -108,11 +108,13 @@ static Kvc__SessionOpened *opened_reply(struct kvcd *d, struct session *s) {
 }
 
 static void log_opened(const struct kvcd *d, const struct session *s) {
-        log_info("session %llu opened by client %llu: policy %s budget %u, %u layers x %u kv heads x %u dims, "
-                 "tenant %s, %llu..%llu bytes, priority %d%s",
-                 (unsigned long long)s->id, (unsigned long long)s->owner->id, s->policy_name, s->budget_tokens,
-                 s->n_layers, s->n_kv_heads, s->head_dim, s->tenant, (unsigned long long)s->min_bytes,
-                 (unsigned long long)budget_max(d, s), s->priority, s->model_key ? ", sharing its prefix" : "");
+        log_info(
+                "session %llu opened by client %llu: policy %s budget %u, %u layers x %u kv heads x %u dims, "
+                "tenant %s, %llu..%llu bytes, priority %d%s",
+                (unsigned long long)s->id, (unsigned long long)s->owner->id, s->policy_name, s->budget_tokens,
+                s->n_layers, s->n_kv_heads, s->head_dim, s->tenant, (unsigned long long)s->min_bytes,
+                (unsigned long long)budget_max(d, s), s->priority,
+                s->model_key ? ", sharing its prefix" : "");
 }
 
 static int handle_open_session(struct request *rq) {
@@ -314,7 +316,8 @@ static int handle_status(struct request *rq) {
 }
 
 static int by_session_id(const void *a, const void *b) {
-        uint64_t x = (*(Kvc__SessionInfo *const *)a)->session_id, y = (*(Kvc__SessionInfo *const *)b)->session_id;
+        uint64_t x = (*(Kvc__SessionInfo *const *)a)->session_id,
+                 y = (*(Kvc__SessionInfo *const *)b)->session_id;
         return x < y ? -1 : x > y;
 }
 
@@ -447,7 +450,8 @@ static int handle_evict(struct request *rq) {
 }
 
 static int handle_drain(struct request *rq) {
-        return admin_drain(rq->d, rq->env->drain, rq->rid, rq->rid_len, rq->env->request_id, &rq->reply, &rq->no_reply);
+        return admin_drain(rq->d, rq->env->drain, rq->rid, rq->rid_len, rq->env->request_id, &rq->reply,
+                           &rq->no_reply);
 }
 
 static int handle_audit(struct request *rq) {
@@ -497,14 +501,16 @@ static void retry_wait(struct kvcd *d, struct session *s, uint64_t now) {
         Kvc__Envelope env = KVC__ENVELOPE__INIT;
         Kvc__Grant *g = NULL;
         bool open = s->wait.kind == WAIT_OPEN;
-        int r = open ? session_retry_open(d, s, why, sizeof(why)) : session_retry_reserve(d, s, &g, why, sizeof(why));
+        int r = open ? session_retry_open(d, s, why, sizeof(why))
+                     : session_retry_reserve(d, s, &g, why, sizeof(why));
         if (r == -EINPROGRESS && now < s->wait.deadline_usec)
                 return;
         env.version = WIRE_VERSION;
         env.request_id = s->wait.request_id;
         if (r == -EINPROGRESS) {
                 r = -ENOSPC;
-                snprintf(why, sizeof(why), "%s: waited %.1f s for memory the arbiter was reclaiming from other sessions",
+                snprintf(why, sizeof(why),
+                         "%s: waited %.1f s for memory the arbiter was reclaiming from other sessions",
                          open ? "open" : "reserve", KVCD_WAIT_USEC / 1e6);
         }
         if (r == 0 && open) {
@@ -549,7 +555,8 @@ void handlers_retry_waits(struct kvcd *d, uint64_t now) {
         }
 }
 
-void send_envelope(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_len, const Kvc__Envelope *env) {
+void send_envelope(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_len,
+                   const Kvc__Envelope *env) {
         size_t n = wire_packed_size(env);
         zmq_msg_t msg;
         if (zmq_msg_init_size(&msg, n) != 0)

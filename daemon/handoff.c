@@ -23,13 +23,14 @@
 
 #define HANDOFF_USEC (30u * 1000000u)
 
-int handoff_export(struct kvcd *d, struct client *c, const Kvc__HandoffExport *m, uint8_t ticket[WIRE_TOKEN_BYTES],
-                   char *why, size_t why_len) {
+int handoff_export(struct kvcd *d, struct client *c, const Kvc__HandoffExport *m,
+                   uint8_t ticket[WIRE_TOKEN_BYTES], char *why, size_t why_len) {
         struct session *s;
         uint64_t id = m->session_id;
         int r = session_lookup(d, c, id, &s);
         if (r < 0) {
-                snprintf(why, why_len, r == -ENOENT ? "no session %llu" : "session %llu belongs to another client",
+                snprintf(why, why_len,
+                         r == -ENOENT ? "no session %llu" : "session %llu belongs to another client",
                          (unsigned long long)id);
                 return r;
         }
@@ -44,7 +45,8 @@ int handoff_export(struct kvcd *d, struct client *c, const Kvc__HandoffExport *m
                 return -EBUSY;
         }
         if (m->n_layer_tokens != s->n_layers) {
-                snprintf(why, why_len, "%zu layer lengths for a %u-layer session", m->n_layer_tokens, s->n_layers);
+                snprintf(why, why_len, "%zu layer lengths for a %u-layer session", m->n_layer_tokens,
+                         s->n_layers);
                 return -EINVAL;
         }
         uint32_t T = s->layout.block_tokens;
@@ -101,10 +103,11 @@ static bool same_secret(const uint8_t *a, const uint8_t *b, size_t n) {
         return diff == 0;
 }
 
-int handoff_import(struct kvcd *d, struct client *c, const Kvc__HandoffImport *m, struct session **ret, char *why,
-                   size_t why_len) {
+int handoff_import(struct kvcd *d, struct client *c, const Kvc__HandoffImport *m, struct session **ret,
+                   char *why, size_t why_len) {
         struct session *s = idmap_get(&d->sessions, m->session_id);
-        if (!s || !s->handoff.deadline_usec || !same_secret(s->handoff.ticket, m->ticket.data, WIRE_TOKEN_BYTES)) {
+        if (!s || !s->handoff.deadline_usec ||
+            !same_secret(s->handoff.ticket, m->ticket.data, WIRE_TOKEN_BYTES)) {
                 /* one answer for every case: no oracle for ids or tickets */
                 snprintf(why, why_len, "no session %llu waits for an import with that ticket",
                          (unsigned long long)m->session_id);

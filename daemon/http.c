@@ -49,9 +49,9 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
 int http_start(struct kvcd *d, uint16_t port) {
         struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port) };
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        d->http = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, port, NULL, NULL, answer, d, MHD_OPTION_SOCK_ADDR,
-                                   (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, 16u,
-                                   MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+        d->http = MHD_start_daemon(MHD_USE_EPOLL | MHD_USE_ERROR_LOG, port, NULL, NULL, answer, d,
+                                   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT,
+                                   16u, MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
         if (!d->http)
                 return -EADDRINUSE;
         log_notice("metrics on http://127.0.0.1:%u/metrics", port);

@@ -39,8 +39,8 @@ struct kvcd_config {
         const char *device; /* cuda: the GPU's UUID; NULL: device 0 */
         uint64_t capacity_bytes;
         uint64_t chunk_bytes;
-        uint64_t pool_max_bytes; /* the most `kvcctl budget set --capacity` may raise it to */
-        uint16_t metrics_port;   /* 0: no HTTP endpoint */
+        uint64_t pool_max_bytes;    /* the most `kvcctl budget set --capacity` may raise it to */
+        uint16_t metrics_port;      /* 0: no HTTP endpoint */
         uint64_t stop_timeout_usec; /* SIGTERM waits this long for open sessions to end */
         bool fd_store;              /* keep chunks and the state record in systemd's fd store */
         uint64_t resume_grace_usec; /* after a restart, clients have this long to resume */
@@ -152,32 +152,32 @@ struct session {
         /* the prompt's 16-token blocks, for KV events (events.c) */
         uint32_t *prompt_ids;
         uint64_t *block_hashes;
-        uint32_t prompt_blocks;  /* full blocks in the prompt */
-        uint32_t prompt_alive;   /* of those, the leading ones no plan has evicted from */
-        uint32_t blocks_stored;  /* published as stored */
-        uint32_t plan_intact;    /* the outstanding plan leaves this many prompt blocks whole */
+        uint32_t prompt_blocks; /* full blocks in the prompt */
+        uint32_t prompt_alive;  /* of those, the leading ones no plan has evicted from */
+        uint32_t blocks_stored; /* published as stored */
+        uint32_t plan_intact;   /* the outstanding plan leaves this many prompt blocks whole */
         struct session_stats stats;
         uint64_t opened_usec;
         int32_t state_slot; /* in the restart record, or -1 */
         uint64_t domain;    /* SESSION_DOMAIN | id when opened for hand-off (chunks of its own), else 0 */
         /* shared prefix (prefix.c); model_key 0: the session shares nothing */
         uint64_t model_key;
-        uint32_t share_blocks;     /* prompt blocks it may share: all whole ones but the last token's */
-        uint32_t n_shared_blocks;  /* the first blocks of every layer are shared (attached, published) */
+        uint32_t share_blocks;        /* prompt blocks it may share: all whole ones but the last token's */
+        uint32_t n_shared_blocks;     /* the first blocks of every layer are shared (attached, published) */
         struct prefix_block **shared; /* [share_blocks]: the references it holds */
-        uint64_t prefix_domain;    /* PREFIX_DOMAIN | id: where its own prompt blocks are allocated */
+        uint64_t prefix_domain;       /* PREFIX_DOMAIN | id: where its own prompt blocks are allocated */
         bool publish_tried;
-        bool just_published;       /* since the last reply: the client is told the new shared length */
-        uint32_t keep_cap;         /* keep-set entries per layer and head in the plan buffer */
-        uint64_t mask_offset;      /* its masks of shared slots, bytes into the plan buffer */
-        uint32_t mask_stride;      /* bytes per layer (and per KV head in the plan buffer) */
-        uint8_t *mask;             /* [n_layers][mask_stride]: shared slots it evicted, as applied */
-        uint8_t *mask_next;        /* the same after the outstanding plan */
+        bool just_published;  /* since the last reply: the client is told the new shared length */
+        uint32_t keep_cap;    /* keep-set entries per layer and head in the plan buffer */
+        uint64_t mask_offset; /* its masks of shared slots, bytes into the plan buffer */
+        uint32_t mask_stride; /* bytes per layer (and per KV head in the plan buffer) */
+        uint8_t *mask;        /* [n_layers][mask_stride]: shared slots it evicted, as applied */
+        uint8_t *mask_next;   /* the same after the outstanding plan */
         struct handoff_state {
                 uint8_t ticket[WIRE_TOKEN_BYTES];
                 uint64_t from_client; /* the exporter, asked to unmap the chunks at the import */
                 uint64_t deadline_usec;
-        } handoff;          /* while exported and not yet imported */
+        } handoff; /* while exported and not yet imported */
 };
 
 /* Plan-building scratch, shared by all sessions (one thread builds one plan at a time), grown
@@ -219,10 +219,10 @@ struct kvcd {
         uint64_t next_session_id;
         struct budget budget;
         struct idmap prefixes;   /* published prompt blocks (prefix.c) */
-        uint32_t n_waiting;  /* sessions with a request waiting for memory */
-        bool freed;          /* memory went back to the pool since the waits were last tried */
-        char refusal[256];   /* why the last allocation was refused by a limit */
-        bool refusal_own;    /* ... and it was the session's own cap */
+        uint32_t n_waiting;      /* sessions with a request waiting for memory */
+        bool freed;              /* memory went back to the pool since the waits were last tried */
+        char refusal[256];       /* why the last allocation was refused by a limit */
+        bool refusal_own;        /* ... and it was the session's own cap */
         struct restart *restart; /* the fd store and the state record (restart.c) */
         struct client *orphans;  /* clients from before a restart, until they resume (list via orphan_next) */
         struct client *handoffs; /* parking clients of exported sessions, until imported (handoff.c) */
@@ -285,14 +285,15 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
 /* A waiting request, tried again: 0 done, -EINPROGRESS still waiting, else refused. */
 int session_retry_open(struct kvcd *d, struct session *s, char *why, size_t why_len);
 int session_retry_reserve(struct kvcd *d, struct session *s, Kvc__Grant **ret_g, char *why, size_t why_len);
-void session_wait_for_memory(struct kvcd *d, struct session *s, int kind, uint32_t n_tokens, uint64_t request_id);
+void session_wait_for_memory(struct kvcd *d, struct session *s, int kind, uint32_t n_tokens,
+                             uint64_t request_id);
 void session_wait_done(struct kvcd *d, struct session *s);
 void session_close(struct kvcd *d, struct session *s);
 /* After a restart: a session from its record, under the orphan that stands for its old client,
  * its plan buffer claimed back; its blocks come with the client's Resume. */
 int session_restore(struct kvcd *d, struct client *orphan, const Kvc__OpenSession *m, uint64_t id,
-                    const uint8_t *token, uint64_t plan_offset, uint32_t plan_units, struct session **ret, char *why,
-                    size_t why_len);
+                    const uint8_t *token, uint64_t plan_offset, uint32_t plan_units, struct session **ret,
+                    char *why, size_t why_len);
 /* The session changes hands (a restart's Resume, a hand-off): from its owner's list to to's. */
 void session_move(struct session *s, struct client *to);
 /* The session id names, if it is c's: -ENOENT unknown, -EPERM another client's. */
@@ -345,11 +346,11 @@ void restart_end(struct kvcd *d);
 
 /* handoff.c: sessions handed from one client process to another */
 /* The owner gives the session up for an import with the ticket (written to ticket). */
-int handoff_export(struct kvcd *d, struct client *c, const Kvc__HandoffExport *m, uint8_t ticket[WIRE_TOKEN_BYTES],
-                   char *why, size_t why_len);
+int handoff_export(struct kvcd *d, struct client *c, const Kvc__HandoffExport *m,
+                   uint8_t ticket[WIRE_TOKEN_BYTES], char *why, size_t why_len);
 /* c takes the session: its chunk fds are sent to c; the caller answers with its tables. */
-int handoff_import(struct kvcd *d, struct client *c, const Kvc__HandoffImport *m, struct session **ret, char *why,
-                   size_t why_len);
+int handoff_import(struct kvcd *d, struct client *c, const Kvc__HandoffImport *m, struct session **ret,
+                   char *why, size_t why_len);
 /* Exports nobody imported in time are closed; call every loop round. */
 void handoff_tick(struct kvcd *d, uint64_t now);
 /* At stop: every export is closed. */

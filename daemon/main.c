@@ -22,20 +22,25 @@ static void usage(FILE *f) {
                 "                       driver and a device are present, else host)\n"
                 "  --device UUID        cuda: the GPU, as nvidia-smi -L names it (default: device 0)\n"
                 "  --capacity BYTES     node capacity of the pool (default 256M; suffixes K M G)\n"
-                "  --chunk-bytes BYTES  chunk size, a multiple of 2M and of the GPU's allocation granularity\n"
+                "  --chunk-bytes BYTES  chunk size, a multiple of 2M and of the GPU's allocation "
+                "granularity\n"
                 "                       (default 2M)\n"
-                "  --pool-max BYTES     the most the capacity can be raised to at run time (default: the capacity)\n"
+                "  --pool-max BYTES     the most the capacity can be raised to at run time (default: the "
+                "capacity)\n"
                 "  --tenant NAME[:uid=N][:gid=N][:quota=BYTES]\n"
                 "                       declare a tenant: the uid or gid whose sessions may charge it, and\n"
                 "                       its quota (repeatable; default: no quota of its own)\n"
                 "  --default-quota BYTES  the quota of every tenant without one (default: none)\n"
-                "  --metrics-port PORT  serve Prometheus metrics on http://127.0.0.1:PORT/metrics (default: off)\n"
+                "  --metrics-port PORT  serve Prometheus metrics on http://127.0.0.1:PORT/metrics (default: "
+                "off)\n"
                 "  --stop-timeout SEC   on SIGTERM, refuse new sessions and wait this long for open ones\n"
                 "                       to end before stopping (default 10; a second SIGTERM stops at once)\n"
                 "  --fd-store           keep the pool chunks and a state record in systemd's fd store, so\n"
                 "                       that a restarted kvcd gives every client its caches back (needs\n"
-                "                       FileDescriptorStoreMax= in the unit; on by itself when $FDSTORE is set)\n"
-                "  --resume-grace SEC   after such a restart, how long clients have to resume their sessions\n"
+                "                       FileDescriptorStoreMax= in the unit; on by itself when $FDSTORE is "
+                "set)\n"
+                "  --resume-grace SEC   after such a restart, how long clients have to resume their "
+                "sessions\n"
                 "                       before kvcd closes them and scrubs their memory (default 30)\n"
                 "  --log-level LEVEL    error, warning, notice, info (default), debug\n"
                 "  -h, --help           this text\n"
@@ -63,13 +68,11 @@ int main(int argc, char **argv) {
                 { "version", no_argument, NULL, 'V' },
                 {},
         };
-        struct kvcd d = {
-                .cfg = { .backend = "host",
-                         .capacity_bytes = 256ull << 20,
-                         .chunk_bytes = 2ull << 20,
-                         .stop_timeout_usec = 10000000,
-                         .resume_grace_usec = 30000000 }
-        };
+        struct kvcd d = { .cfg = { .backend = "host",
+                                   .capacity_bytes = 256ull << 20,
+                                   .chunk_bytes = 2ull << 20,
+                                   .stop_timeout_usec = 10000000,
+                                   .resume_grace_usec = 30000000 } };
         char dir[256], why[256];
         int c, r;
         budget_init(&d.budget);
@@ -98,7 +101,8 @@ int main(int argc, char **argv) {
                                 fprintf(stderr, "kvcd: %s is not a number of seconds\n", optarg);
                                 return 2;
                         }
-                        *(c == 's' ? &d.cfg.stop_timeout_usec : &d.cfg.resume_grace_usec) = (uint64_t)(sec * 1e6);
+                        *(c == 's' ? &d.cfg.stop_timeout_usec : &d.cfg.resume_grace_usec) =
+                                (uint64_t)(sec * 1e6);
                         break;
                 }
                 case 't':
@@ -112,9 +116,9 @@ int main(int argc, char **argv) {
                 case 'M':
                 case 'Q':
                         if (wire_parse_bytes(optarg, c == 'c'   ? &d.cfg.capacity_bytes
-                                                : c == 'k' ? &d.cfg.chunk_bytes
-                                                : c == 'Q' ? &d.budget.default_quota
-                                                           : &d.cfg.pool_max_bytes) < 0) {
+                                                     : c == 'k' ? &d.cfg.chunk_bytes
+                                                     : c == 'Q' ? &d.budget.default_quota
+                                                                : &d.cfg.pool_max_bytes) < 0) {
                                 fprintf(stderr, "kvcd: %s is not a size in bytes\n", optarg);
                                 return 2;
                         }

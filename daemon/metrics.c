@@ -13,7 +13,8 @@
 
 void histogram_init(struct histogram *h, const double *bounds, uint32_t n_bounds) {
         *h = (struct histogram){ .bounds = bounds,
-                                 .n_bounds = n_bounds < METRICS_MAX_BUCKETS ? n_bounds : METRICS_MAX_BUCKETS };
+                                 .n_bounds =
+                                         n_bounds < METRICS_MAX_BUCKETS ? n_bounds : METRICS_MAX_BUCKETS };
 }
 
 void histogram_observe(struct histogram *h, double v) {
@@ -67,8 +68,8 @@ static void histogram(struct out *o, const char *name, const char *help, const s
                 cum += h->counts[i];
                 put(o, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
         }
-        put(o, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name, (unsigned long long)h->count, name,
-            h->sum, name, (unsigned long long)h->count);
+        put(o, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.17g\n%s_count %llu\n", name,
+            (unsigned long long)h->count, name, h->sum, name, (unsigned long long)h->count);
 }
 
 int metrics_render(const struct kvcd *d, char *buf, size_t cap) {
@@ -91,26 +92,30 @@ int metrics_render(const struct kvcd *d, char *buf, size_t cap) {
         put(&o, "kvcd_pool_bytes{state=\"used\",precision=\"int8\"} %llu\n", (unsigned long long)q8);
         put(&o, "kvcd_pool_bytes{state=\"free\"} %llu\n",
             (unsigned long long)(ps.capacity_bytes > ps.used_bytes ? ps.capacity_bytes - ps.used_bytes : 0));
-        family(&o, "kvcd_pool_chunks", "gauge", "Pool chunks: the most the capacity allows, and those owned by clients.");
-        put(&o, "kvcd_pool_chunks{state=\"total\"} %u\nkvcd_pool_chunks{state=\"owned\"} %u\n", ps.chunks_total,
-            ps.chunks_owned);
+        family(&o, "kvcd_pool_chunks", "gauge",
+               "Pool chunks: the most the capacity allows, and those owned by clients.");
+        put(&o, "kvcd_pool_chunks{state=\"total\"} %u\nkvcd_pool_chunks{state=\"owned\"} %u\n",
+            ps.chunks_total, ps.chunks_owned);
         gauge(&o, "kvcd_sessions", "Open sessions.", d->sessions.n);
         gauge(&o, "kvcd_clients", "Connected client processes.", d->n_clients);
         gauge(&o, "kvcd_draining", "1 while kvcd refuses new sessions (kvcctl drain).", d->draining);
-        gauge(&o, "kvcd_uptime_seconds", "Seconds since kvcd started.", (double)(now_usec() - d->started_usec) / 1e6);
+        gauge(&o, "kvcd_uptime_seconds", "Seconds since kvcd started.",
+              (double)(now_usec() - d->started_usec) / 1e6);
         counter(&o, "kvcd_steps_total", "Step summaries taken.", d->n.steps);
         counter(&o, "kvcd_plans_total", "Compaction plans sent.", d->n.plans);
         counter(&o, "kvcd_plans_applied_total", "Compaction plans clients acknowledged.", d->n.plans_applied);
         counter(&o, "kvcd_grants_total", "Blocks granted.", d->n.grants);
         counter(&o, "kvcd_sessions_opened_total", "Sessions opened.", d->n.sessions_opened);
-        counter(&o, "kvcd_admission_refusals_total", "OpenSession requests refused for lack of room or by a drain.",
-                d->n.admission_refusals);
+        counter(&o, "kvcd_admission_refusals_total",
+                "OpenSession requests refused for lack of room or by a drain.", d->n.admission_refusals);
         counter(&o, "kvcd_evictions_total", "Sessions closed by an operator (kvcctl evict).", d->n.evictions);
-        counter(&o, "kvcd_client_deaths_total", "Clients that went away with sessions open.", d->n.client_deaths);
+        counter(&o, "kvcd_client_deaths_total", "Clients that went away with sessions open.",
+                d->n.client_deaths);
         counter(&o, "kvcd_errors_total", "Requests and steps refused with an error.", d->n.errors);
         counter(&o, "kvcd_replies_dropped_total", "Replies dropped: the client left or stopped reading.",
                 d->n.dropped_replies);
-        histogram(&o, "kvcd_plan_latency_seconds", "From a plan built to its acknowledgement.", &d->plan_latency);
+        histogram(&o, "kvcd_plan_latency_seconds", "From a plan built to its acknowledgement.",
+                  &d->plan_latency);
         histogram(&o, "kvcd_confidence", "Confidence of each step (CONF-KV's c).", &d->confidence);
         return o.full ? -ENOSPC : (int)o.len;
 }

@@ -23,7 +23,7 @@ struct pool_chunk {
         uint32_t unit_bytes;
         uint32_t n_units;
         uint32_t n_used;
-        bool reclaiming; /* asked back from its owner (pool_reclaim_pick) */
+        bool reclaiming;     /* asked back from its owner (pool_reclaim_pick) */
         uint32_t generation; /* of the memory it holds now: a new one at every creation */
         uint64_t *bits;
 };

@@ -97,7 +97,8 @@ uint32_t prefix_attach(struct kvcd *d, struct session *s) {
         for (uint32_t l = 0; l < s->n_layers; l++)
                 s->layers[l].n_tokens = n * T;
         if (n)
-                log_info("session %llu attached a shared prefix of %u tokens", (unsigned long long)s->id, n * T);
+                log_info("session %llu attached a shared prefix of %u tokens", (unsigned long long)s->id,
+                         n * T);
         return n;
 }
 
@@ -115,7 +116,8 @@ uint32_t prefix_publish(struct kvcd *d, struct session *s) {
         for (uint32_t i = s->n_shared_blocks; i < upto; i++) {
                 bool own = true;
                 for (uint32_t l = 0; l < s->n_layers && own; l++)
-                        own = pool_chunk_owner(d->pool, s->layers[l].fp.blocks[i] / chunk) == s->prefix_domain;
+                        own = pool_chunk_owner(d->pool, s->layers[l].fp.blocks[i] / chunk) ==
+                              s->prefix_domain;
                 uint64_t key = key_of(s->model_key, s->block_hashes[i]);
                 if (!own || idmap_get(&d->prefixes, key))
                         break; /* someone published it first: the shared part stays contiguous */
@@ -144,8 +146,8 @@ uint32_t prefix_publish(struct kvcd *d, struct session *s) {
         }
         if (n) {
                 s->just_published = true;
-                log_info("session %llu published %u prompt blocks (%u tokens shared)", (unsigned long long)s->id, n,
-                         s->n_shared_blocks * T);
+                log_info("session %llu published %u prompt blocks (%u tokens shared)",
+                         (unsigned long long)s->id, n, s->n_shared_blocks * T);
         }
         return n;
 }
@@ -155,7 +157,8 @@ static void unref(struct kvcd *d, struct prefix_block *b) {
                 return;
         for (uint32_t l = 0; l < b->n_layers; l++)
                 if (pool_release(d->pool, b->domain, b->offs[l], b->unit_bytes, 1) < 0)
-                        log_error("shared block at %llu: not its domain's in the pool", (unsigned long long)b->offs[l]);
+                        log_error("shared block at %llu: not its domain's in the pool",
+                                  (unsigned long long)b->offs[l]);
         idmap_del(&d->prefixes, key_of(b->model, b->chain));
         d->freed = true;
         uint64_t domain = b->domain;

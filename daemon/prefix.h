@@ -35,7 +35,7 @@ struct prefix_block {
         uint32_t refs;   /* sessions whose tables hold it */
         uint64_t domain; /* whose chunks it lives in */
         struct tenant *ten;
-        uint64_t bytes;  /* one block per layer */
+        uint64_t bytes; /* one block per layer */
         uint32_t unit_bytes;
         uint32_t n_layers;
         uint64_t offs[]; /* per layer */

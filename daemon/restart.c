@@ -34,8 +34,8 @@
 #include "kvcd.h"
 #include "log.h"
 
-#define STATE_MAGIC 0x5453564bu /* "KVST" */
-#define STATE_VERSION 1u
+#define STATE_MAGIC      0x5453564bu /* "KVST" */
+#define STATE_VERSION    1u
 #define STATE_SLOT_BYTES 8192u
 
 struct state_header {
@@ -89,7 +89,8 @@ static struct state_slot *slot_at(struct state_header *h, uint32_t i) {
 }
 
 static size_t state_size(uint32_t n_chunks, uint32_t n_slots) {
-        return sizeof(struct state_header) + n_chunks * sizeof(uint64_t) + 64 + (size_t)n_slots * STATE_SLOT_BYTES;
+        return sizeof(struct state_header) + n_chunks * sizeof(uint64_t) + 64 +
+               (size_t)n_slots * STATE_SLOT_BYTES;
 }
 
 static struct restart *get(struct kvcd *d) {
@@ -169,7 +170,8 @@ static int open_record(struct kvcd *d, struct restart *rs, int fd) {
         struct state_header h;
         if (pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) || h.magic != STATE_MAGIC ||
             h.version != STATE_VERSION || h.chunk_bytes != pool_chunk_bytes(d->pool) ||
-            h.n_chunks != pool_n_chunks(d->pool) || h.n_slots == 0 || h.n_slots > KVCD_MAX_SESSIONS || h.clean)
+            h.n_chunks != pool_n_chunks(d->pool) || h.n_slots == 0 || h.n_slots > KVCD_MAX_SESSIONS ||
+            h.clean)
                 return -EINVAL;
         size_t bytes = state_size(h.n_chunks, h.n_slots);
         void *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -235,8 +237,10 @@ int restart_begin(struct kvcd *d) {
                         continue;
                 }
                 snprintf(name, sizeof(name), "chunk-%u", k->chunk);
-                uint64_t owner = restoring && k->chunk < rs->hdr->n_chunks ? chunk_owners(rs->hdr)[k->chunk] : 0;
-                if (!restoring || (owner && !orphan_of(d, owner)) || pool_adopt_chunk(d->pool, k->chunk, k->fd, owner) < 0) {
+                uint64_t owner =
+                        restoring && k->chunk < rs->hdr->n_chunks ? chunk_owners(rs->hdr)[k->chunk] : 0;
+                if (!restoring || (owner && !orphan_of(d, owner)) ||
+                    pool_adopt_chunk(d->pool, k->chunk, k->fd, owner) < 0) {
                         forget_fd(k->fd, name);
                         continue;
                 }
@@ -260,13 +264,15 @@ int restart_begin(struct kvcd *d) {
                 struct client *o = orphan_of(d, sl->owner);
                 char why[WIRE_MAX_MESSAGE] = "";
                 int r = sl->open_len <= sizeof(sl->open) && o
-                                ? wire_open_session_decode(d->in, sl->open, sl->open_len, &m, why, sizeof(why))
+                                ? wire_open_session_decode(d->in, sl->open, sl->open_len, &m, why,
+                                                           sizeof(why))
                                 : -EINVAL;
                 if (r == 0)
-                        r = session_restore(d, o, m, sl->session_id, sl->token, sl->plan_offset, sl->plan_units, &s,
-                                            why, sizeof(why));
+                        r = session_restore(d, o, m, sl->session_id, sl->token, sl->plan_offset,
+                                            sl->plan_units, &s, why, sizeof(why));
                 if (r < 0) {
-                        log_warning("session %llu could not be restored: %s", (unsigned long long)sl->session_id, why);
+                        log_warning("session %llu could not be restored: %s",
+                                    (unsigned long long)sl->session_id, why);
                         sl->in_use = 0;
                         continue;
                 }
@@ -274,7 +280,8 @@ int restart_begin(struct kvcd *d) {
                 sessions++;
         }
         rs->grace_deadline = now_usec() + d->cfg.resume_grace_usec;
-        log_notice("restored %u chunks and %u sessions from the fd store; their clients have %.1f s to resume them",
+        log_notice("restored %u chunks and %u sessions from the fd store; their clients have %.1f s to "
+                   "resume them",
                    chunks, sessions, (double)d->cfg.resume_grace_usec / 1e6);
         return 0;
 }
@@ -367,8 +374,8 @@ void restart_tick(struct kvcd *d, uint64_t now) {
 }
 
 /* Claims the blocks of one table for the session; on failure releases what it claimed. */
-static int claim_table(struct kvcd *d, struct session *s, struct block_table *t, bool q8, const uint64_t *blocks,
-                       size_t n) {
+static int claim_table(struct kvcd *d, struct session *s, struct block_table *t, bool q8,
+                       const uint64_t *blocks, size_t n) {
         uint32_t unit = (uint32_t)(q8 ? s->q8_layout.block_bytes : s->layout.block_bytes);
         if (n > s->max_layer_blocks || (q8 && n && !s->int8))
                 return -EPROTO;
@@ -398,7 +405,8 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
         }
         struct client *o = s->owner;
         if (c->adopted_from && c->adopted_from != o->id) {
-                snprintf(why, why_len, "session %llu belonged to another connection", (unsigned long long)m->session_id);
+                snprintf(why, why_len, "session %llu belonged to another connection",
+                         (unsigned long long)m->session_id);
                 return -EPERM;
         }
         if (m->n_layers != s->n_layers) {
@@ -409,7 +417,8 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 const Kvc__ResumeLayer *L = m->layers[l];
                 if (L->n_tokens - L->n_q8 > L->n_fp_blocks * T || L->n_q8 > L->n_q8_blocks * T) {
-                        snprintf(why, why_len, "layer %u: %u tokens do not fit the blocks listed", l, L->n_tokens);
+                        snprintf(why, why_len, "layer %u: %u tokens do not fit the blocks listed", l,
+                                 L->n_tokens);
                         return -EPROTO;
                 }
         }
@@ -429,11 +438,13 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
                 int r = claim_table(d, s, &SL->fp, false, L->fp_blocks, L->n_fp_blocks);
                 if (r == 0 && (r = claim_table(d, s, &SL->q8, true, L->q8_blocks, L->n_q8_blocks)) < 0)
                         while (SL->fp.n) {
-                                pool_release(d->pool, c->id, SL->fp.blocks[--SL->fp.n], (uint32_t)s->layout.block_bytes, 1);
+                                pool_release(d->pool, c->id, SL->fp.blocks[--SL->fp.n],
+                                             (uint32_t)s->layout.block_bytes, 1);
                                 budget_charge(d, s, -(int64_t)s->layout.block_bytes);
                         }
                 if (r < 0) {
-                        snprintf(why, why_len, "layer %u: a block is not one of the old connection's free units", l);
+                        snprintf(why, why_len,
+                                 "layer %u: a block is not one of the old connection's free units", l);
                         session_close(d, s); /* what it claimed so far goes with it */
                         return -EPROTO;
                 }
@@ -453,8 +464,8 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
                 slot_at(d->restart->hdr, (uint32_t)s->state_slot)->owner = c->id;
         if (o->n_sessions == 0) /* every session of the old connection came back */
                 drop_orphan(d, o);
-        log_info("session %llu resumed by client %llu (pid %d)", (unsigned long long)s->id, (unsigned long long)c->id,
-                 (int)c->pid);
+        log_info("session %llu resumed by client %llu (pid %d)", (unsigned long long)s->id,
+                 (unsigned long long)c->id, (int)c->pid);
         return 0;
 }
 

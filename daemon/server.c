@@ -73,12 +73,13 @@ static int take_activated_sockets(struct kvcd *d) {
                 struct sockaddr_un sa;
                 socklen_t len = sizeof(sa);
                 const char *base = NULL;
-                if (sd_is_socket(fd, AF_UNIX, 0, 1) > 0 && getsockname(fd, (struct sockaddr *)&sa, &len) == 0 &&
+                if (sd_is_socket(fd, AF_UNIX, 0, 1) > 0 &&
+                    getsockname(fd, (struct sockaddr *)&sa, &len) == 0 &&
                     len > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0]) {
                         base = strrchr(sa.sun_path, '/');
                         base = base ? base + 1 : sa.sun_path;
                 }
-                int *slot = !base                                 ? NULL
+                int *slot = !base                                   ? NULL
                             : strcmp(base, "kvcd.sock") == 0        ? &d->act_client_fd
                             : strcmp(base, "kvcd.fd.sock") == 0     ? &d->fd_listen
                             : strcmp(base, "kvcd.admin.sock") == 0  ? &d->act_admin_fd
@@ -106,7 +107,8 @@ static int take_activated_sockets(struct kvcd *d) {
 static int listen_fd_channel(struct kvcd *d) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         if (d->fd_listen >= 0) /* activated */
-                return fcntl(d->fd_listen, F_SETFL, fcntl(d->fd_listen, F_GETFL) | O_NONBLOCK) < 0 ? -errno : 0;
+                return fcntl(d->fd_listen, F_SETFL, fcntl(d->fd_listen, F_GETFL) | O_NONBLOCK) < 0 ? -errno
+                                                                                                   : 0;
         memcpy(sa.sun_path, d->fd_path, strlen(d->fd_path) + 1); /* path_in() checked the length */
         d->fd_listen = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (d->fd_listen < 0)
@@ -188,7 +190,8 @@ int server_start(struct kvcd *d) {
                 log_error("cannot lock %s: %s", d->lock_path, strerror(-r));
                 return r;
         }
-        uint64_t max = d->cfg.pool_max_bytes > d->cfg.capacity_bytes ? d->cfg.pool_max_bytes : d->cfg.capacity_bytes;
+        uint64_t max =
+                d->cfg.pool_max_bytes > d->cfg.capacity_bytes ? d->cfg.pool_max_bytes : d->cfg.capacity_bytes;
         struct backend_params bp = { .va_bytes = d->cfg.chunk_bytes ? max - max % d->cfg.chunk_bytes : 0,
                                      .chunk_bytes = d->cfg.chunk_bytes,
                                      .device = d->cfg.device };
@@ -202,9 +205,9 @@ int server_start(struct kvcd *d) {
         struct backend_info bi;
         backend_get_info(d->backend, &bi);
         if (bi.device)
-                log_notice("cuda backend: %s (%s), driver %d.%d, allocation granularity %llu bytes", bi.device_text,
-                           bi.device_name, bi.driver_version / 1000, bi.driver_version % 1000 / 10,
-                           (unsigned long long)bi.granularity);
+                log_notice("cuda backend: %s (%s), driver %d.%d, allocation granularity %llu bytes",
+                           bi.device_text, bi.device_name, bi.driver_version / 1000,
+                           bi.driver_version % 1000 / 10, (unsigned long long)bi.granularity);
         if ((r = pool_new(d->backend, max, d->cfg.chunk_bytes, &d->pool)) < 0 ||
             (r = pool_set_capacity(d->pool, d->cfg.capacity_bytes)) < 0) {
                 log_error("cannot create a pool of %llu bytes in %llu-byte chunks: %s",
@@ -224,15 +227,19 @@ int server_start(struct kvcd *d) {
         d->zctx = zmq_ctx_new();
         if (!d->zctx)
                 return -ENOMEM;
-        if ((r = listen_fd_channel(d)) < 0 || (r = bind_router(d, &d->zclient, d->sock_path, 0660, d->act_client_fd)) < 0 ||
-            (r = bind_router(d, &d->zadmin, d->admin_path, 0600, d->act_admin_fd)) < 0 || (r = events_open(d)) < 0) {
+        if ((r = listen_fd_channel(d)) < 0 ||
+            (r = bind_router(d, &d->zclient, d->sock_path, 0660, d->act_client_fd)) < 0 ||
+            (r = bind_router(d, &d->zadmin, d->admin_path, 0600, d->act_admin_fd)) < 0 ||
+            (r = events_open(d)) < 0) {
                 log_error("cannot bind the sockets in %s: %s", dir, strerror(-r));
                 return r;
         }
-        static const double latency_bounds[] = { 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1 };
+        static const double latency_bounds[] = { 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
+                                                 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1,    1 };
         static const double confidence_bounds[] = { 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0 };
         histogram_init(&d->plan_latency, latency_bounds, sizeof(latency_bounds) / sizeof(latency_bounds[0]));
-        histogram_init(&d->confidence, confidence_bounds, sizeof(confidence_bounds) / sizeof(confidence_bounds[0]));
+        histogram_init(&d->confidence, confidence_bounds,
+                       sizeof(confidence_bounds) / sizeof(confidence_bounds[0]));
         if (d->cfg.metrics_port && (r = http_start(d, d->cfg.metrics_port)) < 0) {
                 log_error("cannot serve metrics on 127.0.0.1:%u: %s", d->cfg.metrics_port, strerror(-r));
                 return r;
@@ -255,7 +262,8 @@ static void handle_signals(struct kvcd *d) {
                         log_info("SIGHUP: nothing to reload");
                         continue;
                 }
-                if (si.ssi_signo == SIGTERM && !d->stop_deadline_usec && d->sessions.n && d->cfg.stop_timeout_usec) {
+                if (si.ssi_signo == SIGTERM && !d->stop_deadline_usec && d->sessions.n &&
+                    d->cfg.stop_timeout_usec) {
                         /* a graceful stop: no new sessions, the open ones get stop_timeout to end */
                         d->draining = true;
                         d->stop_deadline_usec = now_usec() + d->cfg.stop_timeout_usec;
@@ -333,7 +341,10 @@ int server_run(struct kvcd *d) {
                 long timeout = d->watchdog_usec ? (long)(d->watchdog_usec / 2000) : 1000;
                 uint64_t now0 = now_usec(), due = admin_next_deadline(d);
                 if (due != UINT64_MAX)
-                        timeout = due <= now0 ? 0 : (long)((due - now0) / 1000) + 1 < timeout ? (long)((due - now0) / 1000) + 1 : timeout;
+                        timeout = due <= now0 ? 0
+                                  : (long)((due - now0) / 1000) + 1 < timeout
+                                          ? (long)((due - now0) / 1000) + 1
+                                          : timeout;
                 if (zmq_poll(items, (int)(FIXED + n), timeout) < 0 && zmq_errno() != EINTR) {
                         log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
                         return -zmq_errno();

@@ -65,8 +65,8 @@ static int plan_scratch_reserve(struct plan_scratch *sc, size_t entries) {
         n.logw_delta = malloc(entries * sizeof(float));
         n.slot_of = malloc(entries * sizeof(uint32_t));
         n.keep2 = malloc(entries * sizeof(uint32_t));
-        if (!n.pos || !n.sum || !n.ema || !n.last || !n.logw || !n.keep || !n.work || !n.logw_delta || !n.slot_of ||
-            !n.keep2) {
+        if (!n.pos || !n.sum || !n.ema || !n.last || !n.logw || !n.keep || !n.work || !n.logw_delta ||
+            !n.slot_of || !n.keep2) {
                 plan_scratch_done(&n);
                 return -ENOMEM;
         }
@@ -114,7 +114,8 @@ static uint32_t unit_of(const struct session *s, bool q8) {
 /* Allocates n units of one class for the session, in owner's chunks (its client's, its own for a
  * hand-off, its prefix domain for the prompt blocks it may share); a chunk new to the client has
  * its fd sent first. */
-static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, bool q8, uint32_t n, uint64_t *ret_off) {
+static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, bool q8, uint32_t n,
+                          uint64_t *ret_off) {
         int64_t new_chunk;
         uint32_t unit = unit_of(s, q8);
         d->refusal[0] = '\0';
@@ -129,8 +130,8 @@ static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, boo
                 restart_record_chunk_owner(d, (uint32_t)new_chunk, owner);
                 r = client_send_chunk(d, s->owner, (uint32_t)new_chunk);
                 if (r < 0) {
-                        log_warning("client %llu: cannot send chunk %lld: %s", (unsigned long long)s->owner->id,
-                                    (long long)new_chunk, strerror(-r));
+                        log_warning("client %llu: cannot send chunk %lld: %s",
+                                    (unsigned long long)s->owner->id, (long long)new_chunk, strerror(-r));
                         pool_release(d->pool, owner, *ret_off, unit, n);
                         pool_disown_chunk(d->pool, (uint32_t)new_chunk);
                         return -EIO;
@@ -286,7 +287,8 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
         uint32_t T = s->layout.block_tokens;
         /* a shared prefix: the prompt's whole blocks but the last token's, for the same model */
         if (m->share_prefix && m->n_prompt_token_ids > T)
-                s->model_key = prefix_model_key(m->model_id, g->n_layers, g->n_kv_heads, g->head_dim, (int)g->dtype, T);
+                s->model_key = prefix_model_key(m->model_id, g->n_layers, g->n_kv_heads, g->head_dim,
+                                                (int)g->dtype, T);
         if (s->model_key && m->handoff) {
                 snprintf(why, why_len, "a session cannot both share its prefix and be handed off");
                 session_free(s);
@@ -298,7 +300,8 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
         /* shared slots are full precision and stay where they are: no INT8, no summary slot */
         s->int8 = lim.int8 && !s->model_key;
         if (s->int8)
-                block_layout_init(&s->q8_layout, s->layout.block_tokens, g->n_kv_heads, g->head_dim, BLOCK_DTYPE_Q8);
+                block_layout_init(&s->q8_layout, s->layout.block_tokens, g->n_kv_heads, g->head_dim,
+                                  BLOCK_DTYPE_Q8);
         s->budget_tokens = lim.budget;
         s->max_keep = lim.max_keep;
         s->keep_cap = lim.max_keep ? lim.max_keep + shared_max : 0;
@@ -376,10 +379,13 @@ static bool worth_waiting(struct kvcd *d, int r) {
         return d->budget.pressure;
 }
 
-void session_wait_for_memory(struct kvcd *d, struct session *s, int kind, uint32_t n_tokens, uint64_t request_id) {
+void session_wait_for_memory(struct kvcd *d, struct session *s, int kind, uint32_t n_tokens,
+                             uint64_t request_id) {
         if (s->wait.kind == WAIT_NONE)
                 d->n_waiting++;
-        s->wait = (struct session_wait){ .kind = kind, .n_tokens = n_tokens, .request_id = request_id,
+        s->wait = (struct session_wait){ .kind = kind,
+                                         .n_tokens = n_tokens,
+                                         .request_id = request_id,
                                          .deadline_usec = now_usec() + KVCD_WAIT_USEC };
 }
 
@@ -463,8 +469,8 @@ int session_retry_open(struct kvcd *d, struct session *s, char *why, size_t why_
 }
 
 int session_restore(struct kvcd *d, struct client *orphan, const Kvc__OpenSession *m, uint64_t id,
-                    const uint8_t *token, uint64_t plan_offset, uint32_t plan_units, struct session **ret, char *why,
-                    size_t why_len) {
+                    const uint8_t *token, uint64_t plan_offset, uint32_t plan_units, struct session **ret,
+                    char *why, size_t why_len) {
         struct session *s;
         int r = session_create(d, orphan, m, &s, why, why_len);
         if (r < 0)
@@ -588,7 +594,8 @@ static Kvc__Grant *grant_new(struct kvcd *d, struct session *s) {
         return g;
 }
 
-static Kvc__LayerBlocks *grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, bool q8, uint32_t max_blocks) {
+static Kvc__LayerBlocks *grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, bool q8,
+                                     uint32_t max_blocks) {
         Kvc__LayerBlocks *lb = wire_arena_alloc(d->out, sizeof(*lb));
         uint64_t *blocks = wire_arena_alloc(d->out, max_blocks * sizeof(uint64_t));
         if (!lb || !blocks)
@@ -614,7 +621,8 @@ static uint64_t bytes_for(const struct session *s, const struct policy_target *t
                 if (want > s->max_layer_tokens)
                         want = s->max_layer_tokens;
                 uint32_t fp = want > L->n_q8 ? want - L->n_q8 : 0;
-                bytes += (uint64_t)L->q8.n * s->q8_layout.block_bytes + (uint64_t)((fp + T - 1) / T) * s->layout.block_bytes;
+                bytes += (uint64_t)L->q8.n * s->q8_layout.block_bytes +
+                         (uint64_t)((fp + T - 1) / T) * s->layout.block_bytes;
         }
         return bytes;
 }
@@ -626,7 +634,8 @@ static void apply_cap(struct kvcd *d, struct session *s, struct policy_target *t
         if (wanted <= s->cap_bytes || !s->max_keep)
                 return;
         uint32_t T = s->layout.block_tokens;
-        uint64_t fixed = (uint64_t)s->plan_units * s->layout.block_bytes, row = (uint64_t)s->n_layers * s->layout.block_bytes;
+        uint64_t fixed = (uint64_t)s->plan_units * s->layout.block_bytes,
+                 row = (uint64_t)s->n_layers * s->layout.block_bytes;
         for (uint32_t l = 0; l < s->n_layers; l++)
                 fixed += (uint64_t)s->layers[l].q8.n * s->q8_layout.block_bytes;
         uint64_t rows = s->cap_bytes > fixed ? (s->cap_bytes - fixed) / row : 0;
@@ -793,8 +802,8 @@ static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const 
 
 /* The INT8 slots a plan leaves: what the policy asked (only if the session keeps INT8), never
  * fewer than the INT8 tokens the keep-set retains (INT8 tokens never return to full precision). */
-static uint32_t plan_q8(const struct session *s, const struct session_layer *L, const uint32_t *keep, uint32_t k,
-                        uint32_t asked) {
+static uint32_t plan_q8(const struct session *s, const struct session_layer *L, const uint32_t *keep,
+                        uint32_t k, uint32_t asked) {
         uint32_t q8 = s->int8 ? (asked < k ? asked : k) : 0;
         for (uint32_t h = 0; h < (s->per_head ? s->n_kv_heads : 1u); h++) {
                 uint32_t kept = 0;
@@ -808,7 +817,8 @@ static uint32_t plan_q8(const struct session *s, const struct session_layer *L, 
 /* Puts the summary slot into a keep-set of k - 1 slots (ascending, of n): the slot already marked
  * as the summary (position -1 in head 0), else the first slot the keep-set drops, which becomes
  * the summary. Returns the new count; *ret_slot is the summary's slot. */
-static uint32_t keep_summary(const struct policy_layer *view, uint32_t *keep, uint32_t k, uint32_t *ret_slot) {
+static uint32_t keep_summary(const struct policy_layer *view, uint32_t *keep, uint32_t k,
+                             uint32_t *ret_slot) {
         uint32_t slot = UINT32_MAX;
         for (uint32_t i = 0; i < view->n_tokens && slot == UINT32_MAX; i++)
                 if (view->pos[i] == SUMMARY_POS)
@@ -834,8 +844,9 @@ static uint32_t keep_summary(const struct policy_layer *view, uint32_t *keep, ui
  * slots: the slots it keeps, every shared slot first and in place (keep2, k2 per head), with the
  * shared slots no head keeps added to the layer's mask (mask, updated). Heads keep equally many:
  * one that kept fewer private slots keeps its newest others too. */
-static uint32_t keep_with_prefix(struct kvcd *d, const struct session *s, uint32_t n, uint32_t S, uint32_t heads,
-                                 const uint32_t *keep, uint32_t k, uint8_t *mask, uint32_t *keep2) {
+static uint32_t keep_with_prefix(struct kvcd *d, const struct session *s, uint32_t n, uint32_t S,
+                                 uint32_t heads, const uint32_t *keep, uint32_t k, uint8_t *mask,
+                                 uint32_t *keep2) {
         const uint32_t *slot_of = d->scratch.slot_of;
         uint8_t *in = (uint8_t *)d->scratch.work; /* one byte per slot: this head keeps it */
         uint32_t p_max = 0;
@@ -901,7 +912,8 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                         t.keep = k - 1; /* one slot for the summary */
                 int r = s->policy->ops->select(s->policy->state, ps, &view, &t, keep, d->scratch.logw_delta,
                                                d->scratch.work);
-                if (r < 0 && d->scratch.forced[l]) { /* a policy that cannot shrink on demand: the newest stay */
+                if (r < 0 &&
+                    d->scratch.forced[l]) { /* a policy that cannot shrink on demand: the newest stay */
                         for (uint32_t h = 0; h < heads; h++)
                                 for (uint32_t i = 0; i < t.keep; i++)
                                         keep[(size_t)h * t.keep + i] = live - t.keep + i;
@@ -917,7 +929,7 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                                   (unsigned long long)s->id, s->policy_name, l);
                         continue;
                 }
-                if (S) { /* a shared prefix: slots kept in place, the evicted ones masked */
+                if (S) {              /* a shared prefix: slots kept in place, the evicted ones masked */
                         if (deltas) { /* the increments go with the policy's own keep-set, as slots */
                                 for (size_t i = 0; i < (size_t)k * heads; i++)
                                         d->scratch.keep2[i] = d->scratch.slot_of[keep[i]];
@@ -928,11 +940,13 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                         k = keep_with_prefix(d, s, n, S, heads, keep, k, mask, d->scratch.keep2);
                         keep = d->scratch.keep2;
                         /* all private slots kept: a plan that only masks (the compaction moves nothing) */
-                        if (k > s->keep_cap ||
-                            (k >= n && memcmp(mask, s->mask + (size_t)l * s->mask_stride, s->mask_stride) == 0))
+                        if (k > s->keep_cap || (k >= n && memcmp(mask, s->mask + (size_t)l * s->mask_stride,
+                                                                 s->mask_stride) == 0))
                                 continue;
                         for (uint32_t h = 0; h < s->n_kv_heads; h++)
-                                pool_write(d->pool, s->plan_offset + s->mask_offset + ((uint64_t)l * s->n_kv_heads + h) * s->mask_stride,
+                                pool_write(d->pool,
+                                           s->plan_offset + s->mask_offset +
+                                                   ((uint64_t)l * s->n_kv_heads + h) * s->mask_stride,
                                            mask, s->mask_stride);
                 }
                 struct session_layer *L = &s->layers[l];
@@ -957,7 +971,8 @@ static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct pol
                 }
                 if (deltas)
                         add_logw(d, s, l, keep, k, d->scratch.logw_delta);
-                pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep, (size_t)k * heads * sizeof(uint32_t));
+                pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep,
+                           (size_t)k * heads * sizeof(uint32_t));
 
                 if (!p) {
                         p = wire_arena_alloc(d->out, sizeof(*p));
@@ -1010,8 +1025,8 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 const struct session_layer *L = &s->layers[l];
                 if (st->layer_tokens[l] > L->n_q8 + L->fp.n * T || st->layer_tokens[l] < L->n_q8) {
-                        snprintf(why, why_len, "layer %u: %u tokens, but %u INT8 and %u other slots granted", l,
-                                 st->layer_tokens[l], L->n_q8, L->fp.n * T);
+                        snprintf(why, why_len, "layer %u: %u tokens, but %u INT8 and %u other slots granted",
+                                 l, st->layer_tokens[l], L->n_q8, L->fp.n * T);
                         return -EPROTO;
                 }
                 if (st->layer_tokens[l] < shared_tokens(s)) {
@@ -1124,7 +1139,7 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
         for (size_t i = 0; i < m->n_released; i++) {
                 const Kvc__LayerBlocks *lb = m->released[i];
                 const struct block_table *t = lb->layer < s->n_layers ? (lb->q8 ? &s->layers[lb->layer].q8
-                                                                                 : &s->layers[lb->layer].fp)
+                                                                                : &s->layers[lb->layer].fp)
                                                                       : NULL;
                 if (!t || release[lb->q8][lb->layer] || lb->n_blocks > t->n) {
                         snprintf(why, why_len, "release entry %zu (layer %u) is invalid", i, lb->layer);
@@ -1132,8 +1147,9 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 }
                 for (size_t b = 0; b < lb->n_blocks; b++) {
                         if (lb->blocks[b] != t->blocks[t->n - lb->n_blocks + b]) {
-                                snprintf(why, why_len, "layer %u: released blocks are not the table's last %zu",
-                                         lb->layer, lb->n_blocks);
+                                snprintf(why, why_len,
+                                         "layer %u: released blocks are not the table's last %zu", lb->layer,
+                                         lb->n_blocks);
                                 return -EPROTO;
                         }
                 }
@@ -1145,8 +1161,10 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 if (q8 != L->planned_q8 || n < q8 || n - q8 > (L->fp.n - release[0][l]) * T ||
                     q8 > (L->q8.n - release[1][l]) * T || n < shared_tokens(s) ||
                     L->fp.n - release[0][l] < s->n_shared_blocks) {
-                        snprintf(why, why_len, "layer %u: %u tokens (%u INT8) do not fit the blocks kept, or the "
-                                 "plan left %u INT8", l, n, q8, L->planned_q8);
+                        snprintf(why, why_len,
+                                 "layer %u: %u tokens (%u INT8) do not fit the blocks kept, or the "
+                                 "plan left %u INT8",
+                                 l, n, q8, L->planned_q8);
                         return -EPROTO;
                 }
         }

@@ -68,7 +68,8 @@ int attn_decode_ref(const struct block_layer *L, const float *q, float *out, uin
                                         att[t0 + u] = s;
                                 }
                         }
-                        for (uint32_t t = 0; t < L->n_shared; t++) /* evicted by this session, kept for others */
+                        for (uint32_t t = 0; t < L->n_shared;
+                             t++) /* evicted by this session, kept for others */
                                 if (L->shared_mask[(size_t)g * L->mask_stride + t / 8] >> (t % 8) & 1)
                                         att[t] = -INFINITY;
                         softmax_inplace(att, n);

@@ -97,7 +97,8 @@ static inline float *block_kscale(const struct block_layout *l, uint8_t *block, 
         return (float *)(block + l->kscale_offset) + (uint64_t)head * l->head_dim;
 }
 
-static inline float *block_vscale(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot) {
+static inline float *block_vscale(const struct block_layout *l, uint8_t *block, uint32_t head,
+                                  uint32_t slot) {
         return (float *)(block + l->vscale_offset) + (uint64_t)head * l->block_tokens + slot;
 }
 

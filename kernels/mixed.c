@@ -305,7 +305,8 @@ static void attend_chunk(const struct attention *A, const struct chunk *ch) {
         for (uint32_t t = 0; t < ch->cnt; t++) {
                 float logw = *(const float *)block_side(l, ch->block, l->logw_offset, g, t);
                 uint32_t j = ch->slot0 + t;
-                if (j < A->M->n_shared && (A->M->shared_mask[(uint64_t)g * A->M->mask_stride + j / 8] >> (j % 8) & 1))
+                if (j < A->M->n_shared &&
+                    (A->M->shared_mask[(uint64_t)g * A->M->mask_stride + j / 8] >> (j % 8) & 1))
                         logw = -INFINITY; /* evicted by this session, kept for the others */
                 const int8_t *kq = (const int8_t *)block_key(l, ch->block, g, t);
                 if (!ch->q8)

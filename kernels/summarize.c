@@ -10,8 +10,8 @@
 
 #define ATTN_ROW_MAX ATTN_MAX_HEAD_DIM
 
-int summarize_evicted(const struct block_layer *L, const uint32_t *keep, uint32_t keep_count, uint32_t base_tokens,
-                      uint32_t summary, float *scratch) {
+int summarize_evicted(const struct block_layer *L, const uint32_t *keep, uint32_t keep_count,
+                      uint32_t base_tokens, uint32_t summary, float *scratch) {
         const struct block_layout *l = L->layout;
         uint32_t T = l->block_tokens, D = l->head_dim;
         if (l->dtype == BLOCK_DTYPE_Q8 || base_tokens > L->n_tokens || summary >= base_tokens ||

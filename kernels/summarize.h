@@ -25,5 +25,5 @@
  * holds keep_count ascending indices and includes summary) into slot `summary`, for every KV
  * head. scratch holds 2 * head_dim floats. -EINVAL for a summary slot not in keep or past
  * base_tokens, or an INT8 layer (only full-precision layers carry a summary). */
-int summarize_evicted(const struct block_layer *L, const uint32_t *keep, uint32_t keep_count, uint32_t base_tokens,
-                      uint32_t summary, float *scratch);
+int summarize_evicted(const struct block_layer *L, const uint32_t *keep, uint32_t keep_count,
+                      uint32_t base_tokens, uint32_t summary, float *scratch);

@@ -35,8 +35,8 @@ enum fdwire_kind {
 };
 
 enum fdwire_flags {
-        FDWIRE_READ_ONLY = 1u << 0,   /* map without write access */
-        FDWIRE_DEVICE_MEM = 1u << 1,  /* GPU memory (WELCOME, DEVICE and CHUNK records) */
+        FDWIRE_READ_ONLY = 1u << 0,  /* map without write access */
+        FDWIRE_DEVICE_MEM = 1u << 1, /* GPU memory (WELCOME, DEVICE and CHUNK records) */
 };
 
 struct fdwire_msg {

@@ -263,7 +263,8 @@ static int v_session_opened(const Kvc__Envelope *env, char *why, size_t why_len)
                 return BAD("max_layer_tokens %u out of range", m->max_layer_tokens);
         if (m->budget_tokens > WIRE_MAX_TOKENS)
                 return BAD("budget %u out of range", m->budget_tokens);
-        if (m->shared_tokens % 16 || m->shared_tokens > WIRE_MAX_TOKENS || (m->shared_tokens && !m->n_attached))
+        if (m->shared_tokens % 16 || m->shared_tokens > WIRE_MAX_TOKENS ||
+            (m->shared_tokens && !m->n_attached))
                 return BAD("shared prefix of %u tokens invalid", m->shared_tokens);
         size_t refs = 0;
         int r = check_layer_blocks(m->attached, m->n_attached, &refs, "attached prefix", why, why_len);
@@ -343,7 +344,8 @@ static int v_plan_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
                         if (lp->layer >= WIRE_MAX_LAYERS || lp->base_tokens > WIRE_MAX_TOKENS ||
                             lp->keep_count > lp->base_tokens || lp->q8_tokens > WIRE_MAX_TOKENS ||
                             lp->summary_slot > lp->base_tokens || lp->shared_tokens > lp->keep_count ||
-                            lp->shared_tokens % 16 || (lp->shared_tokens && (lp->q8_tokens || lp->summary_slot)))
+                            lp->shared_tokens % 16 ||
+                            (lp->shared_tokens && (lp->q8_tokens || lp->summary_slot)))
                                 return BAD("plan %zu: layer entry %zu out of range", i, l);
                 }
         }
@@ -536,8 +538,8 @@ int wire_open_session_pack(const Kvc__OpenSession *m, uint8_t *out, size_t cap, 
         return 0;
 }
 
-int wire_open_session_decode(struct wire_arena *a, const void *data, size_t len, Kvc__OpenSession **ret, char *why,
-                             size_t why_len) {
+int wire_open_session_decode(struct wire_arena *a, const void *data, size_t len, Kvc__OpenSession **ret,
+                             char *why, size_t why_len) {
         Kvc__Envelope env = KVC__ENVELOPE__INIT;
         wire_arena_reset(a);
         Kvc__OpenSession *m = kvc__open_session__unpack(&a->allocator, len, data);

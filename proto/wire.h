@@ -66,8 +66,8 @@ size_t wire_pack(const Kvc__Envelope *env, uint8_t *out);
 /* An OpenSession on its own (kvcd's restart record): pack into cap bytes (-EMSGSIZE), and decode
  * with the same validation as in an envelope. */
 int wire_open_session_pack(const Kvc__OpenSession *m, uint8_t *out, size_t cap, size_t *ret_len);
-int wire_open_session_decode(struct wire_arena *a, const void *data, size_t len, Kvc__OpenSession **ret, char *why,
-                             size_t why_len);
+int wire_open_session_decode(struct wire_arena *a, const void *data, size_t len, Kvc__OpenSession **ret,
+                             char *why, size_t why_len);
 
 /* KV event batches (the third frame on kvcd.events.sock): pack, and decode with validation. */
 size_t wire_event_packed_size(const Kvc__KvEventBatch *b);

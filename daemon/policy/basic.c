@@ -34,10 +34,10 @@ static const struct policy_param_spec budgeted_specs[] = {
 };
 
 #define DEFAULT_BUDGET 256u
-#define DEFAULT_SINKS 4u
+#define DEFAULT_SINKS  4u
 
-static int budgeted_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
-                         char *why, size_t why_len, size_t n_specs) {
+static int budgeted_init(void *state, const struct policy_setup *s, const struct policy_param *params,
+                         size_t n, char *why, size_t why_len, size_t n_specs) {
         struct budgeted *b = state;
         b->budget = s->budget_tokens ? s->budget_tokens : DEFAULT_BUDGET;
         if (b->budget > s->max_tokens)
@@ -55,7 +55,8 @@ static int budgeted_init(void *state, const struct policy_setup *s, const struct
 
 static void budgeted_limits(const void *state, struct policy_limits *ret) {
         const struct budgeted *b = state;
-        *ret = (struct policy_limits){ .budget = b->budget, .max_layer_tokens = b->budget + b->slack,
+        *ret = (struct policy_limits){ .budget = b->budget,
+                                       .max_layer_tokens = b->budget + b->slack,
                                        .max_keep = b->budget };
 }
 

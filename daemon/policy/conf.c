@@ -122,8 +122,8 @@ static int conf_init_common(struct conf *c, const struct policy_setup *s, const 
         uint32_t floor = c->gate == GATE_NAIVE || c->gate == GATE_CONTINUOUS ? c->n_high : c->budget;
         if (c->n_high > c->n_low || c->sinks + c->protect >= floor) {
                 snprintf(why, why_len, "need sinks + protect (%u) < %s (%u), and n_high (%u) <= n_low (%u)",
-                         c->sinks + c->protect, floor == c->budget ? "the budget" : "n_high", floor, c->n_high,
-                         c->n_low);
+                         c->sinks + c->protect, floor == c->budget ? "the budget" : "n_high", floor,
+                         c->n_high, c->n_low);
                 return -EINVAL;
         }
         if (c->gate == GATE_DEFER && c->budget > c->n_low) { /* no plan to B could shrink n_low + slack */
@@ -187,7 +187,8 @@ static void conf_decide(void *state, const struct policy_step *step, struct poli
                         trigger = target + c->slack;
                         break;
                 case GATE_CONTINUOUS:
-                        target = at_layer(c, c->n_high + (uint32_t)((1.0f - c01) * (float)(c->n_low - c->n_high)), l);
+                        target = at_layer(
+                                c, c->n_high + (uint32_t)((1.0f - c01) * (float)(c->n_low - c->n_high)), l);
                         trigger = target + c->slack;
                         break;
                 case GATE_DEFER:

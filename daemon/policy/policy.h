@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define POLICY_NO_PLAN UINT32_MAX
+#define POLICY_NO_PLAN    UINT32_MAX
 #define POLICY_MAX_PARAMS 32
 
 struct policy_setup {

@@ -39,5 +39,5 @@ void prefill_obs_add(struct prefill_obs *o, const struct policy_layer *L);
  * scorer, then the window [M - window, M). M = min(prompt, n). Writes top + window indices
  * ascending; returns how many. scratch holds 2n words. */
 uint32_t prefill_keep(const struct prefill_obs *o, enum prefill_scorer scorer, uint32_t kernel, bool max_pool,
-                      const struct policy_layer *L, uint32_t head, uint32_t top, uint32_t window, uint32_t *keep,
-                      void *scratch);
+                      const struct policy_layer *L, uint32_t head, uint32_t top, uint32_t window,
+                      uint32_t *keep, void *scratch);

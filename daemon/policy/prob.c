@@ -86,8 +86,8 @@ static int prob_init(void *state, const struct policy_setup *s, const struct pol
         if (r < 0)
                 return r;
         if (p->sinks + p->protect >= p->budget) {
-                snprintf(why, why_len, "sinks + protect (%u) leave no room in a budget of %u", p->sinks + p->protect,
-                         p->budget);
+                snprintf(why, why_len, "sinks + protect (%u) leave no room in a budget of %u",
+                         p->sinks + p->protect, p->budget);
                 return -EINVAL;
         }
         if (p->correction == CORRECTION_SINK && p->sinks == 0) {
@@ -100,8 +100,10 @@ static int prob_init(void *state, const struct policy_setup *s, const struct pol
 
 static void prob_limits(const void *state, struct policy_limits *ret) {
         const struct prob *p = state;
-        *ret = (struct policy_limits){ .budget = p->budget, .max_layer_tokens = p->budget + p->slack,
-                                       .max_keep = p->budget, .summarize = p->correction == CORRECTION_MOMENT };
+        *ret = (struct policy_limits){ .budget = p->budget,
+                                       .max_layer_tokens = p->budget + p->slack,
+                                       .max_keep = p->budget,
+                                       .summarize = p->correction == CORRECTION_MOMENT };
 }
 
 static void prob_decide(void *state, const struct policy_step *step, struct policy_target *t) {

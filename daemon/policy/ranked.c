@@ -32,7 +32,7 @@ struct ranked {
         uint32_t budget;
         uint32_t slack;
         uint32_t sinks;
-        uint32_t recent;   /* tokens; 0: recent_frac of the layer's budget */
+        uint32_t recent; /* tokens; 0: recent_frac of the layer's budget */
         float recent_frac;
         bool per_head;
         uint32_t scorer;
@@ -68,10 +68,11 @@ static int ranked_init(struct ranked *r, const struct policy_setup *s, const str
         r->beta = 20.0f;
         r->n_layers = s->n_layers;
         r->n_kv_heads = s->n_kv_heads;
-        int e = policy_parse_params(r, ranked_specs, sizeof(ranked_specs) / sizeof(ranked_specs[0]), params, n,
-                                    why, why_len);
+        int e = policy_parse_params(r, ranked_specs, sizeof(ranked_specs) / sizeof(ranked_specs[0]), params,
+                                    n, why, why_len);
         if (e == 0 && r->sinks + r->recent > r->budget) {
-                snprintf(why, why_len, "sinks + recent (%u) exceed the budget %u", r->sinks + r->recent, r->budget);
+                snprintf(why, why_len, "sinks + recent (%u) exceed the budget %u", r->sinks + r->recent,
+                         r->budget);
                 e = -EINVAL;
         }
         return e;
@@ -87,8 +88,10 @@ static void ranked_limits(const void *state, struct policy_limits *ret) {
         for (uint32_t l = 0; l < r->n_layers; l++)
                 if (layer_budget(r, l) > most)
                         most = layer_budget(r, l);
-        *ret = (struct policy_limits){ .budget = r->budget, .max_layer_tokens = most + r->slack,
-                                       .max_keep = most, .per_head = r->per_head };
+        *ret = (struct policy_limits){ .budget = r->budget,
+                                       .max_layer_tokens = most + r->slack,
+                                       .max_keep = most,
+                                       .per_head = r->per_head };
 }
 
 static void ranked_decide(void *state, const struct policy_step *step, struct policy_target *t) {
@@ -146,8 +149,8 @@ static int tova_init(void *state, const struct policy_setup *s, const struct pol
         return ranked_init(r, s, params, n, why, why_len);
 }
 
-static int pyramid_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
-                        char *why, size_t why_len) {
+static int pyramid_init(void *state, const struct policy_setup *s, const struct policy_param *params,
+                        size_t n, char *why, size_t why_len) {
         struct ranked *r = state;
         r->scorer = SCORER_SUM;
         r->per_head = true;

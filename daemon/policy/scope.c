@@ -81,8 +81,8 @@ static int scope_init(void *state, const struct policy_setup *s, const struct po
         c->slack = s->block_tokens;
         c->n_layers = s->n_layers;
         c->max_tokens = s->max_tokens;
-        int r = policy_parse_params(c, scope_specs, sizeof(scope_specs) / sizeof(scope_specs[0]), params, n, why,
-                                    why_len);
+        int r = policy_parse_params(c, scope_specs, sizeof(scope_specs) / sizeof(scope_specs[0]), params, n,
+                                    why, why_len);
         if (r < 0)
                 return r;
         if (c->beta2 >= c->budget || c->alpha2 > c->prefill_budget) {
@@ -90,8 +90,9 @@ static int scope_init(void *state, const struct policy_setup *s, const struct po
                 return -EINVAL;
         }
         if (!c->delta) {
-                uint32_t room = s->max_tokens > s->prompt_tokens + c->beta2 ? s->max_tokens - s->prompt_tokens - c->beta2
-                                                                           : 1;
+                uint32_t room = s->max_tokens > s->prompt_tokens + c->beta2
+                                        ? s->max_tokens - s->prompt_tokens - c->beta2
+                                        : 1;
                 c->delta = room / beta1(c) ? room / beta1(c) : 1;
         }
         c->next_due = c->delta;
@@ -103,10 +104,11 @@ static int scope_init(void *state, const struct policy_setup *s, const struct po
 static void scope_limits(const void *state, struct policy_limits *ret) {
         const struct scope *c = state;
         uint32_t prompt = c->obs.prompt < c->prefill_budget || c->prefill == PREFILL_FULL ? c->obs.prompt
-                                                                                         : c->prefill_budget;
+                                                                                          : c->prefill_budget;
         uint32_t grow = c->strategy == STRATEGY_DISCONTINUOUS ? c->delta : c->slack;
         *ret = (struct policy_limits){ .budget = prompt + c->budget,
-                                       .max_layer_tokens = prompt + c->budget + (grow > c->slack ? grow : c->slack),
+                                       .max_layer_tokens =
+                                               prompt + c->budget + (grow > c->slack ? grow : c->slack),
                                        .max_keep = prompt + c->budget + grow,
                                        .per_head = true };
         if (c->obs.prompt > ret->max_keep) /* the prompt's own plan keeps it plus what followed */
@@ -177,8 +179,9 @@ static int scope_select(void *state, const struct policy_step *step, const struc
                 uint32_t *kh = keep + (size_t)h * t->keep;
                 if (c->prompt_plan) {
                         /* the prompt's plan: its keep-set, then whatever followed the prompt */
-                        uint32_t got = prefill_keep(&c->obs, (enum prefill_scorer)c->prefill, c->kernel, c->pool == 0, L,
-                                                    h, p - (c->alpha2 < m ? c->alpha2 : m), c->alpha2, kh, scratch);
+                        uint32_t got = prefill_keep(&c->obs, (enum prefill_scorer)c->prefill, c->kernel,
+                                                    c->pool == 0, L, h, p - (c->alpha2 < m ? c->alpha2 : m),
+                                                    c->alpha2, kh, scratch);
                         for (uint32_t i = m; i < n; i++)
                                 kh[got++] = i;
                         if (got != t->keep)

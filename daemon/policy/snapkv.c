@@ -50,8 +50,8 @@ void prefill_obs_add(struct prefill_obs *o, const struct policy_layer *L) {
 }
 
 uint32_t prefill_keep(const struct prefill_obs *o, enum prefill_scorer scorer, uint32_t kernel, bool max_pool,
-                      const struct policy_layer *L, uint32_t head, uint32_t top, uint32_t window, uint32_t *keep,
-                      void *scratch) {
+                      const struct policy_layer *L, uint32_t head, uint32_t top, uint32_t window,
+                      uint32_t *keep, void *scratch) {
         uint32_t m = o->prompt < L->n_tokens ? o->prompt : L->n_tokens;
         if (window > m)
                 window = m;
@@ -60,8 +60,9 @@ uint32_t prefill_keep(const struct prefill_obs *o, enum prefill_scorer scorer, u
                 top = cand;
         float *score = scratch;
         uint32_t *work = (uint32_t *)scratch + L->n_tokens;
-        const float *raw = scorer == PREFILL_H2O ? L->sum + (size_t)head * L->n_tokens
-                                                 : o->acc + ((size_t)L->layer * o->n_kv_heads + head) * o->cap;
+        const float *raw = scorer == PREFILL_H2O
+                                   ? L->sum + (size_t)head * L->n_tokens
+                                   : o->acc + ((size_t)L->layer * o->n_kv_heads + head) * o->cap;
         int half = (int)kernel / 2;
         for (uint32_t i = 0; i < cand; i++) {
                 if (scorer != PREFILL_SNAPKV || kernel <= 1) {
@@ -117,8 +118,8 @@ static int snapkv_init(void *state, const struct policy_setup *s, const struct p
         k->beta = 20.0f;
         k->n_layers = s->n_layers;
         k->max_tokens = s->max_tokens;
-        int r = policy_parse_params(k, snapkv_specs, sizeof(snapkv_specs) / sizeof(snapkv_specs[0]), params, n, why,
-                                    why_len);
+        int r = policy_parse_params(k, snapkv_specs, sizeof(snapkv_specs) / sizeof(snapkv_specs[0]), params,
+                                    n, why, why_len);
         if (r < 0)
                 return r;
         if (k->window >= k->budget) {
@@ -141,8 +142,9 @@ static void snapkv_limits(const void *state, struct policy_limits *ret) {
         uint32_t most = 0;
         for (uint32_t l = 0; l < k->n_layers; l++)
                 most = snapkv_budget(k, l) > most ? snapkv_budget(k, l) : most;
-        *ret = (struct policy_limits){ .budget = k->budget, .max_layer_tokens = k->max_tokens, .max_keep = most,
-                                       .per_head = true };
+        *ret = (struct policy_limits){
+                .budget = k->budget, .max_layer_tokens = k->max_tokens, .max_keep = most, .per_head = true
+        };
 }
 
 static bool snapkv_observes(const void *state, const struct policy_step *step) {
@@ -175,8 +177,8 @@ static int snapkv_select(void *state, const struct policy_step *step, const stru
         uint32_t top = t->keep - k->window - tail;
         for (uint32_t h = 0; h < L->n_kv_heads; h++) { /* per KV head, as kvpress does */
                 uint32_t *kh = keep + (size_t)h * t->keep;
-                uint32_t m = prefill_keep(&k->obs, PREFILL_SNAPKV, k->kernel, k->pool == 0, L, h, top, k->window,
-                                          kh, scratch);
+                uint32_t m = prefill_keep(&k->obs, PREFILL_SNAPKV, k->kernel, k->pool == 0, L, h, top,
+                                          k->window, kh, scratch);
                 for (uint32_t i = 0; i < tail; i++)
                         kh[m + i] = k->obs.prompt + i;
                 if (m + tail != t->keep)

@@ -71,10 +71,11 @@ static struct fakecuda {
         int vmm, posix_fd;
         int driver_version;
         size_t granularity;
-        cuda_result fail_create, fail_export, fail_map, fail_set_access, fail_memset, fail_reserve, fail_import;
+        cuda_result fail_create, fail_export, fail_map, fail_set_access, fail_memset, fail_reserve,
+                fail_import;
         /* what happened */
-        int n_init, n_create, n_release, n_export, n_import, n_map, n_unmap, n_set_access, n_memset, n_dtoh, n_htod,
-                n_reserve, n_address_free, n_sync, ctx_retained;
+        int n_init, n_create, n_release, n_export, n_import, n_map, n_unmap, n_set_access, n_memset, n_dtoh,
+                n_htod, n_reserve, n_address_free, n_sync, ctx_retained;
         cuda_context current;
         uintptr_t last_memset_ptr;
         size_t last_memset_bytes;
@@ -157,9 +158,9 @@ FC_API cuda_result cuDeviceGetName(char *name, int len, cuda_device d) {
 FC_API cuda_result cuDeviceGetAttribute(int *v, int attrib, cuda_device d) {
         if (!fc_valid_dev(d))
                 return CUDA_DRV_ERROR_INVALID_DEVICE;
-        *v = attrib == CUDA_DRV_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED          ? fc.vmm
+        *v = attrib == CUDA_DRV_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED           ? fc.vmm
              : attrib == CUDA_DRV_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ? fc.posix_fd
-                                                                                              : 0;
+                                                                                               : 0;
         return CUDA_DRV_SUCCESS;
 }
 
@@ -189,8 +190,8 @@ FC_API cuda_result cuCtxSynchronize(void) {
 }
 
 static bool fc_prop_ok(const struct cuda_mem_alloc_prop *p) {
-        return p->type == CUDA_DRV_MEM_ALLOCATION_TYPE_PINNED && p->location.type == CUDA_DRV_MEM_LOCATION_TYPE_DEVICE &&
-               fc_valid_dev(p->location.id);
+        return p->type == CUDA_DRV_MEM_ALLOCATION_TYPE_PINNED &&
+               p->location.type == CUDA_DRV_MEM_LOCATION_TYPE_DEVICE && fc_valid_dev(p->location.id);
 }
 
 FC_API cuda_result cuMemGetAllocationGranularity(size_t *g, const struct cuda_mem_alloc_prop *p, int option) {
@@ -245,7 +246,8 @@ FC_API cuda_result cuMemRelease(cuda_mem_handle h) {
         return CUDA_DRV_SUCCESS;
 }
 
-FC_API cuda_result cuMemExportToShareableHandle(void *out, cuda_mem_handle h, int type, unsigned long long flags) {
+FC_API cuda_result cuMemExportToShareableHandle(void *out, cuda_mem_handle h, int type,
+                                                unsigned long long flags) {
         struct fc_alloc *a = fc_alloc_of(h);
         fc.n_export++;
         if (fc.fail_export)
@@ -327,7 +329,8 @@ FC_API cuda_result cuMemAddressFree(cuda_dptr ptr, size_t size) {
         return CUDA_DRV_ERROR_INVALID_VALUE;
 }
 
-FC_API cuda_result cuMemMap(cuda_dptr ptr, size_t size, size_t offset, cuda_mem_handle h, unsigned long long flags) {
+FC_API cuda_result cuMemMap(cuda_dptr ptr, size_t size, size_t offset, cuda_mem_handle h,
+                            unsigned long long flags) {
         struct fc_alloc *a = fc_alloc_of(h);
         fc.n_map++;
         if (fc.fail_map)
@@ -356,18 +359,21 @@ FC_API cuda_result cuMemUnmap(cuda_dptr ptr, size_t size) {
                         continue;
                 if (m->size != size)
                         return CUDA_DRV_ERROR_INVALID_VALUE; /* no partial unmap */
-                mmap((void *)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+                mmap((void *)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+                     -1, 0);
                 m->live = false;
                 return CUDA_DRV_SUCCESS;
         }
         return CUDA_DRV_ERROR_INVALID_VALUE;
 }
 
-FC_API cuda_result cuMemSetAccess(cuda_dptr ptr, size_t size, const struct cuda_mem_access_desc *desc, size_t count) {
+FC_API cuda_result cuMemSetAccess(cuda_dptr ptr, size_t size, const struct cuda_mem_access_desc *desc,
+                                  size_t count) {
         fc.n_set_access++;
         if (fc.fail_set_access)
                 return fc.fail_set_access;
-        if (count != 1 || desc->location.type != CUDA_DRV_MEM_LOCATION_TYPE_DEVICE || !fc_valid_dev(desc->location.id))
+        if (count != 1 || desc->location.type != CUDA_DRV_MEM_LOCATION_TYPE_DEVICE ||
+            !fc_valid_dev(desc->location.id))
                 return CUDA_DRV_ERROR_INVALID_VALUE;
         fc.last_access_location = desc->location.id;
         fc.last_access_flags = desc->flags;

@@ -127,7 +127,8 @@ static int compact(void *arg, struct kvc_session *s, const struct kvc_compaction
         (void)s;
         if (job->summary_slot || job->view.n_blocks > x->max_blocks || job->view.n_q8_blocks > x->max_blocks)
                 return -ENOTSUP;
-        CK(cudaMemcpy(x->d_fp, job->view.blocks, job->view.n_blocks * sizeof(uint8_t *), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(x->d_fp, job->view.blocks, job->view.n_blocks * sizeof(uint8_t *),
+                      cudaMemcpyHostToDevice));
         if (job->view.n_q8_blocks)
                 CK(cudaMemcpy(x->d_q8, job->view.q8_blocks, job->view.n_q8_blocks * sizeof(uint8_t *),
                               cudaMemcpyHostToDevice));
@@ -229,8 +230,10 @@ static void add_token(struct ctx *x) {
                                 row[d] = key_of(x->marker, l, pos, h, d);
                                 neg[d] = -row[d];
                         }
-                        CK(cudaMemcpy(block_key(&x->fp, b, h, slot % 16), row, sizeof(row), cudaMemcpyHostToDevice));
-                        CK(cudaMemcpy(block_value(&x->fp, b, h, slot % 16), neg, sizeof(neg), cudaMemcpyHostToDevice));
+                        CK(cudaMemcpy(block_key(&x->fp, b, h, slot % 16), row, sizeof(row),
+                                      cudaMemcpyHostToDevice));
+                        CK(cudaMemcpy(block_value(&x->fp, b, h, slot % 16), neg, sizeof(neg),
+                                      cudaMemcpyHostToDevice));
                         CK(cudaMemcpy(block_side(&x->fp, b, x->fp.pos_offset, h, slot % 16), &pos, 4,
                                       cudaMemcpyHostToDevice));
                         const uint64_t scores[] = { x->fp.sum_offset, x->fp.ema_offset, x->fp.last_offset,
@@ -273,11 +276,13 @@ static void verify(struct ctx *x) {
                                 CK(cudaMemcpy(val, block_value(&x->fp, b, h, slot % 16), sizeof(val),
                                               cudaMemcpyDeviceToHost));
                                 if (pos <= prev)
-                                        DIE("layer %u head %u slot %u: position %d after %d", l, h, slot, pos, prev);
+                                        DIE("layer %u head %u slot %u: position %d after %d", l, h, slot, pos,
+                                            prev);
                                 for (uint32_t d = 0; d < HEAD_DIM; d++)
                                         if (row[d] != key_of(x->marker, l, pos, h, d) || val[d] != -row[d])
-                                                DIE("layer %u head %u slot %u (position %d): element %u is %g/%g", l,
-                                                    h, slot, pos, d, row[d], val[d]);
+                                                DIE("layer %u head %u slot %u (position %d): element %u is "
+                                                    "%g/%g",
+                                                    l, h, slot, pos, d, row[d], val[d]);
                                 prev = pos;
                         }
                         if (v.n_tokens && prev != x->next_pos - 1)
@@ -311,14 +316,18 @@ static int run_survivor(const char *sock) {
         }
         verify(&x);
         if (x.plans_seen < 2)
-                DIE("only %llu plans in 80 tokens with a window of %u", (unsigned long long)x.plans_seen, BUDGET);
+                DIE("only %llu plans in 80 tokens with a window of %u", (unsigned long long)x.plans_seen,
+                    BUDGET);
         printf("[survivor] %llu plans applied (%llu layers compacted on the GPU), %u tokens per layer held, "
                "every token's KV intact\n",
-               (unsigned long long)x.plans_seen, (unsigned long long)x.layers_compacted, kvc_layer_tokens(x.s, 0));
+               (unsigned long long)x.plans_seen, (unsigned long long)x.layers_compacted,
+               kvc_layer_tokens(x.s, 0));
         printf("[survivor] timings: connect %llu us (driver, context, address range), session open %llu us "
-               "(first chunk imported and mapped), grant median %llu us (%d), plan round trip median %llu us (%d)\n",
-               (unsigned long long)t_connect, (unsigned long long)t_open, (unsigned long long)median(&x.grant),
-               x.grant.n, (unsigned long long)median(&x.plan), x.plan.n);
+               "(first chunk imported and mapped), grant median %llu us (%d), plan round trip median %llu us "
+               "(%d)\n",
+               (unsigned long long)t_connect, (unsigned long long)t_open,
+               (unsigned long long)median(&x.grant), x.grant.n, (unsigned long long)median(&x.plan),
+               x.plan.n);
         printf("PHASE1 ok\n");
         fflush(stdout);
         wait_for_line();
@@ -354,7 +363,8 @@ static int run_victim(const char *sock, uint64_t chunk_bytes) {
                 KV(x.c, kvc_layer_view(x.s, l, &v));
                 for (uint32_t t = v.n_tokens; t < v.n_blocks * 16; t++)
                         for (uint32_t h = 0; h < N_KV; h++)
-                                CK(cudaMemset(block_key(&x.fp, v.blocks[t / 16], h, t % 16), 0xab, HEAD_DIM * 4));
+                                CK(cudaMemset(block_key(&x.fp, v.blocks[t / 16], h, t % 16), 0xab,
+                                              HEAD_DIM * 4));
         }
         CK(cudaStreamSynchronize(NULL));
         printf("READY chunks=");
@@ -418,8 +428,8 @@ static int run_checker(const char *sock, const char *chunks, uint64_t chunk_byte
                       cudaMemcpyDeviceToHost));
         for (uint64_t i = 0; i < chunk_bytes; i++)
                 if (host[i])
-                        DIE("chunk %lld, granted again, has byte 0x%02x at %llu: not scrubbed", (long long)hit, host[i],
-                            (unsigned long long)i);
+                        DIE("chunk %lld, granted again, has byte 0x%02x at %llu: not scrubbed",
+                            (long long)hit, host[i], (unsigned long long)i);
         printf("REUSED chunk %lld: %llu bytes, all zero (connect %llu us, open %llu us)\n", (long long)hit,
                (unsigned long long)chunk_bytes, (unsigned long long)t_connect, (unsigned long long)t_open);
         free(host);
@@ -445,8 +455,9 @@ int main(int argc, char **argv) {
                         DIE("unknown argument %s", argv[i]);
         }
         if (!sock || (argc - 1) % 2) {
-                fprintf(stderr, "usage: kvc-ipc-client --socket DIR --role survivor|victim|checker [--chunks I,J] "
-                                "[--chunk-bytes N]\n");
+                fprintf(stderr,
+                        "usage: kvc-ipc-client --socket DIR --role survivor|victim|checker [--chunks I,J] "
+                        "[--chunk-bytes N]\n");
                 return 2;
         }
         setvbuf(stdout, NULL, _IOLBF, 0);

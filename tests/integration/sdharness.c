@@ -95,7 +95,8 @@ static void handle_notification(struct sdsvc *s, const char *msg, const int *fds
 static void *notify_thread(void *arg) {
         struct sdsvc *s = arg;
         for (;;) {
-                struct pollfd p[2] = { { .fd = s->notify_fd, .events = POLLIN }, { .fd = s->wake[0], .events = POLLIN } };
+                struct pollfd p[2] = { { .fd = s->notify_fd, .events = POLLIN },
+                                       { .fd = s->wake[0], .events = POLLIN } };
                 if (poll(p, 2, -1) < 0 && errno != EINTR)
                         return NULL;
                 if (p[1].revents)
@@ -108,7 +109,9 @@ static void *notify_thread(void *arg) {
                         char buf[CMSG_SPACE(sizeof(int) * 64)];
                 } ctl;
                 struct iovec iov = { .iov_base = msg, .iov_len = sizeof(msg) - 1 };
-                struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                struct msghdr mh = { .msg_iov = &iov,
+                                     .msg_iovlen = 1,
+                                     .msg_control = ctl.buf,
                                      .msg_controllen = sizeof(ctl.buf) };
                 ssize_t n = recvmsg(s->notify_fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
                 if (n < 0)
@@ -197,7 +200,8 @@ int sdsvc_start(struct sdsvc *s, const char *const *extra) {
         char listen_fds[32], listen_pid[32] = "LISTEN_PID=", notify[160];
         snprintf(listen_fds, sizeof(listen_fds), "LISTEN_FDS=%zu", n_fds);
         snprintf(notify, sizeof(notify), "NOTIFY_SOCKET=%s", s->notify);
-        const char *argv[40] = { harness_bin("kvcd"), "--runtime-dir", s->dir, "--fd-store", "--log-level", "debug" };
+        const char *argv[40] = { harness_bin("kvcd"), "--runtime-dir", s->dir,
+                                 "--fd-store",        "--log-level",   "debug" };
         int argc = 6;
         for (int i = 0; extra && extra[i] && argc < 39; i++)
                 argv[argc++] = extra[i];
@@ -248,8 +252,9 @@ int sdsvc_start(struct sdsvc *s, const char *const *extra) {
                 if (s->ready == ready && waitpid(pid, &st, WNOHANG) == pid) {
                         s->pid = 0;
                         r = -ECHILD;
-                } else if (s->ready == ready && (slice.tv_sec > deadline.tv_sec ||
-                                                 (slice.tv_sec == deadline.tv_sec && slice.tv_nsec >= deadline.tv_nsec)))
+                } else if (s->ready == ready &&
+                           (slice.tv_sec > deadline.tv_sec ||
+                            (slice.tv_sec == deadline.tv_sec && slice.tv_nsec >= deadline.tv_nsec)))
                         r = -ETIMEDOUT;
         }
         pthread_mutex_unlock(&s->mu);

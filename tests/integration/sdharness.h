@@ -21,9 +21,9 @@ struct sdsvc_fd {
 };
 
 struct sdsvc {
-        char root[96];  /* temporary directory */
-        char dir[128];  /* kvcd's runtime directory, where the sockets are */
-        char log[128];  /* every kvcd's stderr, appended */
+        char root[96]; /* temporary directory */
+        char dir[128]; /* kvcd's runtime directory, where the sockets are */
+        char log[128]; /* every kvcd's stderr, appended */
         char notify[128];
         int listen_fd[SDSVC_SOCKETS];
         int notify_fd;

@@ -16,7 +16,6 @@
 
 #define GOLDEN "../shared/models/stories260K/golden-greedy-256.txt"
 
-
 /* Runs kvc-run against d with the extra arguments; returns its stdout, asserting exit 0. */
 static char *kvc_run(const struct daemon *d, const char *first, ...) {
         const char *argv[40] = { harness_bin("kvc-run"), "--socket", d->dir };

@@ -23,7 +23,6 @@
 
 #define RUN "-n", "300", "--no-stop", "--policy", "window", "--budget", "64"
 
-
 static char *kvc_run(const struct daemon *d, const char *const *extra) {
         const char *argv[40] = { harness_bin("kvc-run"), "--socket", d->dir, RUN };
         int n = 10;
@@ -68,8 +67,8 @@ static void two_processes_split_a_generation_and_print_one_story(void **state) {
         assert_non_null(strstr(log, "nothing copied"));
         free(log);
         /* the same ticket again: the session is gone */
-        const char *again[] = { harness_bin("kvc-run"), "--socket", d->dir, RUN, "--import", "--handoff-file", file,
-                                NULL };
+        const char *again[] = { harness_bin("kvc-run"), "--socket", d->dir, RUN, "--import",
+                                "--handoff-file",       file,       NULL };
         char *out = NULL;
         int st;
         assert_int_equal(harness_run(again, &out, &st), 0);
@@ -89,7 +88,11 @@ static void two_processes_split_a_generation_and_print_one_story(void **state) {
 
 static struct kvc_session *open_one(struct kvc_client *c, int handoff) {
         struct kvc_session_config cfg = {
-                .geometry = { .n_layers = 2, .n_heads = 2, .n_kv_heads = 1, .head_dim = 8, .dtype = KVC_DTYPE_F32,
+                .geometry = { .n_layers = 2,
+                              .n_heads = 2,
+                              .n_kv_heads = 1,
+                              .head_dim = 8,
+                              .dtype = KVC_DTYPE_F32,
                               .max_tokens = 128 },
                 .policy = "window",
                 .budget_tokens = 32,

@@ -22,10 +22,9 @@
 
 #include "harness.h"
 
-#define PROMPT \
-        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park " \
+#define PROMPT                                                                                               \
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the park "       \
         "with her friends. One day, she saw a big red ball"
-
 
 /* kvc-run --json with the prompt and the extra arguments: its JSON (malloc'd). */
 static char *run_json(const struct daemon *d, const char *const *extra) {
@@ -59,17 +58,32 @@ static long long status_int(const struct daemon *d, const char *key) {
 
 static void runs_of_one_prompt_share_its_prefix(void **state) {
         struct daemon *d = *state;
-        const char *full[] = { "-n", "200", NULL }, *window[] = { "-n", "200", "--policy", "window", "--budget", "24", NULL };
+        const char *full[] = { "-n", "200", NULL },
+                   *window[] = { "-n", "200", "--policy", "window", "--budget", "24", NULL };
         const char *full_shared[] = { "-n", "200", "--share", NULL };
-        const char *window_shared[] = { "-n", "200", "--policy", "window", "--budget", "24", "--share", NULL };
+        const char *window_shared[] = {
+                "-n", "200", "--policy", "window", "--budget", "24", "--share", NULL
+        };
         const char *long_run[] = { "-n", "400", "--no-stop", NULL };
-        char *ref_full = run_json(d, full), *ref_window = run_json(d, window), *ref_long = run_json(d, long_run);
+        char *ref_full = run_json(d, full), *ref_window = run_json(d, window),
+             *ref_long = run_json(d, long_run);
         long long ref_peak = harness_json_int(strstr(ref_full, "\"kvcd\""), "peak_bytes");
         assert_int_equal(status_int(d, "shared_blocks"), 0); /* unshared runs publish nothing */
 
         /* the publisher stops itself at position 48, past its prompt of 33: published by then */
-        const char *pub_argv[] = { harness_bin("kvc-run"), "--socket", d->dir, "-i", PROMPT, "--json", "-n", "400",
-                                   "--no-stop", "--share", "--stop-at", "48", NULL };
+        const char *pub_argv[] = { harness_bin("kvc-run"),
+                                   "--socket",
+                                   d->dir,
+                                   "-i",
+                                   PROMPT,
+                                   "--json",
+                                   "-n",
+                                   "400",
+                                   "--no-stop",
+                                   "--share",
+                                   "--stop-at",
+                                   "48",
+                                   NULL };
         struct proc pub;
         int st;
         assert_int_equal(harness_spawn(&pub, pub_argv, true), 0);

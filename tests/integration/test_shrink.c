@@ -40,8 +40,12 @@ static struct kvc_client *client(const struct daemon *d, const char *name) {
 /* One layer of one 1024-dim KV head in F32: blocks of about 128 KiB, 15 to a chunk. */
 static struct kvc_session *session(struct kvc_client *c) {
         struct kvc_session_config cfg = {
-                .geometry = { .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 1024,
-                              .dtype = KVC_DTYPE_F32, .max_tokens = 1024 },
+                .geometry = { .n_layers = 1,
+                              .n_heads = 1,
+                              .n_kv_heads = 1,
+                              .head_dim = 1024,
+                              .dtype = KVC_DTYPE_F32,
+                              .max_tokens = 1024 },
                 .policy = "full",
         };
         struct kvc_session *s = NULL;
@@ -90,8 +94,8 @@ static void kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them(void *
         assert_int_equal(v.n_blocks, 1);
         for (uint64_t i = 0; i < v.block_bytes; i++)
                 if (v.blocks[0][i])
-                        fail_msg("byte %llu of a chunk given back is 0x%02x: not scrubbed", (unsigned long long)i,
-                                 v.blocks[0][i]);
+                        fail_msg("byte %llu of a chunk given back is 0x%02x: not scrubbed",
+                                 (unsigned long long)i, v.blocks[0][i]);
         assert_int_equal(status_int(d, "chunks_in_use"), 1);
         char *audit = harness_kvcctl(d, "audit");
         assert_non_null(audit);
@@ -110,8 +114,8 @@ static void kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them(void *
 
 int main(void) {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test_setup_teardown(kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them, setup,
-                                                harness_group_stop),
+                cmocka_unit_test_setup_teardown(kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them,
+                                                setup, harness_group_stop),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

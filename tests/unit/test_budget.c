@@ -70,7 +70,9 @@ static void drain(struct sim *m) {
                                 char b[CMSG_SPACE(sizeof(int) * 4)];
                         } ctl;
                         struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) };
-                        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+                        struct msghdr mh = { .msg_iov = &iov,
+                                             .msg_iovlen = 1,
+                                             .msg_control = ctl.b,
                                              .msg_controllen = sizeof(ctl.b) };
                         if (recvmsg(m->peer[i], &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) <= 0)
                                 break;
@@ -137,8 +139,8 @@ struct open_args {
         uint32_t kv_heads, head_dim; /* default 1 x 16: 2.5 KiB blocks; 2 x 128: 32 KiB */
 };
 
-static int open_session(struct sim *m, struct client *c, const struct open_args *a, struct session **ret, char *why,
-                        size_t why_len) {
+static int open_session(struct sim *m, struct client *c, const struct open_args *a, struct session **ret,
+                        char *why, size_t why_len) {
         Kvc__Geometry g = KVC__GEOMETRY__INIT;
         g.n_layers = 2;
         g.n_heads = 2;
@@ -342,7 +344,8 @@ static void a_bound_tenant_refuses_other_users(void **state) {
         assert_int_equal(budget_declare(&m->d.budget, "ml:gid=500:quota=2M", why, sizeof(why)), 0);
         assert_int_equal(budget_declare(&m->d.budget, "x:color=red", why, sizeof(why)), -EINVAL);
         assert_int_equal(budget_declare(&m->d.budget, "default:uid=3", why, sizeof(why)), -EINVAL);
-        struct client *alice = client_new(m, 1000, 1000), *bob = client_new(m, 1001, 500), *root = client_new(m, 0, 0);
+        struct client *alice = client_new(m, 1000, 1000), *bob = client_new(m, 1001, 500),
+                      *root = client_new(m, 0, 0);
         struct session *s;
         struct open_args a = { .policy = "window", .budget = 64, .tenant = "alice" };
         assert_int_equal(open_session(m, bob, &a, &s, why, sizeof(why)), -EACCES);
@@ -382,7 +385,9 @@ static void the_arbiter_shrinks_confident_low_priority_sessions_first(void **sta
         struct session *s[3];
         const float conf[3] = { 0.9f, 0.5f, 0.1f };
         for (int i = 0; i < 3; i++) {
-                struct open_args a = { .policy = "window", .budget = 500, .min = 64 * 1024, .kv_heads = 2, .head_dim = 128 };
+                struct open_args a = {
+                        .policy = "window", .budget = 500, .min = 64 * 1024, .kv_heads = 2, .head_dim = 128
+                };
                 assert_int_equal(open_session(m, c, &a, &s[i], why, sizeof(why)), 0);
         }
         uint64_t row = (uint64_t)s[0]->n_layers * s[0]->layout.block_bytes; /* one block in each layer */
@@ -398,9 +403,9 @@ static void the_arbiter_shrinks_confident_low_priority_sessions_first(void **sta
         }
         for (int i = 0; i < 3; i++)
                 print_message("session %d: conf %.1f bytes %llu cap %llu demand %llu min %llu tokens %u\n", i,
-                              (double)conf[i], (unsigned long long)s[i]->bytes, (unsigned long long)s[i]->cap_bytes,
-                              (unsigned long long)s[i]->demand_bytes, (unsigned long long)s[i]->min_bytes,
-                              s[i]->layers[0].n_tokens);
+                              (double)conf[i], (unsigned long long)s[i]->bytes,
+                              (unsigned long long)s[i]->cap_bytes, (unsigned long long)s[i]->demand_bytes,
+                              (unsigned long long)s[i]->min_bytes, s[i]->layers[0].n_tokens);
         /* the most confident is cut the most; the least confident the least */
         assert_true(s[0]->cap_bytes <= s[1]->cap_bytes);
         assert_true(s[1]->cap_bytes <= s[2]->cap_bytes);
@@ -442,14 +447,16 @@ static void lowering_limits_below_use_makes_plans(void **state) {
         for (int t = 0; t < 300; t++)
                 step(m, s, 0.5f, true, NULL);
         uint64_t held = s->bytes;
-        assert_int_equal(budget_set_session(&m->d, s, false, 0, true, held / 2, false, 0, why, sizeof(why)), 0);
+        assert_int_equal(budget_set_session(&m->d, s, false, 0, true, held / 2, false, 0, why, sizeof(why)),
+                         0);
         for (int t = 0; t < 4; t++)
                 step(m, s, 0.5f, true, NULL);
         assert_true(s->bytes <= held / 2);
         check_invariants(m);
         /* a minimum the node cannot hold is refused, and nothing changes */
         uint64_t min = s->min_bytes;
-        assert_int_equal(budget_set_session(&m->d, s, true, 64 * MIB, true, 0, false, 0, why, sizeof(why)), -EBUSY);
+        assert_int_equal(budget_set_session(&m->d, s, true, 64 * MIB, true, 0, false, 0, why, sizeof(why)),
+                         -EBUSY);
         assert_int_equal(s->min_bytes, min);
         assert_int_equal(budget_check_capacity(&m->d, min - 1, why, sizeof(why)), -EBUSY);
         assert_int_equal(budget_check_capacity(&m->d, CHUNK, why, sizeof(why)), 0);
@@ -500,7 +507,9 @@ static void a_thousand_sessions_never_overcommit_nor_leak(void **state) {
                                                 apply(m, live[j], held[j]);
                                                 held[j] = NULL;
                                         }
-                                for (int k = 0; k < 8 && (r = session_retry_open(d, s, why, sizeof(why))) == -EINPROGRESS; k++)
+                                for (int k = 0; k < 8 && (r = session_retry_open(d, s, why, sizeof(why))) ==
+                                                                 -EINPROGRESS;
+                                     k++)
                                         for (int j = 0; j < n_live; j++)
                                                 step(m, live[j], 0.5f, true, NULL);
                                 drain(m);
@@ -540,12 +549,13 @@ static void a_thousand_sessions_never_overcommit_nor_leak(void **state) {
                 } else if (what < 183 && n_live) { /* the operator changes a session's limits */
                         struct session *s = live[rand() % n_live];
                         uint64_t max = rand() % 2 ? 0 : (uint64_t)(128 + rand() % 2048) * 1024;
-                        int r = budget_set_session(d, s, rand() % 2, (uint64_t)(rand() % 256) * 1024, true, max, true,
-                                                   rand() % 3, why, sizeof(why));
+                        int r = budget_set_session(d, s, rand() % 2, (uint64_t)(rand() % 256) * 1024, true,
+                                                   max, true, rand() % 3, why, sizeof(why));
                         assert_true(r == 0 || r == -EBUSY || r == -EINVAL);
                 } else if (n_live) { /* a step, its plan applied at once or one step late */
                         int i = rand() % n_live;
-                        for (int j = 0; j < n_live; j++) /* plans held past another request are applied first */
+                        for (int j = 0; j < n_live;
+                             j++) /* plans held past another request are applied first */
                                 if (held[j] && j != i) {
                                         /* d->out is reset by the next request: apply before it */
                                         apply(m, live[j], held[j]);
@@ -573,9 +583,11 @@ static void a_thousand_sessions_never_overcommit_nor_leak(void **state) {
         assert_int_equal(d->budget.demand_bytes, 0);
         for (uint32_t i = 0; i < d->budget.n_tenants; i++)
                 assert_true(d->budget.tenants[i]->declared);
-        print_message("simulation: peak %llu of %llu bytes in use; %d sessions (%d refused at admission, %d waited for memory), %d closed, %d "
+        print_message("simulation: peak %llu of %llu bytes in use; %d sessions (%d refused at admission, %d "
+                      "waited for memory), %d closed, %d "
                       "clients died, %llu events, %llu arbitrations, %llu cuts\n",
-                      (unsigned long long)peak, (unsigned long long)ps.capacity_bytes, opened, refused, waited, closed, died, (unsigned long long)events,
+                      (unsigned long long)peak, (unsigned long long)ps.capacity_bytes, opened, refused,
+                      waited, closed, died, (unsigned long long)events,
                       (unsigned long long)d->budget.arbitrations, (unsigned long long)d->budget.cuts);
         assert_true(d->budget.cuts > 0); /* the run did put the arbiter to work */
         sim_free(m);

@@ -32,7 +32,6 @@
 #include "block.h"
 #include "compact.h"
 
-
 /* ---- a layer in separately allocated blocks ---- */
 
 struct test_layer {

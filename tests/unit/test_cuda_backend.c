@@ -253,7 +253,8 @@ static void cuda_backend_refuses_chunks_that_are_not_a_granularity_multiple(void
         assert_int_equal(backend_select("cuda", &p, &ops, why, sizeof(why)), -EINVAL);
         assert_non_null(strstr(why, "not a multiple of the allocation granularity"));
         assert_non_null(strstr(why, "4194304"));
-        assert_int_equal(backend_select("auto", &p, &ops, why, sizeof(why)), -EINVAL); /* a misfit, not absence */
+        assert_int_equal(backend_select("auto", &p, &ops, why, sizeof(why)),
+                         -EINVAL); /* a misfit, not absence */
         assert_int_equal(fc.ctx_retained, 0);
         p.chunk_bytes = 4 * MIB;
         p.va_bytes = 16 * MIB;
@@ -339,7 +340,7 @@ static void cuda_scrub_zeroes_the_whole_chunk_before_another_owner_gets_it(void 
         assert_int_equal(fc.last_memset_value, 0);
         int64_t nc;
         uint64_t off2 = alloc(p, 9, 4, &nc);
-        assert_int_equal(nc, 0); /* the same index, granted again... */
+        assert_int_equal(nc, 0);          /* the same index, granted again... */
         assert_int_equal(fc.n_create, 2); /* ...with a fresh allocation (the old one is retired) */
         assert_int_equal(pool_read(p, off2 + 3 * UNIT, back, sizeof(back)), 0);
         memset(junk, 0, sizeof(junk));
@@ -451,9 +452,9 @@ static void pool_reclaims_an_empty_chunk_only_after_its_owner_acknowledges(void 
         uint64_t off, a0, a1;
         int64_t nc;
         (void)state;
-        a0 = alloc(p, 7, 1, NULL);                          /* chunk 0 */
-        a1 = alloc(p, 7, (uint32_t)(CHUNK / UNIT), NULL);   /* chunk 1, full */
-        alloc(p, 8, 1, NULL);                               /* chunk 2 */
+        a0 = alloc(p, 7, 1, NULL);                        /* chunk 0 */
+        a1 = alloc(p, 7, (uint32_t)(CHUNK / UNIT), NULL); /* chunk 1, full */
+        alloc(p, 8, 1, NULL);                             /* chunk 2 */
         assert_false(pool_short_of_chunks(p));
         assert_int_equal(pool_alloc(p, 9, UNIT, 1, &off, &nc), -ENOSPC); /* room, but no chunk */
         assert_true(pool_short_of_chunks(p));
@@ -512,7 +513,7 @@ static void pool_owner_takes_back_a_chunk_being_reclaimed_when_it_has_no_other(v
 
         assert_int_equal(pool_alloc(p, 8, UNIT, (uint32_t)(CHUNK / UNIT), &off, &nc), -ENOSPC); /* not 8's */
         off = alloc(p, 7, 1, &nc); /* 7's only room: the reclaim is called off */
-        assert_int_equal(nc, 0);    /* reported as new: its fd goes out again after the UNMAP */
+        assert_int_equal(nc, 0);   /* reported as new: its fd goes out again after the UNMAP */
         pool_get_stats(p, &st);
         assert_int_equal(st.chunks_reclaiming, 0);
         assert_int_equal(pool_reclaim_done(p, 7, 0), -EINVAL); /* the late acknowledgement is ignored */
@@ -542,7 +543,7 @@ static void pool_reclaim_ends_when_the_owner_dies(void **state) {
         assert_int_equal(pool_reclaim_pick(p, 2, idx, owner), 1);
         assert_int_equal(idx[0], 0);
         assert_int_equal(pool_reclaim_pick(p, 2, idx, owner), 0); /* asked once */
-        pool_reclaim_cancel(p, 0);                                 /* could not be asked: called off */
+        pool_reclaim_cancel(p, 0);                                /* could not be asked: called off */
         pool_get_stats(p, &st);
         assert_int_equal(st.chunks_reclaiming, 0);
         assert_int_equal(pool_reclaim_done(p, 7, 0), -EINVAL);

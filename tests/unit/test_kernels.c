@@ -30,7 +30,6 @@
 #include "block.h"
 #include "summary.h"
 
-
 /* Uniform in [lo, hi). */
 static float rng_uniform(float lo, float hi) {
         return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
@@ -469,7 +468,8 @@ static void attn_masks_shared_slots_with_the_bitmap_and_writes_none(void **state
                         assert_memory_equal(a.blocks[bl], snap[bl], a.layout.block_bytes);
                 for (uint32_t h = 0; h < H; h++)
                         for (uint32_t j = S; j < n; j++)
-                                assert_true(*side(&a, a.layout.last_offset, h, j) == *side(&b, b.layout.last_offset, h, j));
+                                assert_true(*side(&a, a.layout.last_offset, h, j) ==
+                                            *side(&b, b.layout.last_offset, h, j));
                 /* a mask too short for the prefix is refused */
                 a.L.mask_stride = S / 8 - 1;
                 assert_int_equal(attn_decode_ref(&a.L, q, out_a, n_heads, 0.8f, 1, scratch), -EINVAL);

@@ -389,8 +389,8 @@ struct selection {
         float *delta;
 };
 
-static struct selection select_layer(struct policy *p, const struct policy_step *st, const struct policy_layer *L,
-                                     struct policy_target t) {
+static struct selection select_layer(struct policy *p, const struct policy_step *st,
+                                     const struct policy_layer *L, struct policy_target t) {
         struct policy_limits lim = limits_of(p);
         struct selection s = { .sets = lim.per_head ? L->n_kv_heads : 1, .k = t.keep, .n = L->n_tokens };
         size_t entries = (size_t)s.sets * t.keep, words = 4 * (size_t)L->n_kv_heads * L->n_tokens;
@@ -411,8 +411,8 @@ static struct selection select_layer(struct policy *p, const struct policy_step 
                 const uint32_t *kh = s.keep + (size_t)h * s.k;
                 for (uint32_t i = 0; i < s.k; i++) {
                         if (kh[i] >= s.n || (i > 0 && kh[i] <= kh[i - 1]))
-                                fail_msg("%s: set %u: keep[%u] = %u after %u (n %u, k %u)", p->ops->name, h, i,
-                                         kh[i], i ? kh[i - 1] : 0, s.n, s.k);
+                                fail_msg("%s: set %u: keep[%u] = %u after %u (n %u, k %u)", p->ops->name, h,
+                                         i, kh[i], i ? kh[i - 1] : 0, s.n, s.k);
                 }
         }
         for (size_t i = 0; s.r == 1 && i < entries; i++)
@@ -546,13 +546,14 @@ static void pyramid_budget_averages_to_the_budget(void **state) {
                                         double x = max - l * (max - min) / (L - 1);
                                         half |= fabs(x - floor(x) - 0.5) < 1e-9 || x < 0.5;
                                         uint32_t got = policy_pyramid_budget(avg, l, L, betas[b]);
-                                        assert_true(l == 0 || got <= policy_pyramid_budget(avg, l - 1, L, betas[b]));
+                                        assert_true(l == 0 ||
+                                                    got <= policy_pyramid_budget(avg, l - 1, L, betas[b]));
                                         sum += got;
                                 }
                                 if (sum < (uint64_t)L * avg || sum > (uint64_t)L * avg + L / 2 ||
                                     (!half && sum != (uint64_t)L * avg))
-                                        fail_msg("avg %u, %u layers, beta %g: sum %llu", avg, L, (double)betas[b],
-                                                 (unsigned long long)sum);
+                                        fail_msg("avg %u, %u layers, beta %g: sum %llu", avg, L,
+                                                 (double)betas[b], (unsigned long long)sum);
                         }
                 }
         }
@@ -605,8 +606,8 @@ static void confidence_uses_the_given_weights(void **state) {
 /* ---- policy_new and the parameters ---- */
 
 static void policy_names_lists_every_policy_once(void **state) {
-        const char *want[] = { "full", "window", "streaming", "h2o",   "tova", "snapkv",
-                               "pyramid", "conf", "conf-l",    "scope", "prob" };
+        const char *want[] = { "full",    "window", "streaming", "h2o",   "tova", "snapkv",
+                               "pyramid", "conf",   "conf-l",    "scope", "prob" };
         const char *const *names = policy_names();
         (void)state;
         for (size_t i = 0; i < N_OF(want); i++) {
@@ -768,25 +769,51 @@ static void every_policy_refuses_inconsistent_combinations(void **state) {
                 const char *word;
         } rows[] = {
                 { "streaming", 32, { NUM("sinks", 32) }, 1, "32 sinks leave no room in a budget of 32" },
-                { "h2o", 32, { NUM("sinks", 4), NUM("recent", 29) }, 2, "sinks + recent (33) exceed the budget" },
+                { "h2o",
+                  32,
+                  { NUM("sinks", 4), NUM("recent", 29) },
+                  2,
+                  "sinks + recent (33) exceed the budget" },
                 { "tova", 16, { NUM("recent", 17) }, 1, "exceed the budget 16" },
                 { "pyramid", 16, { NUM("sinks", 17) }, 1, "exceed the budget" },
                 { "snapkv", 8, { NUM("window", 8) }, 1, "window 8 leaves no room in a budget of 8" },
                 { "snapkv", 64, { NUM("window", 100) }, 1, "leaves no room" },
                 { "scope", 64, { NUM("beta2", 64) }, 1, "need beta2 < budget" },
-                { "scope", 64, { NUM("alpha2", 33), NUM("prefill_budget", 32) }, 2, "alpha2 <= prefill_budget" },
-                { "conf", 100, { NUM("sinks", 30), NUM("protect", 20), TEXT("gate", "naive") }, 3,
+                { "scope",
+                  64,
+                  { NUM("alpha2", 33), NUM("prefill_budget", 32) },
+                  2,
+                  "alpha2 <= prefill_budget" },
+                { "conf",
+                  100,
+                  { NUM("sinks", 30), NUM("protect", 20), TEXT("gate", "naive") },
+                  3,
                   "sinks + protect (50) < n_high (50)" },
-                { "conf", 100, { NUM("sinks", 60), NUM("protect", 40) }, 2, "sinks + protect (100) < the budget (100)" },
+                { "conf",
+                  100,
+                  { NUM("sinks", 60), NUM("protect", 40) },
+                  2,
+                  "sinks + protect (100) < the budget (100)" },
                 { "conf", 100, { NUM("n_high", 200) }, 1, "n_high (200) <= n_low (150)" },
                 { "conf", 100, { NUM("correction", 0), NUM("sinks", 0) }, 2, "takes a word" },
                 { "conf", 100, { TEXT("correction", "sink"), NUM("sinks", 0) }, 2, "correction=sink needs" },
                 { "conf", 100, { NUM("n_low", 60) }, 1, "budget (100) <= n_low (60)" },
-                { "conf", 100, { TEXT("correction", "moment"), NUM("per_head", 1) }, 2,
+                { "conf",
+                  100,
+                  { TEXT("correction", "moment"), NUM("per_head", 1) },
+                  2,
                   "correction=moment needs per-layer plans" },
-                { "conf", 100, { TEXT("correction", "moment"), NUM("int8", 1) }, 2, "correction=moment needs" },
+                { "conf",
+                  100,
+                  { TEXT("correction", "moment"), NUM("int8", 1) },
+                  2,
+                  "correction=moment needs" },
                 { "conf-l", 8, { NUM("protect", 4) }, 1, "< the budget (8)" },
-                { "prob", 20, { NUM("sinks", 4), NUM("protect", 16) }, 2, "sinks + protect (20) leave no room" },
+                { "prob",
+                  20,
+                  { NUM("sinks", 4), NUM("protect", 16) },
+                  2,
+                  "sinks + protect (20) leave no room" },
                 { "prob", 64, { TEXT("correction", "sink"), NUM("sinks", 0) }, 2, "correction=sink needs" },
         };
         (void)state;
@@ -1147,7 +1174,8 @@ static uint64_t feed_prompt(struct policy *p, uint32_t M, uint32_t first_decide,
                 decide_into(p, &st, t);
                 for (uint32_t l = 0; a < M && l < L; l++)
                         if (t[l].keep != POLICY_NO_PLAN)
-                                fail_msg("%s planned layer %u at prompt step %u of %u", p->ops->name, l, a, M);
+                                fail_msg("%s planned layer %u at prompt step %u of %u", p->ops->name, l, a,
+                                         M);
         }
         return observed;
 }
@@ -1334,8 +1362,8 @@ static void snapkv_pyramid_spreads_the_selected_part_and_keeps_every_window(void
 
 /* SCOPE with a 40-token prompt: prefill_budget 12 = alpha1 8 + alpha2 4 (the observation window
  * is alpha2), kernel 1 (no pooling); decode budget 20 = beta1 12 + beta2 8; a block of 4. */
-static const struct policy_param scope_base[] = { NUM("prefill_budget", 12), NUM("alpha2", 4), NUM("beta2", 8),
-                                                  NUM("kernel", 1) };
+static const struct policy_param scope_base[] = { NUM("prefill_budget", 12), NUM("alpha2", 4),
+                                                  NUM("beta2", 8), NUM("kernel", 1) };
 
 static struct policy *scope_make(const char *strategy, const struct policy_param *extra, size_t n_extra) {
         struct policy_param params[8];
@@ -1351,7 +1379,8 @@ static struct policy *scope_make(const char *strategy, const struct policy_param
 }
 
 /* Past the prompt's plan without observing: decode budgets do not depend on the scores. */
-static struct policy *scope_past_prompt(const char *strategy, const struct policy_param *extra, size_t n_extra) {
+static struct policy *scope_past_prompt(const char *strategy, const struct policy_param *extra,
+                                        size_t n_extra) {
         struct policy *p = scope_make(strategy, extra, n_extra);
         assert_int_equal(keep_at(p, 39, 39, 0.5f), POLICY_NO_PLAN);
         assert_int_equal(keep_at(p, 40, 40, 0.5f), 12);
@@ -1361,7 +1390,8 @@ static struct policy *scope_past_prompt(const char *strategy, const struct polic
 /* Eight slots per head get 1 from each observed query (4 in all), slot 33 gets 0.5: alpha1 = 8
  * takes the eight. Unobserved steps pay slot 30. */
 static float scope_attention(uint32_t appended, uint32_t head, uint32_t slot) {
-        static const uint32_t top[2][8] = { { 2, 5, 7, 11, 13, 17, 23, 31 }, { 0, 1, 3, 20, 21, 22, 34, 35 } };
+        static const uint32_t top[2][8] = { { 2, 5, 7, 11, 13, 17, 23, 31 },
+                                            { 0, 1, 3, 20, 21, 22, 34, 35 } };
         if (appended < 37)
                 return slot == 30 ? 100.0f : 0.0f;
         for (int i = 0; i < 8; i++)
@@ -1428,19 +1458,22 @@ static void scope_decode_budgets_at_given_steps(void **state) {
         const struct {
                 uint32_t t, slide, adaptive, discontinuous; /* 0: no plan */
         } rows[] = {
-                { 1, 20, 8, 0 },    { 16, 20, 8, 0 },   { 17, 20, 9, 9 },    { 18, 20, 9, 0 },
-                { 33, 20, 9, 0 },   { 34, 20, 10, 10 }, { 100, 20, 13, 13 }, { 102, 20, 14, 14 },
-                { 203, 20, 19, 19 }, { 204, 20, 20, 20 }, { 216, 20, 20, 0 }, { 221, 20, 20, 20 },
+                { 1, 20, 8, 0 },     { 16, 20, 8, 0 },    { 17, 20, 9, 9 },    { 18, 20, 9, 0 },
+                { 33, 20, 9, 0 },    { 34, 20, 10, 10 },  { 100, 20, 13, 13 }, { 102, 20, 14, 14 },
+                { 203, 20, 19, 19 }, { 204, 20, 20, 20 }, { 216, 20, 20, 0 },  { 221, 20, 20, 20 },
         };
         const char *strategies[] = { "slide", "adaptive", "discontinuous" };
         (void)state;
         for (int s = 0; s < 3; s++) {
                 struct policy *p = scope_past_prompt(strategies[s], NULL, 0);
                 for (size_t i = 0; i < N_OF(rows); i++) {
-                        uint32_t want = s == 0 ? rows[i].slide : s == 1 ? rows[i].adaptive : rows[i].discontinuous;
+                        uint32_t want = s == 0   ? rows[i].slide
+                                        : s == 1 ? rows[i].adaptive
+                                                 : rows[i].discontinuous;
                         uint32_t got = keep_at(p, 40 + rows[i].t, 12 + 40, 0.5f);
                         if (got != (want ? 12 + want : POLICY_NO_PLAN))
-                                fail_msg("%s at t %u: keep %u, want 12 + %u", strategies[s], rows[i].t, got, want);
+                                fail_msg("%s at t %u: keep %u, want 12 + %u", strategies[s], rows[i].t, got,
+                                         want);
                 }
                 policy_free(p);
         }
@@ -1547,7 +1580,8 @@ static void scope_decode_plans_never_touch_the_prompt_part(void **state) {
 /* Without a prompt length the whole sequence is decode: t counts from the first token. */
 static void scope_without_a_prompt_length_treats_everything_as_decode(void **state) {
         struct policy_setup s = setup_of(1, 1, 256, 4, 20, 0);
-        const struct policy_param params[] = { NUM("beta2", 8), TEXT("strategy", "adaptive"), NUM("delta", 10) };
+        const struct policy_param params[] = { NUM("beta2", 8), TEXT("strategy", "adaptive"),
+                                               NUM("delta", 10) };
         struct policy *p = policy_make("scope", &s, params, N_OF(params));
         (void)state;
         assert_false(p->ops->observes(p->state, &(struct policy_step){ .appended = 1 }));
@@ -1558,8 +1592,8 @@ static void scope_without_a_prompt_length_treats_everything_as_decode(void **sta
 }
 /* ---- conf, conf-l ---- */
 
-/* Budget 100: n_high 50, n_low 150, tau 0.7 (set: the default is 0.8), a block of 16. The continuous gate's target is
- * 50 + floor((1 - c') 100) with c' = (c - 0.15) / 0.85 clamped to [0, 1]: c 0.9 -> 61, c 0.5 ->
+/* Budget 100: n_high 50, n_low 150, tau 0.7 (set: the default is 0.8), a block of 16. The continuous gate's
+ * target is 50 + floor((1 - c') 100) with c' = (c - 0.15) / 0.85 clamped to [0, 1]: c 0.9 -> 61, c 0.5 ->
  * 108. Each row: the confidence, the layer's length, and the plan's keep (0: none). */
 static void conf_budgets_at_given_confidences_for_each_gate(void **state) {
         static const struct {
@@ -1567,16 +1601,20 @@ static void conf_budgets_at_given_confidences_for_each_gate(void **state) {
                 float confidence;
                 uint32_t n, want;
         } rows[] = {
-                { "fixed", 0.2f, 115, 0 },       { "fixed", 0.2f, 116, 100 },      { "fixed", 0.99f, 116, 100 },
-                { "fixed", 0.99f, 400, 100 },    { "fixed", 0.15f, 100, 0 },       { "naive", 0.7f, 65, 0 },
-                { "naive", 0.7f, 66, 50 },       { "naive", 0.69f, 66, 0 },        { "naive", 0.69f, 165, 0 },
-                { "naive", 0.69f, 166, 150 },    { "naive", 1.0f, 166, 50 },       { "naive", 0.7f, 50, 0 },
-                { "continuous", 1.0f, 65, 0 },   { "continuous", 1.0f, 66, 50 },   { "continuous", 0.9f, 76, 0 },
-                { "continuous", 0.9f, 77, 61 },  { "continuous", 0.5f, 123, 0 },   { "continuous", 0.5f, 124, 108 },
-                { "continuous", 0.1f, 166, 150 }, { "continuous", 0.15f, 165, 0 }, { "continuous", 0.15f, 166, 150 },
-                { "continuous", 3.0f, 66, 50 },  { "defer", 0.7f, 116, 100 },      { "defer", 0.69f, 116, 0 },
-                { "defer", 0.69f, 165, 0 },      { "defer", 0.69f, 166, 100 },     { "defer", 0.99f, 115, 0 },
-                { "defer", 0.15f, 400, 100 },
+                { "fixed", 0.2f, 115, 0 },         { "fixed", 0.2f, 116, 100 },
+                { "fixed", 0.99f, 116, 100 },      { "fixed", 0.99f, 400, 100 },
+                { "fixed", 0.15f, 100, 0 },        { "naive", 0.7f, 65, 0 },
+                { "naive", 0.7f, 66, 50 },         { "naive", 0.69f, 66, 0 },
+                { "naive", 0.69f, 165, 0 },        { "naive", 0.69f, 166, 150 },
+                { "naive", 1.0f, 166, 50 },        { "naive", 0.7f, 50, 0 },
+                { "continuous", 1.0f, 65, 0 },     { "continuous", 1.0f, 66, 50 },
+                { "continuous", 0.9f, 76, 0 },     { "continuous", 0.9f, 77, 61 },
+                { "continuous", 0.5f, 123, 0 },    { "continuous", 0.5f, 124, 108 },
+                { "continuous", 0.1f, 166, 150 },  { "continuous", 0.15f, 165, 0 },
+                { "continuous", 0.15f, 166, 150 }, { "continuous", 3.0f, 66, 50 },
+                { "defer", 0.7f, 116, 100 },       { "defer", 0.69f, 116, 0 },
+                { "defer", 0.69f, 165, 0 },        { "defer", 0.69f, 166, 100 },
+                { "defer", 0.99f, 115, 0 },        { "defer", 0.15f, 400, 100 },
         };
         struct policy_setup s = setup_of(1, 2, 4096, 16, 100, 0);
         (void)state;
@@ -1712,18 +1750,18 @@ static void conf_ranks_by_ema_attention_and_recency_per_their_weights(void **sta
                 double w_att, w_rec, lambda;
                 const char *want;
         } rows[] = {
-                { 1, 0, 4, "0,2,4,7" },
-                { 0, 1, 4, "0,5-7" },
-                { 1, 1, 4, "0,2,6,7" },
-                { 1, 1, 100, "0,2,4,7" }, /* a long lambda flattens recency */
+                { 1, 0, 4, "0,2,4,7" }, { 0, 1, 4, "0,5-7" },
+                { 1, 1, 4, "0,2,6,7" }, { 1, 1, 100, "0,2,4,7" }, /* a long lambda flattens recency */
                 { 1, 2, 4, "0,2,6,7" },
         };
         const float ema[] = { 9, 1, 8, 2, 4, 0, 3, 5 };
         struct policy_setup s = setup_of(1, 1, 4096, 16, 8, 0);
         (void)state;
         for (size_t i = 0; i < N_OF(rows); i++) {
-                const struct policy_param params[] = { NUM("sinks", 1), NUM("protect", 1), NUM("w_att", rows[i].w_att),
-                                                       NUM("w_rec", rows[i].w_rec), NUM("lambda", rows[i].lambda) };
+                const struct policy_param params[] = { NUM("sinks", 1), NUM("protect", 1),
+                                                       NUM("w_att", rows[i].w_att),
+                                                       NUM("w_rec", rows[i].w_rec),
+                                                       NUM("lambda", rows[i].lambda) };
                 struct policy *p = policy_make("conf", &s, params, N_OF(params));
                 struct arrays a = arrays_new(1, 8);
                 memcpy(a.ema, ema, sizeof(ema));
@@ -1885,13 +1923,13 @@ static void prob_inclusion_probabilities_sum_to_m_and_lie_in_zero_one(void **sta
                         bool bounded = (shape == 1 || shape == 2 || shape == 4) && temperature >= 0.1f;
                         if (!(pi[i] >= 0.0 && pi[i] <= 1.0) || (m > 0 && bounded && !(pi[i] > 0.0)) ||
                             (m == 0 && pi[i] != 0.0))
-                                fail_msg("iter %d (shape %u, n %u, m %u, t %g): pi[%u] = %g", iter, shape, n, m,
-                                         (double)temperature, i, pi[i]);
+                                fail_msg("iter %d (shape %u, n %u, m %u, t %g): pi[%u] = %g", iter, shape, n,
+                                         m, (double)temperature, i, pi[i]);
                         sum += pi[i];
                 }
                 if (!(fabs(sum - m) <= 1e-9 * (m + 1)))
-                        fail_msg("iter %d (shape %u, n %u, m %u, t %g): the pi sum to %.12g", iter, shape, n, m,
-                                 (double)temperature, sum);
+                        fail_msg("iter %d (shape %u, n %u, m %u, t %g): the pi sum to %.12g", iter, shape, n,
+                                 m, (double)temperature, sum);
                 if (shape == 2) /* equal scores: equal chances */
                         for (uint32_t i = 0; i < n; i++)
                                 assert_float_equal(pi[i], (double)m / n, 1e-12);
@@ -1908,8 +1946,11 @@ struct prob_case {
 
 static struct prob_case prob_case_random(void) {
         static const char *scorers[] = { "ema", "sum", "last" };
-        struct prob_case c = { .heads = 1 + rng_below(3), .n = 30 + rng_below(300), .sinks = rng_below(6),
-                               .protect = rng_below(20), .scorer = scorers[rng_below(3)] };
+        struct prob_case c = { .heads = 1 + rng_below(3),
+                               .n = 30 + rng_below(300),
+                               .sinks = rng_below(6),
+                               .protect = rng_below(20),
+                               .scorer = scorers[rng_below(3)] };
         c.k = c.sinks + c.protect + 1 + rng_below(c.n - c.sinks - c.protect - 1);
         c.a = arrays_new(c.heads, c.n);
         fill_wild(&c.a);
@@ -1920,15 +1961,17 @@ static struct policy *prob_make(const struct prob_case *c, double temperature, c
                                 uint32_t seed) {
         struct policy_setup s = setup_of(1, c->heads, 4096, 16, c->k, 0);
         const struct policy_param params[] = { NUM("temperature", temperature), NUM("sinks", c->sinks),
-                                               NUM("protect", c->protect),        TEXT("scorer", c->scorer),
-                                               TEXT("correction", correction),    NUM("seed", seed) };
+                                               NUM("protect", c->protect),      TEXT("scorer", c->scorer),
+                                               TEXT("correction", correction),  NUM("seed", seed) };
         return policy_make("prob", &s, params, N_OF(params));
 }
 
 /* The layer's scores as prob sees them: the mean over heads of its scorer's array. */
 static float *prob_scores(const struct prob_case *c) {
         float *mean = malloc(c->n * sizeof(float));
-        const float *src = strcmp(c->scorer, "sum") == 0 ? c->a.sum : strcmp(c->scorer, "last") == 0 ? c->a.last : c->a.ema;
+        const float *src = strcmp(c->scorer, "sum") == 0    ? c->a.sum
+                           : strcmp(c->scorer, "last") == 0 ? c->a.last
+                                                            : c->a.ema;
         assert_non_null(mean);
         policy_mean_over_heads(src, c->heads, c->n, mean);
         return mean;
@@ -1958,8 +2001,10 @@ static void prob_at_temperature_zero_equals_keep_ranked_on_1000_random_cases(voi
                 assert_int_equal(sel.r, strcmp(correction, "none") == 0 ? 0 : 1);
                 for (uint32_t i = 0; i < c.k; i++)
                         if (sel.keep[i] != want[i])
-                                fail_msg("case %d (n %u, k %u, sinks %u, protect %u, %s): keep[%u] = %u, want %u", iter,
-                                         c.n, c.k, c.sinks, c.protect, c.scorer, i, sel.keep[i], want[i]);
+                                fail_msg("case %d (n %u, k %u, sinks %u, protect %u, %s): keep[%u] = %u, "
+                                         "want %u",
+                                         iter, c.n, c.k, c.sinks, c.protect, c.scorer, i, sel.keep[i],
+                                         want[i]);
                 for (uint32_t i = 0; strcmp(correction, "ht") == 0 && i < c.k; i++)
                         assert_true(sel.delta[i] == 0.0f); /* deterministic: every pi is 1 */
                 selection_free(&sel);
@@ -1990,8 +2035,8 @@ static void prob_log_weights_are_minus_log_of_the_inclusion_probabilities(void *
                 struct policy_layer L = view_of(&c.a, 0);
                 struct selection sel = select_layer(p, NULL, &L, (struct policy_target){ .keep = c.k });
                 if (sel.r != 1)
-                        fail_msg("case %d (n %u, k %u, sinks %u, protect %u, t %g): select = %d", iter, c.n, c.k,
-                                 c.sinks, c.protect, temperature, sel.r);
+                        fail_msg("case %d (n %u, k %u, sinks %u, protect %u, t %g): select = %d", iter, c.n,
+                                 c.k, c.sinks, c.protect, temperature, sel.r);
                 for (uint32_t i = 0; i < c.k; i++) {
                         uint32_t slot = sel.keep[i];
                         if (i < c.sinks || i >= c.k - c.protect) {
@@ -2002,8 +2047,8 @@ static void prob_log_weights_are_minus_log_of_the_inclusion_probabilities(void *
                         assert_true(slot >= c.sinks && slot < c.n - c.protect);
                         double want = -log(pi[slot - c.sinks]);
                         if (!(pi[slot - c.sinks] > 0) || sel.delta[i] != (float)want)
-                                fail_msg("case %d: slot %u kept with delta %g, pi %g", iter, slot, (double)sel.delta[i],
-                                         pi[slot - c.sinks]);
+                                fail_msg("case %d: slot %u kept with delta %g, pi %g", iter, slot,
+                                         (double)sel.delta[i], pi[slot - c.sinks]);
                 }
                 selection_free(&sel);
                 free(pi);
@@ -2022,7 +2067,9 @@ static void prob_inclusion_frequencies_match_pi_within_five_sigma(void **state) 
         double pi[N];
         (void)state;
 
-        struct prob_case c = { .heads = 2, .n = N, .k = K, .sinks = SINKS, .protect = PROTECT, .scorer = "ema" };
+        struct prob_case c = {
+                .heads = 2, .n = N, .k = K, .sinks = SINKS, .protect = PROTECT, .scorer = "ema"
+        };
         c.a = arrays_new(2, N);
         rng_state = 0xf7e9;
         for (uint32_t i = 0; i < 2 * N; i++)
@@ -2052,8 +2099,8 @@ static void prob_inclusion_frequencies_match_pi_within_five_sigma(void **state) 
                 }
                 double q = pi[i - SINKS], mean = DRAWS * q, sigma = sqrt(DRAWS * q * (1 - q));
                 if (fabs(count[i] - mean) > 5 * sigma + 1e-9)
-                        fail_msg("slot %u: kept %u times in %d, pi %.4f (expected %.1f +- %.1f)", i, count[i], DRAWS,
-                                 q, mean, sigma);
+                        fail_msg("slot %u: kept %u times in %d, pi %.4f (expected %.1f +- %.1f)", i, count[i],
+                                 DRAWS, q, mean, sigma);
         }
         free(score);
         arrays_free(&c.a);
@@ -2230,54 +2277,98 @@ static const struct sim_case sim_cases[] = {
         { .policy = "window", .promise = PROMISE_NEWEST },
         { .policy = "window", .params = { NUM("slack", 1) }, .n_params = 1, .promise = PROMISE_NEWEST },
         { .policy = "streaming", SINKS_RECENT(4, UINT32_MAX) },
-        { .policy = "streaming", .params = { NUM("sinks", 1), NUM("slack", 3) }, .n_params = 2,
+        { .policy = "streaming",
+          .params = { NUM("sinks", 1), NUM("slack", 3) },
+          .n_params = 2,
           SINKS_RECENT(1, UINT32_MAX) },
         { .policy = "h2o", .promise = PROMISE_HALF_RECENT },
-        { .policy = "h2o", .params = { NUM("recent", 8), NUM("sinks", 2), NUM("per_head", 0) }, .n_params = 3,
+        { .policy = "h2o",
+          .params = { NUM("recent", 8), NUM("sinks", 2), NUM("per_head", 0) },
+          .n_params = 3,
           SINKS_RECENT(2, 8) },
         { .policy = "tova" },
         { .policy = "tova", .params = { NUM("slack", 1), NUM("per_head", 1) }, .n_params = 2 },
         { .policy = "pyramid", .promise = PROMISE_HALF_RECENT },
-        { .policy = "pyramid", .params = { TEXT("scorer", "ema"), NUM("beta", 4), NUM("sinks", 3) }, .n_params = 3,
+        { .policy = "pyramid",
+          .params = { TEXT("scorer", "ema"), NUM("beta", 4), NUM("sinks", 3) },
+          .n_params = 3,
           SINKS_RECENT(3, 0) },
         { .policy = "snapkv", .promise = PROMISE_PROMPT, .recent = 8 },
-        { .policy = "snapkv", .params = { TEXT("pool", "avg"), NUM("kernel", 4), NUM("window", 2) }, .n_params = 3,
-          .promise = PROMISE_PROMPT, .recent = 2 },
-        { .policy = "snapkv", .params = { NUM("pyramid", 1), NUM("kernel", 1) }, .n_params = 2,
-          .promise = PROMISE_PROMPT, .recent = 8 },
+        { .policy = "snapkv",
+          .params = { TEXT("pool", "avg"), NUM("kernel", 4), NUM("window", 2) },
+          .n_params = 3,
+          .promise = PROMISE_PROMPT,
+          .recent = 2 },
+        { .policy = "snapkv",
+          .params = { NUM("pyramid", 1), NUM("kernel", 1) },
+          .n_params = 2,
+          .promise = PROMISE_PROMPT,
+          .recent = 8 },
         { .policy = "conf", SINKS_RECENT(4, CONF_PROTECT) },
-        { .policy = "conf", .params = { TEXT("gate", "fixed") }, .n_params = 1, SINKS_RECENT(4, CONF_PROTECT) },
-        { .policy = "conf", .params = { TEXT("gate", "naive"), NUM("sinks", 2), NUM("protect", 5) }, .n_params = 3,
+        { .policy = "conf",
+          .params = { TEXT("gate", "fixed") },
+          .n_params = 1,
+          SINKS_RECENT(4, CONF_PROTECT) },
+        { .policy = "conf",
+          .params = { TEXT("gate", "naive"), NUM("sinks", 2), NUM("protect", 5) },
+          .n_params = 3,
           SINKS_RECENT(2, 5) },
         { .policy = "conf",
           .params = { TEXT("gate", "continuous"), NUM("per_head", 1), TEXT("correction", "sink") },
           .n_params = 3,
           SINKS_RECENT(4, CONF_PROTECT),
           .deltas = true },
-        { .policy = "conf", .params = { NUM("int8", 1), NUM("fp_window", 8), NUM("tau", 0.5) }, .n_params = 3,
+        { .policy = "conf",
+          .params = { NUM("int8", 1), NUM("fp_window", 8), NUM("tau", 0.5) },
+          .n_params = 3,
           SINKS_RECENT(4, CONF_PROTECT) },
-        { .policy = "conf", .params = { TEXT("correction", "moment"), NUM("protect", 3) }, .n_params = 2,
+        { .policy = "conf",
+          .params = { TEXT("correction", "moment"), NUM("protect", 3) },
+          .n_params = 2,
           SINKS_RECENT(4, 3) },
         { .policy = "conf-l", SINKS_RECENT(4, CONF_PROTECT) },
-        { .policy = "conf-l", .params = { TEXT("gate", "naive"), TEXT("correction", "sink") }, .n_params = 2,
-          SINKS_RECENT(4, CONF_PROTECT), .deltas = true },
+        { .policy = "conf-l",
+          .params = { TEXT("gate", "naive"), TEXT("correction", "sink") },
+          .n_params = 2,
+          SINKS_RECENT(4, CONF_PROTECT),
+          .deltas = true },
         { .policy = "scope", .promise = PROMISE_SCOPE },
-        { .policy = "scope", .params = { TEXT("strategy", "adaptive") }, .n_params = 1, .promise = PROMISE_SCOPE },
-        { .policy = "scope", .params = { TEXT("strategy", "discontinuous") }, .n_params = 1,
+        { .policy = "scope",
+          .params = { TEXT("strategy", "adaptive") },
+          .n_params = 1,
           .promise = PROMISE_SCOPE },
-        { .policy = "scope", .params = { TEXT("strategy", "discontinuous"), NUM("delta", 3) }, .n_params = 2,
+        { .policy = "scope",
+          .params = { TEXT("strategy", "discontinuous") },
+          .n_params = 1,
           .promise = PROMISE_SCOPE },
-        { .policy = "scope", .params = { TEXT("prefill", "h2o"), TEXT("pool", "avg") }, .n_params = 2,
+        { .policy = "scope",
+          .params = { TEXT("strategy", "discontinuous"), NUM("delta", 3) },
+          .n_params = 2,
           .promise = PROMISE_SCOPE },
-        { .policy = "scope", .params = { TEXT("prefill", "full"), TEXT("strategy", "adaptive") }, .n_params = 2,
-          .promise = PROMISE_SCOPE, .full_prompt = true },
+        { .policy = "scope",
+          .params = { TEXT("prefill", "h2o"), TEXT("pool", "avg") },
+          .n_params = 2,
+          .promise = PROMISE_SCOPE },
+        { .policy = "scope",
+          .params = { TEXT("prefill", "full"), TEXT("strategy", "adaptive") },
+          .n_params = 2,
+          .promise = PROMISE_SCOPE,
+          .full_prompt = true },
         { .policy = "prob", SINKS_RECENT(4, 16), .deltas = true },
-        { .policy = "prob", .params = { NUM("temperature", 0) }, .n_params = 1, SINKS_RECENT(4, 16), .deltas = true },
-        { .policy = "prob", .params = { TEXT("correction", "sink"), NUM("temperature", 0.001) }, .n_params = 2,
-          SINKS_RECENT(4, 16), .deltas = true },
+        { .policy = "prob",
+          .params = { NUM("temperature", 0) },
+          .n_params = 1,
+          SINKS_RECENT(4, 16),
+          .deltas = true },
+        { .policy = "prob",
+          .params = { TEXT("correction", "sink"), NUM("temperature", 0.001) },
+          .n_params = 2,
+          SINKS_RECENT(4, 16),
+          .deltas = true },
         { .policy = "prob", .params = { TEXT("correction", "moment") }, .n_params = 1, SINKS_RECENT(4, 16) },
         { .policy = "prob",
-          .params = { TEXT("correction", "none"), TEXT("scorer", "last"), NUM("temperature", 10), NUM("protect", 0) },
+          .params = { TEXT("correction", "none"), TEXT("scorer", "last"), NUM("temperature", 10),
+                      NUM("protect", 0) },
           .n_params = 4,
           SINKS_RECENT(4, 0) },
 };
@@ -2294,8 +2385,8 @@ struct sim {
         struct policy_limits lim;
         uint32_t L, H, cap, prompt, budget, setup_budget;
         uint32_t *n;
-        int32_t *pos;  /* [L][H][cap] */
-        float *logw;   /* [L][H][cap] */
+        int32_t *pos; /* [L][H][cap] */
+        float *logw;  /* [L][H][cap] */
         struct arrays view;
         uint64_t plans, deltas;
 };
@@ -2318,8 +2409,8 @@ static void sim_expect_kept(const struct sim *s, const struct selection *sel, ui
         for (uint32_t i = from; i < to; i++)
                 if (!keeps(sel, h, i))
                         fail_msg("%s (case %s): step %llu: slot %u of [%u, %u) (%s) evicted; n %u, k %u",
-                                 s->c->policy, s->p->ops->name, (unsigned long long)appended, i, from, to, what,
-                                 sel->n, sel->k);
+                                 s->c->policy, s->p->ops->name, (unsigned long long)appended, i, from, to,
+                                 what, sel->n, sel->k);
 }
 
 static void sim_check_promise(const struct sim *s, const struct selection *sel, uint64_t appended) {
@@ -2341,7 +2432,9 @@ static void sim_check_promise(const struct sim *s, const struct selection *sel, 
                         sim_expect_kept(s, sel, h, n - recent, n, "recent", appended);
                         break;
                 }
-                case PROMISE_HALF_RECENT: sim_expect_kept(s, sel, h, n - k / 2, n, "recent half", appended); break;
+                case PROMISE_HALF_RECENT:
+                        sim_expect_kept(s, sel, h, n - k / 2, n, "recent half", appended);
+                        break;
                 case PROMISE_PROMPT: {
                         uint32_t w = s->c->recent < M ? s->c->recent : M;
                         assert_true(M > 0 && appended == M);
@@ -2381,8 +2474,12 @@ static void sim_apply(struct sim *s, uint32_t l, const struct selection *sel) {
 
 /* One session from the first token to the context's end, one token per step. */
 static void sim_run(const struct sim_case *c, const struct policy_setup *setup, struct sim_totals *tot) {
-        struct sim s = { .c = c, .L = setup->n_layers, .H = setup->n_kv_heads, .cap = setup->max_tokens,
-                         .prompt = setup->prompt_tokens, .budget = setup->budget_tokens ? setup->budget_tokens : 256,
+        struct sim s = { .c = c,
+                         .L = setup->n_layers,
+                         .H = setup->n_kv_heads,
+                         .cap = setup->max_tokens,
+                         .prompt = setup->prompt_tokens,
+                         .budget = setup->budget_tokens ? setup->budget_tokens : 256,
                          .setup_budget = setup->budget_tokens };
         char why[160] = "";
         if (policy_new(c->policy, setup, c->params, c->n_params, &s.p, why, sizeof(why)) < 0) {
@@ -2390,7 +2487,8 @@ static void sim_run(const struct sim_case *c, const struct policy_setup *setup, 
                 return;
         }
         s.lim = limits_of(s.p);
-        uint32_t room = s.lim.max_layer_tokens < setup->max_tokens ? s.lim.max_layer_tokens : setup->max_tokens;
+        uint32_t room =
+                s.lim.max_layer_tokens < setup->max_tokens ? s.lim.max_layer_tokens : setup->max_tokens;
         s.n = calloc(s.L, sizeof(uint32_t));
         s.pos = calloc((size_t)s.L * s.H * s.cap, sizeof(int32_t));
         s.logw = calloc((size_t)s.L * s.H * s.cap, sizeof(float));
@@ -2402,7 +2500,8 @@ static void sim_run(const struct sim_case *c, const struct policy_setup *setup, 
                 for (uint32_t l = 0; l < s.L; l++) {
                         if (s.n[l] + 1 > room)
                                 fail_msg("%s: step %llu: layer %u holds %u, and max_layer_tokens is %u",
-                                         c->policy, (unsigned long long)appended, l, s.n[l], s.lim.max_layer_tokens);
+                                         c->policy, (unsigned long long)appended, l, s.n[l],
+                                         s.lim.max_layer_tokens);
                         for (uint32_t h = 0; h < s.H; h++)
                                 s.pos[((size_t)l * s.H + h) * s.cap + s.n[l]] = (int32_t)appended - 1;
                         lens[l] = ++s.n[l];
@@ -2414,7 +2513,8 @@ static void sim_run(const struct sim_case *c, const struct policy_setup *setup, 
                                           .entropy = entropy,
                                           .top1_prob = top1,
                                           .margin = margin,
-                                          .confidence = policy_confidence(s.p->conf_weights, entropy, top1, margin),
+                                          .confidence =
+                                                  policy_confidence(s.p->conf_weights, entropy, top1, margin),
                                           .appended = appended,
                                           .layer_tokens = lens };
                 if (s.p->ops->observes && s.p->ops->observes(s.p->state, &st)) {
@@ -2430,7 +2530,8 @@ static void sim_run(const struct sim_case *c, const struct policy_setup *setup, 
                         if (k == POLICY_NO_PLAN)
                                 continue;
                         if (k >= s.n[l] || k > s.lim.max_keep || t[l].q8 > k || (t[l].q8 && !s.lim.int8))
-                                fail_msg("%s: step %llu: layer %u of %u tokens: target %u (q8 %u), max_keep %u",
+                                fail_msg("%s: step %llu: layer %u of %u tokens: target %u (q8 %u), max_keep "
+                                         "%u",
                                          c->policy, (unsigned long long)appended, l, s.n[l], k, t[l].q8,
                                          s.lim.max_keep);
                         struct policy_target tl = t[l];
@@ -2440,8 +2541,8 @@ static void sim_run(const struct sim_case *c, const struct policy_setup *setup, 
                         struct policy_layer view = view_of(&s.view, l);
                         struct selection sel = select_layer(s.p, &st, &view, tl);
                         if (sel.r < 0)
-                                fail_msg("%s: step %llu: layer %u: no keep-set (%d) for target %u of %u", c->policy,
-                                         (unsigned long long)appended, l, sel.r, k, s.n[l]);
+                                fail_msg("%s: step %llu: layer %u: no keep-set (%d) for target %u of %u",
+                                         c->policy, (unsigned long long)appended, l, sel.r, k, s.n[l]);
                         sim_check_promise(&s, &sel, appended);
                         sim_apply(&s, l, &sel);
                         s.plans++;
@@ -2481,8 +2582,8 @@ static void every_policy_keeps_valid_sets_within_its_limits_on_wild_scores(void 
                 }
                 bool planned = strcmp(c->policy, "full") != 0;
                 if (tot.runs < 4 || (tot.plans > 0) != planned || (tot.deltas > 0) != c->deltas)
-                        fail_msg("case %zu (%s): %llu runs (%llu refused), %llu plans, %llu with deltas", ci, c->policy,
-                                 (unsigned long long)tot.runs, (unsigned long long)tot.refused,
+                        fail_msg("case %zu (%s): %llu runs (%llu refused), %llu plans, %llu with deltas", ci,
+                                 c->policy, (unsigned long long)tot.runs, (unsigned long long)tot.refused,
                                  (unsigned long long)tot.plans, (unsigned long long)tot.deltas);
         }
 }

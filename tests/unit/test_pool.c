@@ -32,7 +32,6 @@
 #define MIB   (1ull << 20)
 #define CHUNK (2 * MIB)
 
-
 static const struct backend_ops *host(void) {
         const struct backend_ops *ops = NULL;
         assert_int_equal(backend_find("host", &ops), 0);
