@@ -163,3 +163,15 @@ int devpool_write(struct devpool *p, uint64_t offset, const void *src, size_t n)
                 return -EINVAL;
         return n == 0 || p->drv->cuMemcpyHtoD(p->base + offset, src, n) == CUDA_DRV_SUCCESS ? 0 : -EIO;
 }
+
+int devpool_copy(struct devpool *p, uint64_t dst, uint64_t src, size_t n) {
+        if (!span_mapped(p, dst, n) || !span_mapped(p, src, n))
+                return -EINVAL;
+        if (n == 0)
+                return 0;
+        /* device to device may return before the copy is done: the plan is acknowledged after it */
+        return p->drv->cuMemcpyDtoD(p->base + dst, p->base + src, n) == CUDA_DRV_SUCCESS &&
+                               p->drv->cuCtxSynchronize() == CUDA_DRV_SUCCESS
+                       ? 0
+                       : -EIO;
+}

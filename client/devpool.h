@@ -41,3 +41,6 @@ int devpool_device(const struct devpool *p);
  * chunks. -EINVAL otherwise, -EIO when the driver refuses. */
 int devpool_read(const struct devpool *p, uint64_t offset, void *dst, size_t n);
 int devpool_write(struct devpool *p, uint64_t offset, const void *src, size_t n);
+/* Copies n bytes from one pool offset to another, on the device, and waits for the copy (block
+ * relocation). -EINVAL outside mapped chunks, -EIO when the driver refuses. */
+int devpool_copy(struct devpool *p, uint64_t dst, uint64_t src, size_t n);

@@ -552,8 +552,64 @@ static int send_plan_applied(struct kvc_client *c, struct kvc_session *s, uint64
         return send_env(c, &env);
 }
 
-/* Validates a plan completely, then compacts every layer it names and gives back the blocks the
- * layers no longer need (keeping room for one more token). */
+/* A plan's block moves (relocation): each names a block of ours by its table entry, and a
+ * destination in a chunk we map writable, aligned, used by no other move; the shared prefix's
+ * blocks never move. 0, or an errno with the reason set. */
+static int check_moves(struct kvc_client *c, const struct kvc_session *s, const Kvc__Plan *p) {
+        uint32_t first_fp = s->n_shared / s->layout.block_tokens;
+        for (size_t i = 0; i < p->n_moves; i++) {
+                const Kvc__BlockMove *m = p->moves[i];
+                const struct block_layout *lay = m->q8 ? &s->q8_layout : &s->layout;
+                const struct table *t = m->layer < s->g.n_layers
+                                                ? (m->q8 ? &s->layers[m->layer].q8 : &s->layers[m->layer].fp)
+                                                : NULL;
+                bool ok = t && lay->block_bytes && m->index < t->n && t->offs[m->index] == m->from &&
+                          (m->q8 || m->index >= first_fp) && m->to % c->chunk_bytes % lay->block_bytes == 0 &&
+                          check_region(c, m->to, lay->block_bytes) == 0 &&
+                          c->mapped[m->to / c->chunk_bytes] == MAPPED_RW;
+                for (size_t j = 0; ok && j < i; j++)
+                        ok = p->moves[j]->to != m->to &&
+                             !(p->moves[j]->layer == m->layer && p->moves[j]->q8 == m->q8 &&
+                               p->moves[j]->index == m->index);
+                if (!ok) {
+                        set_error(c, -EPROTO, "plan %llu: block move %zu (layer %u, entry %u) is invalid",
+                                  (unsigned long long)p->plan_id, i, m->layer, m->index);
+                        return EPROTO;
+                }
+        }
+        return 0;
+}
+
+/* Copies each moved block to its new place and puts it in the table; all or nothing. */
+static int apply_moves(struct kvc_client *c, struct kvc_session *s, const Kvc__Plan *p) {
+        for (size_t i = 0; i < p->n_moves; i++) {
+                const Kvc__BlockMove *m = p->moves[i];
+                size_t bytes = (m->q8 ? s->q8_layout : s->layout).block_bytes;
+                struct table *t = m->q8 ? &s->layers[m->layer].q8 : &s->layers[m->layer].fp;
+                int r = 0;
+                if (c->dev)
+                        r = devpool_copy(c->dev, m->to, m->from, bytes);
+                else
+                        memcpy(c->base + m->to, c->base + m->from, bytes);
+                if (r < 0) { /* the blocks moved so far go back: their old copies are untouched */
+                        while (i-- > 0) {
+                                m = p->moves[i];
+                                t = m->q8 ? &s->layers[m->layer].q8 : &s->layers[m->layer].fp;
+                                t->offs[m->index] = m->from;
+                                t->ptrs[m->index] = c->base + m->from;
+                        }
+                        set_error(c, r, "plan %llu: cannot copy a block on the GPU", (unsigned long long)p->plan_id);
+                        return EIO;
+                }
+                t->offs[m->index] = m->to;
+                t->ptrs[m->index] = c->base + m->to;
+        }
+        s->stats.blocks_moved += p->n_moves;
+        return 0;
+}
+
+/* Validates a plan completely, moves the blocks it moves, then compacts every layer it names and
+ * gives back the blocks the layers no longer need (keeping room for one more token). */
 static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
         struct kvc_session *s = find_session(c, p->session_id);
         if (!s)
@@ -567,7 +623,7 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                 status = ESTALE;
                 set_error(c, -ESTALE, "plan %llu is older than plan %llu, already applied",
                           (unsigned long long)p->plan_id, (unsigned long long)s->last_plan_id);
-        } else if (!s->stepped || p->base_step > s->last_step) {
+        } else if (p->n_layers && (!s->stepped || p->base_step > s->last_step)) {
                 status = EPROTO;
                 set_error(c, -EPROTO, "plan %llu is based on step %llu, which this session has not taken",
                           (unsigned long long)p->plan_id, (unsigned long long)p->base_step);
@@ -631,13 +687,17 @@ static int apply_plan(struct kvc_client *c, const Kvc__Plan *p) {
                 }
                 used += n;
         }
-        if (status == 0 && c->dev && !c->compactor) {
+        if (status == 0)
+                status = check_moves(c, s, p);
+        if (status == 0 && p->n_layers && c->dev && !c->compactor) {
                 status = ENOTSUP;
                 set_error(c, -ENOTSUP,
                           "plan %llu: the pool is GPU memory and no compactor is registered "
                           "(kvc_set_compactor)",
                           (unsigned long long)p->plan_id);
         }
+        if (status == 0)
+                status = apply_moves(c, s, p);
         if (status != 0) {
                 int r = send_plan_applied(c, s, p->plan_id, status, NULL);
                 return r < 0 ? r : -status;

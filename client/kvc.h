@@ -125,6 +125,7 @@ struct kvc_session_stats {
         uint64_t steps;
         uint64_t plans;             /* plans kvcd sent */
         uint64_t plans_applied;     /* plans this client applied */
+        uint64_t blocks_moved;      /* blocks this client moved for kvcd (relocation) */
         uint32_t peak_tokens;       /* the most tokens a layer held, by kvcd's accounting */
         uint32_t peak_layer_blocks; /* the most blocks a layer held, by kvcd's accounting */
         uint64_t peak_bytes;        /* the most pool bytes the session held */

@@ -53,7 +53,7 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
                                                 "session %llu: counts %llu bytes, its tables %llu\n",
                                                 (unsigned long long)s->id, (unsigned long long)s->bytes,
                                                 (unsigned long long)bytes);
-                used += bytes;
+                used += bytes + relocate_bytes(s); /* and its moves' destinations, in flight */
         }
         uint64_t shared = 0;
         if (prefix_audit(d, &shared) < 0 && len + 128 < cap)

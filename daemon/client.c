@@ -173,6 +173,10 @@ void client_reclaim(struct kvcd *d) {
         uint32_t idx[16];
         uint64_t owner[16];
         uint32_t n = pool_reclaim_pick(d->pool, 16, idx, owner);
+        if (n == 0) { /* no empty chunk: empty one by moving its blocks out */
+                relocate_pick(d, now_usec());
+                return;
+        }
         for (uint32_t i = 0; i < n; i++) {
                 struct client *c = client_by_id(d, owner[i]);
                 int r = c ? client_send_unmap(d, c, idx[i]) : -ENOENT; /* no c: an orphan of a restart */

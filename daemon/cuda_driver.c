@@ -47,6 +47,7 @@ static const struct {
         E(cuMemsetD8, "cuMemsetD8_v2"),
         E(cuMemcpyDtoH, "cuMemcpyDtoH_v2"),
         E(cuMemcpyHtoD, "cuMemcpyHtoD_v2"),
+        E(cuMemcpyDtoD, "cuMemcpyDtoD_v2"),
         E(cuMemGetInfo, "cuMemGetInfo_v2"),
         E(cuGetErrorName, "cuGetErrorName"),
 #undef E

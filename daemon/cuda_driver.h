@@ -124,6 +124,7 @@ struct cuda_driver {
         cuda_result (*cuMemsetD8)(cuda_dptr ptr, unsigned char value, size_t n);
         cuda_result (*cuMemcpyDtoH)(void *dst, cuda_dptr src, size_t n);
         cuda_result (*cuMemcpyHtoD)(cuda_dptr dst, const void *src, size_t n);
+        cuda_result (*cuMemcpyDtoD)(cuda_dptr dst, cuda_dptr src, size_t n);
         cuda_result (*cuMemGetInfo)(size_t *free_bytes, size_t *total_bytes);
         cuda_result (*cuGetErrorName)(cuda_result r, const char **name);
 };

@@ -255,6 +255,8 @@ static int handle_plan_applied(struct request *rq) {
         if (r == 0)
                 r = session_plan_applied(rq->d, s, m, rq->why, sizeof(rq->why));
         rq->no_reply = r == 0;
+        if (r == 0) /* blocks left to move out of a chunk being drained: the next plan of moves */
+                relocate_kick(rq->d, s);
         return r;
 }
 
@@ -555,20 +557,22 @@ void handlers_retry_waits(struct kvcd *d, uint64_t now) {
         }
 }
 
-void send_envelope(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_len,
-                   const Kvc__Envelope *env) {
+int send_envelope(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_len, const Kvc__Envelope *env) {
         size_t n = wire_packed_size(env);
         zmq_msg_t msg;
+        int r = 0;
         if (zmq_msg_init_size(&msg, n) != 0)
-                return;
+                return -ENOMEM;
         wire_pack(env, zmq_msg_data(&msg));
         if (zmq_send(zsock, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
             zmq_msg_send(&msg, zsock, ZMQ_DONTWAIT) < 0) {
                 /* unroutable (the peer left) or its queue is full (it stopped reading): drop */
+                r = -zmq_errno();
                 d->n.dropped_replies++;
-                log_debug("reply dropped: %s", zmq_strerror(zmq_errno()));
+                log_debug("reply dropped: %s", zmq_strerror(-r));
         }
         zmq_msg_close(&msg);
+        return r;
 }
 
 void handle_frame(struct kvcd *d, enum channel ch, void *zsock, const uint8_t *rid, size_t rid_len,

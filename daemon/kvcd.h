@@ -57,6 +57,8 @@ struct kvcd_counters {
         uint64_t dropped_replies;
         uint64_t admission_refusals;
         uint64_t evictions;
+        uint64_t chunks_drained;   /* drains started: chunks whose blocks are to move out (relocate.c) */
+        uint64_t blocks_relocated; /* blocks moved */
 };
 
 struct client {
@@ -75,6 +77,7 @@ struct client {
         struct client *orphan_next;
         uint64_t adopted_from; /* after a restart: the id of the connection this one took over */
         uint64_t connected_usec;
+        bool refuses_moves; /* it refused a plan of block moves: its chunks are not drained again */
 };
 
 /* One block table: the blocks of one class (full precision or INT8) of one layer, in slot order. */
@@ -90,6 +93,15 @@ struct session_layer {
         uint32_t n_tokens;   /* as the client last reported */
         uint32_t n_q8;       /* INT8 slots, as of the last plan applied */
         uint32_t planned_q8; /* INT8 slots the outstanding plan leaves */
+};
+
+/* A block that changes place (relocate.c): entry index of a layer's table goes from `from` to
+ * `to` when the client applies the plan; `to` is allocated from the pool meanwhile. */
+struct block_move {
+        uint32_t layer;
+        bool q8;
+        uint32_t index;
+        uint64_t from, to;
 };
 
 struct session_stats {
@@ -178,6 +190,8 @@ struct session {
                 uint64_t from_client; /* the exporter, asked to unmap the chunks at the import */
                 uint64_t deadline_usec;
         } handoff; /* while exported and not yet imported */
+        struct block_move *moves; /* [WIRE_MAX_MOVES], the outstanding plan's moves (relocate.c) */
+        uint32_t n_moves;
 };
 
 /* Plan-building scratch, shared by all sessions (one thread builds one plan at a time), grown
@@ -226,6 +240,12 @@ struct kvcd {
         struct restart *restart; /* the fd store and the state record (restart.c) */
         struct client *orphans;  /* clients from before a restart, until they resume (list via orphan_next) */
         struct client *handoffs; /* parking clients of exported sessions, until imported (handoff.c) */
+        struct relocation { /* the chunk being drained (relocate.c) */
+                bool active;
+                uint32_t chunk;
+                uint64_t deadline_usec;   /* called off then */
+                uint64_t not_before_usec; /* after a drain was called off, no other until then */
+        } relocate;
 
         struct plan_scratch scratch;
         struct wire_arena *in;  /* the request being handled */
@@ -355,6 +375,27 @@ int handoff_import(struct kvcd *d, struct client *c, const Kvc__HandoffImport *m
 void handoff_tick(struct kvcd *d, uint64_t now);
 /* At stop: every export is closed. */
 void handoff_end(struct kvcd *d);
+
+/* relocate.c: moving a client's blocks out of a chunk so that the chunk can be given back */
+/* The pool is short of chunks and none is empty: picks one to drain, and sends its sessions their
+ * moves. false when none qualifies, or one is draining already. */
+bool relocate_pick(struct kvcd *d, uint64_t now);
+/* Whether s has blocks in the chunk being drained. */
+bool relocate_wanted(const struct kvcd *d, const struct session *s);
+/* Sends s a plan of moves (unasked) when it has blocks to move and no plan outstanding. */
+void relocate_kick(struct kvcd *d, struct session *s);
+/* The outstanding plan's moves in s's tables: forward puts the destinations in, !forward undoes. */
+void relocate_swap(struct session *s, bool forward);
+/* The plan was applied (tables swapped): the blocks moved from are freed. */
+void relocate_commit(struct kvcd *d, struct session *s);
+/* The plan's destinations are freed (the session closes, or a plan was not sent). */
+void relocate_undo(struct kvcd *d, struct session *s);
+/* The client refused the plan: destinations freed, the drain called off, its chunks left alone. */
+void relocate_refused(struct kvcd *d, struct session *s, int status);
+/* Pool bytes the session's moves in flight hold (the audit counts them). */
+uint64_t relocate_bytes(const struct session *s);
+/* Calls off a drain past its deadline; call every loop round. */
+void relocate_tick(struct kvcd *d, uint64_t now);
 
 /* server.c */
 int server_start(struct kvcd *d);

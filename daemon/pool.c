@@ -23,7 +23,8 @@ struct pool_chunk {
         uint32_t unit_bytes;
         uint32_t n_units;
         uint32_t n_used;
-        bool reclaiming;     /* asked back from its owner (pool_reclaim_pick) */
+        bool reclaiming;     /* wanted back: nothing new is allocated there (pool_reclaim_pick, _drain) */
+        bool asked;          /* reclaiming, and its owner was asked to unmap it (it holds no units) */
         uint32_t generation; /* of the memory it holds now: a new one at every creation */
         uint64_t *bits;
 };
@@ -39,7 +40,7 @@ struct pool {
         uint32_t chunks_owned;
         uint32_t chunks_created;
         uint32_t chunks_reclaiming;
-        bool short_of_chunks;
+        bool short_of_chunks; /* or a chunk being drained became empty: a pick is due */
         int64_t regranted; /* the chunk the last pool_alloc took back from being reclaimed, or -1 */
         uint8_t *base;
         struct pool_chunk *chunks;
@@ -152,6 +153,11 @@ static int take_units(struct pool *p, uint32_t idx, uint32_t n, uint64_t *ret_of
         return 0;
 }
 
+static int alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
+                       uint64_t *ret_offset);
+static int alloc_elsewhere(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
+                           uint64_t *ret_offset, int64_t *ret_new_chunk);
+
 int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units, uint64_t *ret_offset,
                int64_t *ret_new_chunk) {
         if (owner == 0 || unit_bytes == 0 || unit_bytes % 64 || n_units == 0 ||
@@ -160,15 +166,21 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
         if (p->used_bytes + (uint64_t)unit_bytes * n_units > p->capacity_bytes)
                 return -ENOSPC;
         p->regranted = -1;
+        *ret_new_chunk = -1;
+        if (alloc_owned(p, owner, unit_bytes, n_units, ret_offset) == 0)
+                return 0;
+        return alloc_elsewhere(p, owner, unit_bytes, n_units, ret_offset, ret_new_chunk);
+}
 
+/* Steps 1 and 2 of the allocation: chunks the owner holds and is not asked for. */
+static int alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
+                       uint64_t *ret_offset) {
         /* 1: a chunk of the owner's with this unit size and room */
         for (uint32_t i = 0; i < p->n_chunks; i++) {
                 struct pool_chunk *c = &p->chunks[i];
                 if (c->owner == owner && !c->reclaiming && c->unit_bytes == unit_bytes &&
-                    take_units(p, i, n_units, ret_offset) == 0) {
-                        *ret_new_chunk = -1;
+                    take_units(p, i, n_units, ret_offset) == 0)
                         return 0;
-                }
         }
         /* 2: an empty chunk of the owner's, re-carved */
         for (uint32_t i = 0; i < p->n_chunks; i++) {
@@ -177,10 +189,15 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
                         int r = carve(p, c, unit_bytes);
                         if (r < 0)
                                 return r;
-                        *ret_new_chunk = -1;
                         return take_units(p, i, n_units, ret_offset);
                 }
         }
+        return -ENOSPC;
+}
+
+/* Steps 3 and 4: a free chunk, or one of the owner's that was wanted back. */
+static int alloc_elsewhere(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
+                           uint64_t *ret_offset, int64_t *ret_new_chunk) {
         /* 3: a free chunk, created on first use */
         for (uint32_t i = 0; i < p->n_chunks; i++) {
                 struct pool_chunk *c = &p->chunks[i];
@@ -205,24 +222,40 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
                 *ret_new_chunk = i;
                 return take_units(p, i, n_units, ret_offset);
         }
-        /* 4: the owner's own chunk that was asked back: it needs it after all. Its UNMAP may have
-         * reached it already, so the chunk is reported as new and its fd goes out again (after the
-         * UNMAP on the side channel, so the client maps it again); a late UNMAPPED is ignored. */
+        /* 4: the owner's own chunk that was wanted back: it needs it after all. One being drained
+         * (not asked yet, still mapped) just stops being drained. An asked one's UNMAP may have
+         * reached the owner already, so the chunk is reported as new and its fd goes out again
+         * (after the UNMAP on the side channel, so the client maps it again); a late UNMAPPED is
+         * ignored. */
         for (uint32_t i = p->n_chunks; i-- > 0;) {
                 struct pool_chunk *c = &p->chunks[i];
                 if (c->owner != owner || !c->reclaiming)
                         continue;
-                int r = carve(p, c, unit_bytes);
+                if (c->n_used && (c->unit_bytes != unit_bytes || find_run(c, n_units) < 0))
+                        continue;
+                int r = c->n_used ? 0 : carve(p, c, unit_bytes);
                 if (r < 0)
                         return r;
-                c->reclaiming = false;
+                if (c->asked) {
+                        p->regranted = i;
+                        *ret_new_chunk = i;
+                }
+                c->reclaiming = c->asked = false;
                 p->chunks_reclaiming--;
-                p->regranted = i;
-                *ret_new_chunk = i;
                 return take_units(p, i, n_units, ret_offset);
         }
         p->short_of_chunks = true; /* the capacity has room, the chunks are all owned */
         return -ENOSPC;
+}
+
+int pool_alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
+                     uint64_t *ret_offset) {
+        if (owner == 0 || unit_bytes == 0 || unit_bytes % 64 || n_units == 0 ||
+            (uint64_t)unit_bytes * n_units > p->chunk_bytes)
+                return -EINVAL;
+        if (p->used_bytes + (uint64_t)unit_bytes * n_units > p->capacity_bytes)
+                return -ENOSPC;
+        return alloc_owned(p, owner, unit_bytes, n_units, ret_offset);
 }
 
 /* The chunk and first unit of an allocation, after checking it is one. */
@@ -254,6 +287,8 @@ int pool_release(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_
         bits_set(c->bits, first, n_units, false);
         c->n_used -= n_units;
         p->used_bytes -= (uint64_t)n_units * unit_bytes;
+        if (c->reclaiming && c->n_used == 0)
+                p->short_of_chunks = true; /* drained: its owner can be asked for it now */
         return 0;
 }
 
@@ -267,7 +302,7 @@ static void chunk_reset(struct pool *p, struct pool_chunk *c) {
         c->n_used = 0;
         if (c->reclaiming)
                 p->chunks_reclaiming--;
-        c->reclaiming = false;
+        c->reclaiming = c->asked = false;
         p->chunks_owned--;
 }
 
@@ -312,10 +347,11 @@ uint32_t pool_reclaim_pick(struct pool *p, uint32_t max, uint32_t *ret_idx, uint
         uint32_t n = 0;
         for (uint32_t i = p->n_chunks; i-- > 0 && n < max;) {
                 struct pool_chunk *c = &p->chunks[i];
-                if (c->owner == 0 || c->reclaiming || c->n_used)
+                if (c->owner == 0 || c->asked || c->n_used)
                         continue;
-                c->reclaiming = true;
-                p->chunks_reclaiming++;
+                if (!c->reclaiming)
+                        p->chunks_reclaiming++;
+                c->reclaiming = c->asked = true;
                 ret_idx[n] = i;
                 ret_owner[n] = c->owner;
                 n++;
@@ -325,7 +361,7 @@ uint32_t pool_reclaim_pick(struct pool *p, uint32_t max, uint32_t *ret_idx, uint
 }
 
 int pool_reclaim_done(struct pool *p, uint64_t owner, uint32_t idx) {
-        if (idx >= p->n_chunks || owner == 0 || p->chunks[idx].owner != owner || !p->chunks[idx].reclaiming)
+        if (idx >= p->n_chunks || owner == 0 || p->chunks[idx].owner != owner || !p->chunks[idx].asked)
                 return -EINVAL;
         struct pool_chunk *c = &p->chunks[idx];
         chunk_scrub(p, c);
@@ -337,7 +373,7 @@ void pool_disown_chunk(struct pool *p, uint32_t idx) {
         if (idx >= p->n_chunks || p->chunks[idx].owner == 0)
                 return;
         if (p->regranted == idx) { /* the owner may still map it: back to being asked for it */
-                p->chunks[idx].reclaiming = true;
+                p->chunks[idx].reclaiming = p->chunks[idx].asked = true;
                 p->chunks_reclaiming++;
                 p->regranted = -1;
                 return;
@@ -369,9 +405,40 @@ static struct pool_chunk *span(const struct pool *p, uint64_t offset, size_t n, 
 
 void pool_reclaim_cancel(struct pool *p, uint32_t idx) {
         if (idx < p->n_chunks && p->chunks[idx].reclaiming) {
-                p->chunks[idx].reclaiming = false;
+                p->chunks[idx].reclaiming = p->chunks[idx].asked = false;
                 p->chunks_reclaiming--;
         }
+}
+
+int pool_reclaim_drain(struct pool *p, uint32_t idx) {
+        if (idx >= p->n_chunks || p->chunks[idx].owner == 0 || p->chunks[idx].reclaiming)
+                return -EINVAL;
+        p->chunks[idx].reclaiming = true;
+        p->chunks_reclaiming++;
+        return 0;
+}
+
+bool pool_chunk_draining(const struct pool *p, uint32_t idx) {
+        return idx < p->n_chunks && p->chunks[idx].reclaiming && !p->chunks[idx].asked;
+}
+
+uint32_t pool_chunk_units(const struct pool *p, uint32_t idx, uint32_t *ret_unit_bytes) {
+        if (idx >= p->n_chunks || p->chunks[idx].owner == 0) {
+                *ret_unit_bytes = 0;
+                return 0;
+        }
+        *ret_unit_bytes = p->chunks[idx].unit_bytes;
+        return p->chunks[idx].n_used;
+}
+
+uint64_t pool_owner_room(const struct pool *p, uint64_t owner, uint32_t unit_bytes) {
+        uint64_t n = 0;
+        for (uint32_t i = 0; owner && i < p->n_chunks; i++) {
+                const struct pool_chunk *c = &p->chunks[i];
+                if (c->owner == owner && !c->reclaiming && c->unit_bytes == unit_bytes)
+                        n += c->n_units - c->n_used;
+        }
+        return n;
 }
 
 void pool_set_created_hook(struct pool *p, void (*fn)(void *ctx, uint32_t idx, int fd), void *ctx) {
@@ -504,7 +571,7 @@ int pool_audit(const struct pool *p, char *why, size_t why_len) {
                         snprintf(why, why_len, "free chunk %u has %u units in use", i, n);
                         return -EUCLEAN;
                 }
-                if (c->reclaiming && n) {
+                if (c->asked && n) {
                         snprintf(why, why_len, "chunk %u is being reclaimed with %u units in use", i, n);
                         return -EUCLEAN;
                 }

@@ -9,7 +9,8 @@
  * (the session geometry's block size) are carved and tracked in a bitmap; a chunk whose units
  * are all free may be re-carved for another size by the same owner. Chunks go back to the free
  * list, scrubbed, when their owner disconnects or dies, or when it gives one back on request
- * (cooperative shrink: pool_reclaim_pick, then pool_reclaim_done once the owner unmapped it).
+ * (cooperative shrink: pool_reclaim_pick, then pool_reclaim_done once the owner unmapped it; a
+ * chunk that still holds blocks is first drained: pool_reclaim_drain, and relocate.c moves them).
  *
  * Accounting: used_bytes is the sum of allocated units; pool_alloc never lets it pass
  * capacity_bytes, and pool_audit() recomputes it from the bitmaps.
@@ -31,7 +32,7 @@ struct pool_stats {
         uint32_t chunks_total;
         uint32_t chunks_owned;
         uint32_t chunks_created;
-        uint32_t chunks_reclaiming; /* asked back, not yet given back */
+        uint32_t chunks_reclaiming; /* wanted back (being drained, or asked), not yet given back */
 };
 
 /* chunk_bytes: a multiple of 2 MiB. -EINVAL when the capacity holds no chunk. */
@@ -45,6 +46,11 @@ struct pool *pool_free(struct pool *p);
  * -EINVAL when the request cannot fit a chunk. */
 int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units, uint64_t *ret_offset,
                int64_t *ret_new_chunk);
+
+/* pool_alloc limited to the chunks owner already holds and is not asked for (no new chunk): where
+ * relocation moves blocks to. -ENOSPC when they have no room. */
+int pool_alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
+                     uint64_t *ret_offset);
 
 /* Frees what pool_alloc returned. -EINVAL (and nothing changes) when a unit of the range is not
  * allocated to owner with that unit size. The bitmap does not record where allocations begin, so
@@ -67,12 +73,23 @@ uint64_t pool_owner_units(const struct pool *p, uint64_t owner);
  * owner's acknowledgement: the chunk is scrubbed and free again. -EINVAL (nothing changes) for a
  * chunk that is not being reclaimed from that owner. An owner that dies first gives it back with
  * the rest (pool_release_owner). An owner whose allocation finds no other room takes its chunk
- * back (the reclaim is called off, and the chunk is reported as new so its fd goes out again). */
+ * back (the reclaim is called off, and the chunk is reported as new so its fd goes out again).
+ *
+ * A chunk that still holds units is drained first (pool_reclaim_drain): it stays its owner's and
+ * mapped, nothing new is allocated there, and its units are moved out (relocate.c). When the last
+ * one is released the shortage flag is raised again, and the next pick asks for the chunk. */
 bool pool_short_of_chunks(const struct pool *p);
 uint32_t pool_reclaim_pick(struct pool *p, uint32_t max, uint32_t *ret_idx, uint64_t *ret_owner);
 int pool_reclaim_done(struct pool *p, uint64_t owner, uint32_t idx);
 /* Calls a reclaim off when the owner could not be asked (the chunk stays its owner's). */
 void pool_reclaim_cancel(struct pool *p, uint32_t idx);
+/* Marks owned chunk idx as being drained. -EINVAL when it is free or already wanted back. */
+int pool_reclaim_drain(struct pool *p, uint32_t idx);
+bool pool_chunk_draining(const struct pool *p, uint32_t idx);
+/* Units in use in chunk idx and their size (0 and 0 for a free chunk). */
+uint32_t pool_chunk_units(const struct pool *p, uint32_t idx, uint32_t *ret_unit_bytes);
+/* Free units of unit_bytes in owner's chunks that are carved for that size and not wanted back. */
+uint64_t pool_owner_room(const struct pool *p, uint64_t owner, uint32_t unit_bytes);
 
 /* Called with each chunk the backend creates (kvcd puts its fd in systemd's fd store). */
 void pool_set_created_hook(struct pool *p, void (*fn)(void *ctx, uint32_t idx, int fd), void *ctx);

@@ -373,6 +373,7 @@ int server_run(struct kvcd *d) {
                 admin_tick(d, now);
                 restart_tick(d, now);
                 handoff_tick(d, now);
+                relocate_tick(d, now);
                 handlers_retry_waits(d, now);
                 if (d->stop_deadline_usec && (d->sessions.n == 0 || now >= d->stop_deadline_usec)) {
                         if (d->sessions.n)

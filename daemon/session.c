@@ -202,6 +202,7 @@ static struct session *session_free(struct session *s) {
         free(s->shared);
         free(s->mask);
         free(s->mask_next);
+        free(s->moves);
         if (s->layers)
                 for (uint32_t l = 0; l < s->n_layers; l++) {
                         free(s->layers[l].fp.blocks);
@@ -509,6 +510,7 @@ void session_close(struct kvcd *d, struct session *s) {
         session_wait_done(d, s);
         events_session_closed(d, s);
         restart_forget_session(d, s);
+        relocate_undo(d, s); /* moves in flight: their destinations */
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 for (uint32_t b = s->n_shared_blocks; b < s->layers[l].fp.n; b++) /* shared ones: below */
                         free_units(d, s, false, s->layers[l].fp.blocks[b], 1);
@@ -1109,33 +1111,16 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
         return 0;
 }
 
-int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanApplied *m, char *why,
-                         size_t why_len) {
+/* Whether the client's account of an applied plan fits the plan: release[q][l] is how many blocks
+ * of each table it gave back (its tail). */
+static int check_applied(const struct session *s, const Kvc__PlanApplied *m,
+                         uint32_t release[2][WIRE_MAX_LAYERS], char *why, size_t why_len) {
         uint32_t T = s->layout.block_tokens;
-
-        if (s->pending_plan_id == 0 || m->plan_id != s->pending_plan_id) {
-                bool old = m->plan_id <= s->next_plan_id;
-                snprintf(why, why_len, "plan %llu is %s", (unsigned long long)m->plan_id,
-                         old ? "not outstanding (applied or refused before)" : "unknown");
-                return old ? -EALREADY : -ENOENT;
-        }
-        if (m->status != 0) {
-                for (uint32_t l = 0; l < s->n_layers; l++) /* nothing moved */
-                        s->layers[l].planned_q8 = s->layers[l].n_q8;
-                if (s->mask) /* nor was anything masked */
-                        memcpy(s->mask_next, s->mask, (size_t)s->n_layers * s->mask_stride);
-                log_notice("session %llu: client refused plan %llu: %s", (unsigned long long)s->id,
-                           (unsigned long long)m->plan_id, wire_errno_name(m->status));
-                s->pending_plan_id = 0;
-                return 0;
-        }
         if (m->n_layer_tokens != s->n_layers) {
                 snprintf(why, why_len, "%zu layer lengths for a %u-layer session", m->n_layer_tokens,
                          s->n_layers);
                 return -EINVAL;
         }
-        /* check everything before changing anything */
-        uint32_t release[2][WIRE_MAX_LAYERS] = { { 0 } };
         for (size_t i = 0; i < m->n_released; i++) {
                 const Kvc__LayerBlocks *lb = m->released[i];
                 const struct block_table *t = lb->layer < s->n_layers ? (lb->q8 ? &s->layers[lb->layer].q8
@@ -1168,6 +1153,37 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                         return -EPROTO;
                 }
         }
+        return 0;
+}
+
+int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanApplied *m, char *why,
+                         size_t why_len) {
+        if (s->pending_plan_id == 0 || m->plan_id != s->pending_plan_id) {
+                bool old = m->plan_id <= s->next_plan_id;
+                snprintf(why, why_len, "plan %llu is %s", (unsigned long long)m->plan_id,
+                         old ? "not outstanding (applied or refused before)" : "unknown");
+                return old ? -EALREADY : -ENOENT;
+        }
+        if (m->status != 0) {
+                for (uint32_t l = 0; l < s->n_layers; l++) /* nothing moved */
+                        s->layers[l].planned_q8 = s->layers[l].n_q8;
+                if (s->mask) /* nor was anything masked */
+                        memcpy(s->mask_next, s->mask, (size_t)s->n_layers * s->mask_stride);
+                relocate_refused(d, s, m->status); /* nor any block moved */
+                log_notice("session %llu: client refused plan %llu: %s", (unsigned long long)s->id,
+                           (unsigned long long)m->plan_id, wire_errno_name(m->status));
+                s->pending_plan_id = 0;
+                return 0;
+        }
+        /* check everything before changing anything (the tables as the plan's moves leave them) */
+        uint32_t release[2][WIRE_MAX_LAYERS] = { { 0 } };
+        relocate_swap(s, true);
+        int r = check_applied(s, m, release, why, why_len);
+        if (r < 0) {
+                relocate_swap(s, false);
+                return r;
+        }
+        relocate_commit(d, s);
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 struct session_layer *L = &s->layers[l];
                 for (uint32_t b = 0; b < release[0][l]; b++)

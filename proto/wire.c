@@ -337,8 +337,16 @@ static int v_plan_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
                 const Kvc__Plan *p = m->plans[i];
                 if (p->session_id == 0 || p->plan_id == 0)
                         return BAD("plan %zu: zero id", i);
-                if (p->n_layers == 0 || p->n_layers > WIRE_MAX_LAYERS)
+                if ((p->n_layers == 0 && p->n_moves == 0) || p->n_layers > WIRE_MAX_LAYERS)
                         return BAD("plan %zu: %zu layers", i, p->n_layers);
+                if (p->n_moves > WIRE_MAX_MOVES)
+                        return BAD("plan %zu: %zu block moves", i, p->n_moves);
+                for (size_t k = 0; k < p->n_moves; k++) {
+                        const Kvc__BlockMove *mv = p->moves[k];
+                        if (mv->layer >= WIRE_MAX_LAYERS || mv->index >= WIRE_MAX_TOKENS || mv->from % 64 ||
+                            mv->to % 64 || mv->from == mv->to)
+                                return BAD("plan %zu: block move %zu invalid", i, k);
+                }
                 for (size_t l = 0; l < p->n_layers; l++) {
                         const Kvc__LayerPlan *lp = p->layers[l];
                         if (lp->layer >= WIRE_MAX_LAYERS || lp->base_tokens > WIRE_MAX_TOKENS ||

@@ -36,6 +36,7 @@
 #define WIRE_MAX_STEPS        1024u /* steps in one StepBatch */
 #define WIRE_MAX_TOPK         64u
 #define WIRE_MAX_BLOCK_REFS   65536u /* block offsets in one message */
+#define WIRE_MAX_MOVES        256u   /* block moves in one plan (relocation) */
 #define WIRE_MAX_ERRNO        4095
 
 /* A bump allocator with a hard cap. Unpacking allocates from it; wire_arena_reset() frees all. */

@@ -75,7 +75,7 @@ static struct fakecuda {
                 fail_import;
         /* what happened */
         int n_init, n_create, n_release, n_export, n_import, n_map, n_unmap, n_set_access, n_memset, n_dtoh,
-                n_htod, n_reserve, n_address_free, n_sync, ctx_retained;
+                n_htod, n_dtod, n_reserve, n_address_free, n_sync, ctx_retained;
         cuda_context current;
         uintptr_t last_memset_ptr;
         size_t last_memset_bytes;
@@ -440,6 +440,14 @@ FC_API cuda_result cuMemcpyHtoD_v2(cuda_dptr dst, const void *src, size_t n) {
         return CUDA_DRV_SUCCESS;
 }
 
+FC_API cuda_result cuMemcpyDtoD_v2(cuda_dptr dst, cuda_dptr src, size_t n) {
+        fc.n_dtod++;
+        if (!fc_accessible(dst, n, PROT_WRITE) || !fc_accessible(src, n, PROT_READ))
+                return CUDA_DRV_ERROR_INVALID_VALUE;
+        memmove((void *)dst, (const void *)src, n);
+        return CUDA_DRV_SUCCESS;
+}
+
 FC_API cuda_result cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
         size_t used = 0;
         for (int i = 0; i < FC_MAX_ALLOCS; i++)
@@ -491,6 +499,7 @@ static void fakecuda_fill(struct cuda_driver *d) {
                 .cuMemsetD8 = cuMemsetD8_v2,
                 .cuMemcpyDtoH = cuMemcpyDtoH_v2,
                 .cuMemcpyHtoD = cuMemcpyHtoD_v2,
+                .cuMemcpyDtoD = cuMemcpyDtoD_v2,
                 .cuMemGetInfo = cuMemGetInfo_v2,
                 .cuGetErrorName = cuGetErrorName,
         };

@@ -5,6 +5,10 @@
  * finds every chunk owned, kvcd asks the owner of the empty ones to give them back (an UNMAP
  * record); libkvc unmaps them at its next exchange with kvcd and acknowledges (UNMAPPED); only
  * then does kvcd scrub them and grant them again. Every wait is a round trip with kvcd.
+ *
+ * A chunk that still holds blocks is drained first: kvcd sends the owner a plan of block moves
+ * (unasked) into the free room of its other chunk, libkvc copies the blocks and swaps its table
+ * entries, and the emptied chunk then goes the same way. The moved blocks keep every byte.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -112,10 +116,97 @@ static void kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them(void *
         kvc_disconnect(a);
 }
 
+/* A counter's value in kvcctl's metrics (the exposition text, in a JSON string), or -1. */
+static long long metric(const char *text, const char *name) {
+        char pat[128];
+        snprintf(pat, sizeof(pat), "\n%s ", name);
+        const char *p = strstr(text, pat);
+        if (!p) { /* inside JSON the newline is escaped */
+                snprintf(pat, sizeof(pat), "\\n%s ", name);
+                p = strstr(text, pat);
+        }
+        return p ? strtoll(p + strlen(pat), NULL, 10) : -1;
+}
+
+static uint32_t chunk_of(const struct kvc_client *c, const uint8_t *block) {
+        return (uint32_t)((block - (const uint8_t *)kvc_pool_base(c)) / CHUNK);
+}
+
+static void kvcd_moves_blocks_out_of_a_chunk_it_wants_back(void **state) {
+        struct daemon *d = *state;
+        struct kvc_client *a = client(d, "owner"), *b = client(d, "newcomer");
+        struct kvc_session *first = session(a), *kept = session(a);
+        struct kvc_layer_view v;
+
+        /* first takes 8 blocks of chunk 0; kept the other 7 there and 7 in chunk 1 */
+        assert_int_equal(kvc_session_reserve(first, 8 * 16), 0);
+        assert_int_equal(kvc_session_reserve(kept, 14 * 16), 0);
+        assert_int_equal(kvc_layer_view(kept, 0, &v), 0);
+        assert_int_equal(v.n_blocks, 14);
+        assert_int_equal(chunk_of(a, v.blocks[6]), 0);
+        assert_int_equal(chunk_of(a, v.blocks[7]), 1);
+        for (uint32_t i = 0; i < v.n_blocks; i++)
+                for (uint64_t k = 0; k < v.block_bytes; k++)
+                        v.blocks[i][k] = (uint8_t)(i * 31 + k * 7 + 1);
+        /* chunk 0 now has room for 8 blocks, chunk 1 holds 7: neither is empty */
+        assert_int_equal(kvc_session_close(first, NULL), 0);
+
+        /* b finds every chunk owned: refused, and kvcd sets out to drain chunk 1 */
+        struct kvc_session *t = session(b);
+        assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC);
+
+        /* a's exchanges with kvcd carry the moves (applied, acknowledged), then the UNMAP of the
+         * emptied chunk (unmapped, acknowledged); b's request succeeds once kvcd has it back */
+        int r = -ENOSPC;
+        for (int i = 0; i < 100 && r == -ENOSPC; i++) {
+                assert_int_equal(kvc_session_reserve(kept, 14 * 16), 0);
+                r = kvc_session_reserve(t, 16);
+        }
+        assert_int_equal(r, 0);
+
+        /* every block of kept is in chunk 0 now, byte for byte what a wrote */
+        struct kvc_session_stats st;
+        kvc_session_get_stats(kept, &st);
+        assert_int_equal(st.blocks_moved, 7);
+        assert_int_equal(kvc_layer_view(kept, 0, &v), 0);
+        assert_int_equal(v.n_blocks, 14);
+        for (uint32_t i = 0; i < v.n_blocks; i++) {
+                assert_int_equal(chunk_of(a, v.blocks[i]), 0);
+                for (uint64_t k = 0; k < v.block_bytes; k++)
+                        if (v.blocks[i][k] != (uint8_t)(i * 31 + k * 7 + 1))
+                                fail_msg("block %u byte %llu changed in the move", i, (unsigned long long)k);
+        }
+        /* b's block is in the chunk a gave back, scrubbed */
+        struct kvc_layer_view w;
+        assert_int_equal(kvc_layer_view(t, 0, &w), 0);
+        assert_int_equal(chunk_of(b, w.blocks[0]), 1);
+        for (uint64_t k = 0; k < w.block_bytes; k++)
+                if (w.blocks[0][k])
+                        fail_msg("byte %llu of the drained chunk is 0x%02x: not scrubbed", (unsigned long long)k,
+                                 w.blocks[0][k]);
+        assert_int_equal(status_int(d, "chunks_in_use"), 2);
+        char *audit = harness_kvcctl(d, "audit");
+        assert_non_null(audit);
+        free(audit);
+        char *metrics = harness_kvcctl(d, "metrics");
+        assert_non_null(metrics);
+        assert_int_equal(metric(metrics, "kvcd_blocks_relocated_total"), 7);
+        assert_int_equal(metric(metrics, "kvcd_chunk_drains_total"), 1);
+        free(metrics);
+
+        /* a carries on in its one chunk: the moved blocks take new tokens */
+        assert_int_equal(kvc_session_reserve(kept, 15 * 16), 0);
+        assert_int_equal(kvc_session_close(kept, NULL), 0);
+        kvc_disconnect(b);
+        kvc_disconnect(a);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them,
                                                 setup, harness_group_stop),
+                cmocka_unit_test_setup_teardown(kvcd_moves_blocks_out_of_a_chunk_it_wants_back, setup,
+                                                harness_group_stop),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
