@@ -18,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -132,13 +134,11 @@ static uint32_t chunk_of(const struct kvc_client *c, const uint8_t *block) {
         return (uint32_t)((block - (const uint8_t *)kvc_pool_base(c)) / CHUNK);
 }
 
-static void kvcd_moves_blocks_out_of_a_chunk_it_wants_back(void **state) {
-        struct daemon *d = *state;
-        struct kvc_client *a = client(d, "owner"), *b = client(d, "newcomer");
+/* a's session that stays, with 7 blocks in chunk 0 and 7 in chunk 1, every byte marked; chunk 0
+ * has room for 8 more blocks (a session that held them closed). Neither chunk is empty. */
+static struct kvc_session *fragmented(struct kvc_client *a) {
         struct kvc_session *first = session(a), *kept = session(a);
         struct kvc_layer_view v;
-
-        /* first takes 8 blocks of chunk 0; kept the other 7 there and 7 in chunk 1 */
         assert_int_equal(kvc_session_reserve(first, 8 * 16), 0);
         assert_int_equal(kvc_session_reserve(kept, 14 * 16), 0);
         assert_int_equal(kvc_layer_view(kept, 0, &v), 0);
@@ -148,8 +148,15 @@ static void kvcd_moves_blocks_out_of_a_chunk_it_wants_back(void **state) {
         for (uint32_t i = 0; i < v.n_blocks; i++)
                 for (uint64_t k = 0; k < v.block_bytes; k++)
                         v.blocks[i][k] = (uint8_t)(i * 31 + k * 7 + 1);
-        /* chunk 0 now has room for 8 blocks, chunk 1 holds 7: neither is empty */
         assert_int_equal(kvc_session_close(first, NULL), 0);
+        return kept;
+}
+
+static void kvcd_moves_blocks_out_of_a_chunk_it_wants_back(void **state) {
+        struct daemon *d = *state;
+        struct kvc_client *a = client(d, "owner"), *b = client(d, "newcomer");
+        struct kvc_session *kept = fragmented(a);
+        struct kvc_layer_view v;
 
         /* b finds every chunk owned: refused, and kvcd sets out to drain chunk 1 */
         struct kvc_session *t = session(b);
@@ -201,12 +208,69 @@ static void kvcd_moves_blocks_out_of_a_chunk_it_wants_back(void **state) {
         kvc_disconnect(a);
 }
 
+/* The owner dies with the moves unapplied: their destinations go back with everything else. */
+static void an_owner_that_dies_with_moves_in_flight_loses_nothing_of_anyone_else(void **state) {
+        struct daemon *d = *state;
+        int ready[2], hold[2];
+        assert_int_equal(pipe(ready), 0);
+        assert_int_equal(pipe(hold), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) { /* the owner: sets up, says so, then never talks to kvcd again */
+                close(ready[0]);
+                close(hold[1]);
+                struct kvc_client *a = client(d, "stalled owner");
+                fragmented(a);
+                char c = 'r', x;
+                if (write(ready[1], &c, 1) != 1)
+                        _exit(1);
+                while (read(hold[0], &x, 1) > 0)
+                        ;
+                _exit(0);
+        }
+        close(ready[1]);
+        close(hold[0]);
+        char c;
+        assert_int_equal(read(ready[0], &c, 1), 1);
+
+        struct kvc_client *b = client(d, "newcomer");
+        struct kvc_session *t = session(b);
+        assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC); /* the drain starts: moves sent */
+        char *metrics = harness_kvcctl(d, "metrics");
+        assert_non_null(metrics);
+        assert_int_equal(metric(metrics, "kvcd_chunk_drains_total"), 1);
+        free(metrics);
+        char *audit = harness_kvcctl(d, "audit"); /* the destinations in flight are accounted for */
+        assert_non_null(audit);
+        free(audit);
+
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        close(hold[1]);
+        close(ready[0]);
+        int r = -ENOSPC; /* kvcd sees the hang-up on its own time: each try is a round trip */
+        for (int i = 0; i < 10000 && r == -ENOSPC; i++)
+                r = kvc_session_reserve(t, 16);
+        assert_int_equal(r, 0);
+        assert_int_equal(status_int(d, "chunks_in_use"), 1);
+        struct kvc_layer_view w;
+        assert_int_equal(kvc_layer_view(t, 0, &w), 0);
+        assert_int_equal(status_int(d, "used_bytes"), (long long)w.block_bytes); /* b's one block */
+        audit = harness_kvcctl(d, "audit");
+        assert_non_null(audit);
+        free(audit);
+        kvc_disconnect(b);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them,
                                                 setup, harness_group_stop),
                 cmocka_unit_test_setup_teardown(kvcd_moves_blocks_out_of_a_chunk_it_wants_back, setup,
                                                 harness_group_stop),
+                cmocka_unit_test_setup_teardown(an_owner_that_dies_with_moves_in_flight_loses_nothing_of_anyone_else,
+                                                setup, harness_group_stop),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -530,6 +530,97 @@ static void pool_owner_takes_back_a_chunk_being_reclaimed_when_it_has_no_other(v
         pool_free(p);
 }
 
+/* A chunk that still holds units is drained: nothing new goes there, pool_alloc_owned finds room
+ * only in the owner's other chunks, and the last release makes a pick due, which asks for it. */
+static void pool_drains_a_chunk_then_asks_for_it(void **state) {
+        struct pool *p = cuda_pool(3);
+        struct pool_stats st;
+        char why[128];
+        uint32_t idx[2], unit;
+        uint64_t owner[2], off, moved[3];
+        int64_t nc;
+        (void)state;
+        const uint32_t per_chunk = (uint32_t)(CHUNK / UNIT);
+        alloc(p, 7, per_chunk - 4, NULL); /* chunk 0, 4 units free */
+        for (int i = 0; i < 3; i++)
+                moved[i] = alloc(p, 7, 1, NULL); /* chunk 0's 4th to 2nd last... */
+        alloc(p, 7, 1, NULL);                    /* ...and its last */
+        for (int i = 0; i < 3; i++)
+                moved[i] = alloc(p, 7, 1, NULL); /* chunk 1: 3 units */
+        assert_int_equal(moved[0] / CHUNK, 1);
+        alloc(p, 8, 1, NULL); /* chunk 2 */
+        assert_int_equal(pool_release(p, 7, 0, UNIT, 3), 0); /* room for 3 in chunk 0 */
+        assert_int_equal(pool_owner_room(p, 7, UNIT), 3 + (per_chunk - 3));
+        assert_int_equal(pool_chunk_units(p, 1, &unit), 3);
+        assert_int_equal(unit, UNIT);
+
+        assert_int_equal(pool_reclaim_drain(p, 2 + 1), -EINVAL); /* no such chunk */
+        assert_int_equal(pool_reclaim_drain(p, 1), 0);
+        assert_int_equal(pool_reclaim_drain(p, 1), -EINVAL); /* once */
+        assert_true(pool_chunk_draining(p, 1));
+        assert_int_equal(pool_owner_room(p, 7, UNIT), 3); /* a drained chunk's room does not count */
+        pool_get_stats(p, &st);
+        assert_int_equal(st.chunks_reclaiming, 1);
+        assert_int_equal(pool_audit(p, why, sizeof(why)), 0); /* units in a drained chunk are fine */
+        assert_int_equal(pool_reclaim_pick(p, 2, idx, owner), 0); /* not empty: not asked yet */
+
+        /* the destinations: only the owner's other chunks, never a new one */
+        uint64_t to[3];
+        for (int i = 0; i < 3; i++) {
+                assert_int_equal(pool_alloc_owned(p, 7, UNIT, 1, &to[i]), 0);
+                assert_int_equal(to[i] / CHUNK, 0);
+        }
+        assert_int_equal(pool_alloc_owned(p, 7, UNIT, 1, &off), -ENOSPC);
+        assert_int_equal(pool_alloc_owned(p, 9, UNIT, 1, &off), -ENOSPC); /* owns nothing */
+        assert_int_equal(pool_alloc_owned(p, 7, 0, 1, &off), -EINVAL);
+        pool_get_stats(p, &st);
+        assert_int_equal(st.chunks_owned, 3);
+
+        /* the moves are applied: the old units go, and the last one makes a pick due */
+        assert_int_equal(pool_release(p, 7, moved[0], UNIT, 1), 0);
+        assert_int_equal(pool_release(p, 7, moved[1], UNIT, 1), 0);
+        assert_false(pool_short_of_chunks(p));
+        assert_int_equal(pool_release(p, 7, moved[2], UNIT, 1), 0);
+        assert_true(pool_short_of_chunks(p));
+        assert_int_equal(pool_reclaim_pick(p, 2, idx, owner), 1);
+        assert_int_equal(idx[0], 1);
+        assert_int_equal(owner[0], 7);
+        assert_false(pool_chunk_draining(p, 1)); /* asked now */
+        assert_int_equal(pool_reclaim_done(p, 7, 1), 0);
+        pool_get_stats(p, &st);
+        assert_int_equal(st.chunks_reclaiming, 0);
+        assert_int_equal(st.chunks_owned, 2);
+        assert_int_equal(pool_audit(p, why, sizeof(why)), 0);
+        alloc(p, 9, 1, &nc);
+        assert_int_equal(nc, 1);
+        pool_free(p);
+}
+
+/* An owner that needs room and has no other takes its drained chunk back: still mapped, so not
+ * reported as new; the units in it stay. */
+static void pool_owner_takes_back_a_chunk_being_drained(void **state) {
+        struct pool *p = cuda_pool(2);
+        struct pool_stats st;
+        char why[128];
+        uint32_t unit;
+        int64_t nc;
+        (void)state;
+        alloc(p, 7, 2, NULL);
+        alloc(p, 8, 1, NULL);
+        assert_int_equal(pool_reclaim_drain(p, 0), 0);
+        alloc(p, 7, 1, &nc);
+        assert_int_equal(nc, -1);
+        assert_false(pool_chunk_draining(p, 0));
+        assert_int_equal(pool_chunk_units(p, 0, &unit), 3);
+        pool_get_stats(p, &st);
+        assert_int_equal(st.chunks_reclaiming, 0);
+        assert_int_equal(pool_audit(p, why, sizeof(why)), 0);
+        assert_int_equal(pool_reclaim_drain(p, 1), 0); /* then cancelled: back to normal */
+        pool_reclaim_cancel(p, 1);
+        assert_false(pool_chunk_draining(p, 1));
+        pool_free(p);
+}
+
 static void pool_reclaim_ends_when_the_owner_dies(void **state) {
         struct pool *p = cuda_pool(2);
         struct pool_stats st;
@@ -751,6 +842,8 @@ int main(void) {
                 T(cuda_adopts_a_chunk_kept_across_a_restart_with_its_bytes),
                 T(pool_reclaims_an_empty_chunk_only_after_its_owner_acknowledges),
                 T(pool_owner_takes_back_a_chunk_being_reclaimed_when_it_has_no_other),
+                T(pool_drains_a_chunk_then_asks_for_it),
+                T(pool_owner_takes_back_a_chunk_being_drained),
                 T(pool_reclaim_ends_when_the_owner_dies),
                 T(devpool_imports_maps_and_shares_memory_with_kvcd),
                 T(devpool_maps_read_only_chunks_read_only),
