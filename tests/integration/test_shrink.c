@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +25,7 @@
 
 #include <cmocka.h>
 
+#include "block.h"
 #include "harness.h"
 #include "kvc.h"
 
@@ -208,6 +210,94 @@ static void kvcd_moves_blocks_out_of_a_chunk_it_wants_back(void **state) {
         kvc_disconnect(a);
 }
 
+#define DIM 1024u
+
+/* Token pos's key (value: salt 1), a function of its position only. */
+static void row(int32_t pos, int salt, float *out) {
+        for (uint32_t j = 0; j < DIM; j++)
+                out[j] = salt ? cosf((float)pos * 0.23f + (float)j * 0.07f) : sinf((float)pos * 0.37f + (float)j * 0.11f);
+}
+
+/* The window's cache after token `last`: its n slots hold tokens last-n+1..last in order, each
+ * key and value exactly as appended. */
+static void check_window(struct kvc_session *s, int32_t last) {
+        struct kvc_layer_view v;
+        struct block_layout lay;
+        float want[DIM];
+        assert_int_equal(kvc_layer_view(s, 0, &v), 0);
+        assert_int_equal(block_layout_init(&lay, v.block_tokens, 1, DIM, BLOCK_DTYPE_F32), 0);
+        for (uint32_t i = 0; i < v.n_tokens; i++) {
+                uint8_t *b = v.blocks[i / v.block_tokens];
+                uint32_t slot = i % v.block_tokens;
+                int32_t pos = *(const int32_t *)block_side(&lay, b, lay.pos_offset, 0, slot);
+                if (pos != last - (int32_t)v.n_tokens + 1 + (int32_t)i)
+                        fail_msg("after token %d, slot %u holds token %d", last, i, pos);
+                for (int salt = 0; salt < 2; salt++) {
+                        row(pos, salt, want);
+                        if (memcmp(salt ? block_value(&lay, b, 0, slot) : block_key(&lay, b, 0, slot), want,
+                                   sizeof(want)))
+                                fail_msg("after token %d, token %d's %s changed", last, pos, salt ? "value" : "key");
+                }
+        }
+}
+
+/* A session that generates while its blocks move: plans of moves interleave with its window's
+ * compaction plans, and its cache stays exactly what it appended, step after step. */
+static void a_generating_session_keeps_its_cache_while_its_blocks_move(void **state) {
+        struct daemon *d = *state;
+        struct kvc_client *a = client(d, "generator"), *b = client(d, "newcomer");
+        struct kvc_session_config cfg = {
+                .geometry = { .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = DIM, .dtype = KVC_DTYPE_F32,
+                              .max_tokens = 1024 },
+                .policy = "window",
+                .budget_tokens = 40,
+        };
+        struct kvc_session *gen = NULL;
+        assert_int_equal(kvc_session_open(a, &cfg, &gen), 0); /* its plan buffer: chunk 0 */
+        struct kvc_session *filler = session(a);
+        assert_int_equal(kvc_session_reserve(filler, 14 * 16), 0); /* the rest of chunk 0 */
+        struct kvc_summary sum = { .entropy = 0.5f, .top1_prob = 0.5f, .margin = 1.0f };
+        float k[DIM], val[DIM], out[DIM];
+        int32_t pos = 0;
+        struct kvc_session *t = session(b);
+        int granted = -ENOSPC;
+        for (int phase = 0; phase < 2; phase++) {
+                for (int i = 0; i < 60; i++, pos++) {
+                        row(pos, 0, k);
+                        row(pos, 1, val);
+                        assert_int_equal(kvc_append(gen, 0, pos, k, val), 0);
+                        assert_int_equal(kvc_attend(gen, 0, k, out), 0);
+                        assert_int_equal(kvc_step(gen, (uint64_t)pos + 1, KVC_PHASE_DECODE, &sum), 0);
+                        assert_int_equal(kvc_flush(a), 0);
+                        check_window(gen, pos);
+                        if (phase == 1 && granted == -ENOSPC) /* b asks again, until kvcd has a chunk */
+                                granted = kvc_session_reserve(t, 16);
+                }
+                if (phase == 0) { /* gen's blocks are all in chunk 1; chunk 0 gets room */
+                        struct kvc_layer_view v;
+                        assert_int_equal(kvc_layer_view(gen, 0, &v), 0);
+                        for (uint32_t i = 0; i < v.n_blocks; i++)
+                                assert_int_equal(chunk_of(a, v.blocks[i]), 1);
+                        assert_int_equal(kvc_session_close(filler, NULL), 0);
+                        assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC); /* the drain starts */
+                }
+        }
+        assert_int_equal(granted, 0);
+        struct kvc_session_stats st;
+        kvc_session_get_stats(gen, &st);
+        assert_true(st.blocks_moved > 0);
+        assert_true(st.plans_applied >= 2); /* its window's, and the moves' */
+        struct kvc_layer_view v;
+        assert_int_equal(kvc_layer_view(gen, 0, &v), 0);
+        for (uint32_t i = 0; i < v.n_blocks; i++)
+                assert_int_equal(chunk_of(a, v.blocks[i]), 0);
+        char *audit = harness_kvcctl(d, "audit");
+        assert_non_null(audit);
+        free(audit);
+        kvc_disconnect(b);
+        kvc_disconnect(a);
+}
+
 /* The owner dies with the moves unapplied: their destinations go back with everything else. */
 static void an_owner_that_dies_with_moves_in_flight_loses_nothing_of_anyone_else(void **state) {
         struct daemon *d = *state;
@@ -271,6 +361,8 @@ int main(void) {
                                                 harness_group_stop),
                 cmocka_unit_test_setup_teardown(an_owner_that_dies_with_moves_in_flight_loses_nothing_of_anyone_else,
                                                 setup, harness_group_stop),
+                cmocka_unit_test_setup_teardown(a_generating_session_keeps_its_cache_while_its_blocks_move, setup,
+                                                harness_group_stop),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
