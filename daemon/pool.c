@@ -198,8 +198,10 @@ static int alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint
 /* Steps 3 and 4: a free chunk, or one of the owner's that was wanted back. */
 static int alloc_elsewhere(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
                            uint64_t *ret_offset, int64_t *ret_new_chunk) {
-        /* 3: a free chunk, created on first use */
-        for (uint32_t i = 0; i < p->n_chunks; i++) {
+        /* 3: a free chunk, created on first use, while the chunks owned fit the capacity (a chunk
+         * is device memory held, whatever part of it is in use) */
+        for (uint32_t i = 0; (uint64_t)(p->chunks_owned + 1) * p->chunk_bytes <= p->capacity_bytes && i < p->n_chunks;
+             i++) {
                 struct pool_chunk *c = &p->chunks[i];
                 if (c->owner != 0)
                         continue;
@@ -253,9 +255,7 @@ int pool_alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32
         if (owner == 0 || unit_bytes == 0 || unit_bytes % 64 || n_units == 0 ||
             (uint64_t)unit_bytes * n_units > p->chunk_bytes)
                 return -EINVAL;
-        if (p->used_bytes + (uint64_t)unit_bytes * n_units > p->capacity_bytes)
-                return -ENOSPC;
-        return alloc_owned(p, owner, unit_bytes, n_units, ret_offset);
+        return alloc_owned(p, owner, unit_bytes, n_units, ret_offset); /* no capacity check: see pool.h */
 }
 
 /* The chunk and first unit of an allocation, after checking it is one. */
@@ -341,6 +341,10 @@ uint64_t pool_owner_units(const struct pool *p, uint64_t owner) {
 
 bool pool_short_of_chunks(const struct pool *p) {
         return p->short_of_chunks;
+}
+
+bool pool_over_capacity(const struct pool *p) {
+        return (uint64_t)(p->chunks_owned - p->chunks_reclaiming) * p->chunk_bytes > p->capacity_bytes;
 }
 
 uint32_t pool_reclaim_pick(struct pool *p, uint32_t max, uint32_t *ret_idx, uint64_t *ret_owner) {

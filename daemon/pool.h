@@ -5,7 +5,8 @@
  * offsets in its own reserved range, so a block is named by its pool offset on both sides.
  *
  * Ownership: a chunk is free or belongs to exactly one client, and holds only that client's
- * blocks (isolation: nobody can map another client's KV). Inside a chunk, units of one size
+ * blocks (isolation: nobody can map another client's KV). A new chunk is given only while the
+ * chunks owned fit the capacity (a chunk is memory held: on a GPU, all of it). Inside a chunk, units of one size
  * (the session geometry's block size) are carved and tracked in a bitmap; a chunk whose units
  * are all free may be re-carved for another size by the same owner. Chunks go back to the free
  * list, scrubbed, when their owner disconnects or dies, or when it gives one back on request
@@ -48,7 +49,10 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
                int64_t *ret_new_chunk);
 
 /* pool_alloc limited to the chunks owner already holds and is not asked for (no new chunk): where
- * relocation moves blocks to. -ENOSPC when they have no room. */
+ * relocation moves blocks to. -ENOSPC when they have no room. The capacity is not checked: a
+ * move's destination lies in memory already held, and its source is freed when the move is
+ * applied, so used bytes may pass the capacity only for as long as a move is in flight (which
+ * happens when an operator lowered the capacity and kvcd gathers blocks to give chunks back). */
 int pool_alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
                      uint64_t *ret_offset);
 
@@ -79,6 +83,9 @@ uint64_t pool_owner_units(const struct pool *p, uint64_t owner);
  * mapped, nothing new is allocated there, and its units are moved out (relocate.c). When the last
  * one is released the shortage flag is raised again, and the next pick asks for the chunk. */
 bool pool_short_of_chunks(const struct pool *p);
+/* The chunks owned and not yet wanted back hold more than the capacity (an operator lowered it):
+ * chunks should be asked back until they fit. */
+bool pool_over_capacity(const struct pool *p);
 uint32_t pool_reclaim_pick(struct pool *p, uint32_t max, uint32_t *ret_idx, uint64_t *ret_owner);
 int pool_reclaim_done(struct pool *p, uint64_t owner, uint32_t idx);
 /* Calls a reclaim off when the owner could not be asked (the chunk stays its owner's). */

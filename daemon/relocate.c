@@ -27,6 +27,7 @@
 #include "log.h"
 
 #define RELOCATE_DEADLINE_USEC (10u * 1000000u)
+#define RELOCATE_RETRY_USEC    (100u * 1000u)
 
 static uint32_t chunk_of(const struct kvcd *d, uint64_t off) {
         return (uint32_t)(off / pool_chunk_bytes(d->pool));
@@ -67,8 +68,6 @@ bool relocate_pick(struct kvcd *d, uint64_t now) {
         uint32_t n = pool_n_chunks(d->pool);
         uint32_t *count = malloc(n * sizeof(*count));
         bool *blocked = malloc(n * sizeof(*blocked));
-        struct pool_stats ps;
-        pool_get_stats(d->pool, &ps);
         int64_t best = -1;
         uint32_t best_used = UINT32_MAX;
         for (uint32_t ci = 0; count && blocked && ci < d->n_clients; ci++) {
@@ -86,7 +85,7 @@ bool relocate_pick(struct kvcd *d, uint64_t now) {
                         /* the room elsewhere: its own chunks of that size, less this one's free units */
                         uint64_t room = pool_owner_room(d->pool, c->id, unit) -
                                         (pool_chunk_bytes(d->pool) / unit - used);
-                        if (room < used || ps.used_bytes + (uint64_t)used * unit > ps.capacity_bytes)
+                        if (room < used)
                                 continue;
                         best = i;
                         best_used = used;
@@ -94,8 +93,10 @@ bool relocate_pick(struct kvcd *d, uint64_t now) {
         }
         free(count);
         free(blocked);
-        if (best < 0 || pool_reclaim_drain(d->pool, (uint32_t)best) < 0)
+        if (best < 0 || pool_reclaim_drain(d->pool, (uint32_t)best) < 0) {
+                d->relocate.not_before_usec = now + RELOCATE_RETRY_USEC; /* nothing qualifies: not every round */
                 return false;
+        }
         uint64_t owner = pool_chunk_owner(d->pool, (uint32_t)best);
         d->relocate.active = true;
         d->relocate.chunk = (uint32_t)best;

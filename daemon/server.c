@@ -367,7 +367,7 @@ int server_run(struct kvcd *d) {
                         drain_router(d, d->zadmin, CHANNEL_ADMIN);
                 if (items[4].revents)
                         http_run(d);
-                if (pool_short_of_chunks(d->pool))
+                if (pool_short_of_chunks(d->pool) || pool_over_capacity(d->pool))
                         client_reclaim(d);
                 uint64_t now = now_usec();
                 admin_tick(d, now);

@@ -298,6 +298,44 @@ static void a_generating_session_keeps_its_cache_while_its_blocks_move(void **st
         kvc_disconnect(a);
 }
 
+/* An operator lowers the capacity below the chunks owned: kvcd moves blocks together and takes
+ * the emptied chunk back, and the owner's data stays. */
+static void a_lower_capacity_takes_chunks_back(void **state) {
+        struct daemon *d = *state;
+        struct kvc_client *a = client(d, "owner");
+        struct kvc_session *kept = fragmented(a);
+        assert_int_equal(status_int(d, "chunks_in_use"), 2);
+        const char *argv[] = { harness_bin("kvcctl"), "--socket", d->dir, "budget", "set", "--capacity", "2M", NULL };
+        char *out = NULL;
+        int st;
+        assert_int_equal(harness_run(argv, &out, &st), 0);
+        free(out);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        long long in_use = 2; /* a's exchanges carry the moves, then the UNMAP */
+        for (int i = 0; i < 100 && in_use == 2; i++) {
+                assert_int_equal(kvc_session_reserve(kept, 14 * 16), 0);
+                in_use = status_int(d, "chunks_in_use");
+        }
+        assert_int_equal(in_use, 1);
+        struct kvc_layer_view v;
+        assert_int_equal(kvc_layer_view(kept, 0, &v), 0);
+        for (uint32_t i = 0; i < v.n_blocks; i++) {
+                assert_int_equal(chunk_of(a, v.blocks[i]), 0);
+                for (uint64_t k = 0; k < v.block_bytes; k++)
+                        if (v.blocks[i][k] != (uint8_t)(i * 31 + k * 7 + 1))
+                                fail_msg("block %u byte %llu changed in the move", i, (unsigned long long)k);
+        }
+        /* the capacity holds one chunk now: another client is refused one */
+        struct kvc_client *b = client(d, "newcomer");
+        struct kvc_session *t = session(b);
+        assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC);
+        char *audit = harness_kvcctl(d, "audit");
+        assert_non_null(audit);
+        free(audit);
+        kvc_disconnect(b);
+        kvc_disconnect(a);
+}
+
 /* The owner dies with the moves unapplied: their destinations go back with everything else. */
 static void an_owner_that_dies_with_moves_in_flight_loses_nothing_of_anyone_else(void **state) {
         struct daemon *d = *state;
@@ -363,6 +401,7 @@ int main(void) {
                                                 setup, harness_group_stop),
                 cmocka_unit_test_setup_teardown(a_generating_session_keeps_its_cache_while_its_blocks_move, setup,
                                                 harness_group_stop),
+                cmocka_unit_test_setup_teardown(a_lower_capacity_takes_chunks_back, setup, harness_group_stop),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
