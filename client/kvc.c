@@ -1146,7 +1146,9 @@ struct kvc_client *kvc_disconnect(struct kvc_client *c) {
                 c->sessions = s->next;
                 session_free(s);
         }
-        close_channels(c);
+        if (c->zsock)
+                zmq_close(c->zsock);
+        c->zsock = NULL;
         if (c->zctx)
                 zmq_ctx_term(c->zctx);
         for (uint32_t i = 0; i < KVC_MAX_PENDING; i++) {
@@ -1160,6 +1162,11 @@ struct kvc_client *kvc_disconnect(struct kvc_client *c) {
         cuda_driver_unload(&c->drv);
         if (c->base != MAP_FAILED)
                 munmap(c->base, c->pool_bytes);
+        if (c->fd >= 0) { /* nothing of the pool is mapped here any more: kvcd may scrub it at once */
+                struct fdwire_msg bye = { .magic = FDWIRE_MAGIC, .version = FDWIRE_VERSION, .kind = FDWIRE_BYE };
+                fdwire_send(c->fd, &bye, -1);
+        }
+        close_channels(c);
         free(c->mapped);
         free(c->mapped_gen);
         wire_arena_free(c->arena);

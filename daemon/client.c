@@ -6,21 +6,29 @@
  * not proof of anything; the token is, because only the process at the other end of this
  * connection received it.
  *
- * The connection's hang-up is the client's death certificate: the kernel closes it when the
- * process exits, however it exits. client_destroy() then closes every session of the client
- * and gives its chunks back to the pool, scrubbed.
+ * The connection's hang-up ends the client: the kernel closes it when the process exits, however
+ * it exits. client_destroy() then closes every session of the client and gives its chunks back to
+ * the pool, scrubbed. A hang-up without a BYE record first (libkvc sends one after unmapping the
+ * pool) is a death, and the kernel closes a dying process's files before its memory and its GPU
+ * context are torn down: its mappings still hold the chunks' memory, and a kernel it had running
+ * may still write. Its chunks are then held, scrubbed only when the process has exited (a pidfd
+ * turns readable): until then they count against the capacity, so no fresh memory is created
+ * beside memory the dying process still holds. A process kvcd cannot watch (gone already, or in a
+ * pid namespace kvcd cannot see: SO_PEERCRED says pid 0) has its chunks scrubbed at once.
  *
  * On a device pool (the cuda backend) the WELCOME record says so and a DEVICE record with the
- * GPU's UUID follows it; chunk records carry the DEVICE_MEM flag. The one record a client sends
- * is UNMAPPED, its answer to UNMAP (cooperative shrink, docs/gpu.md); anything else it writes is
- * read and dropped.
+ * GPU's UUID follows it; chunk records carry the DEVICE_MEM flag. The records a client sends are
+ * UNMAPPED, its answer to UNMAP (cooperative shrink, docs/gpu.md), and BYE; anything else it
+ * writes is read and dropped.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "fdwire.h"
@@ -144,19 +152,26 @@ struct client *client_by_id(struct kvcd *d, uint64_t id) {
 }
 
 int client_drain(struct kvcd *d, struct client *c) {
+        bool reset = false;
         for (int i = 0; i < 64; i++) {
                 struct fdwire_msg m;
                 int fd = -1, r = fdwire_recv(c->fd, &m, &fd, 0);
                 if (r == -ETIMEDOUT)
-                        return 0;
+                        return reset ? -ENOTCONN : 0;
                 if (r == -ENOTCONN)
                         return r;
+                if (r == -ECONNRESET) { /* it closed with our records unread: what it sent is still here */
+                        reset = true;
+                        continue;
+                }
                 if (fd >= 0)
                         close(fd); /* clients send no fds */
                 if (r == -EPROTO)
                         continue; /* not a record: dropped */
                 if (r < 0)
                         return -ENOTCONN;
+                if (m.kind == FDWIRE_BYE)
+                        c->said_bye = true;
                 if (m.kind != FDWIRE_UNMAPPED || m.chunk_idx > UINT32_MAX)
                         continue;
                 if (pool_reclaim_done(d->pool, c->id, (uint32_t)m.chunk_idx) == 0)
@@ -178,6 +193,10 @@ void client_reclaim(struct kvcd *d) {
                 return;
         }
         for (uint32_t i = 0; i < n; i++) {
+                if (owner[i] & EXITING_DOMAIN) { /* a dead client's, held until its process exits */
+                        pool_reclaim_cancel(d->pool, idx[i]);
+                        continue;
+                }
                 struct client *c = client_by_id(d, owner[i]);
                 int r = c ? client_send_unmap(d, c, idx[i]) : -ENOENT; /* no c: an orphan of a restart */
                 if (r < 0) { /* not delivered (a record goes whole or not at all): called off */
@@ -190,18 +209,71 @@ void client_reclaim(struct kvcd *d) {
         }
 }
 
+/* Gives owner's chunks back, scrubbed; the restart record follows. */
+static uint32_t release_chunks(struct kvcd *d, uint64_t owner) {
+        uint32_t n = pool_release_owner(d->pool, owner);
+        for (uint32_t i = 0; n && i < pool_n_chunks(d->pool); i++)
+                if (pool_chunk_owner(d->pool, i) == 0)
+                        restart_record_chunk_owner(d, i, 0);
+        return n;
+}
+
+/* The chunks of client c, which died, are held until its process has exited: 0 when they are,
+ * -errno when they can be scrubbed now (nothing to wait for, or no way to wait). */
+static int hold_until_exit(struct kvcd *d, struct client *c) {
+        uint32_t owned = 0;
+        for (uint32_t i = 0; i < pool_n_chunks(d->pool); i++)
+                owned += pool_chunk_owner(d->pool, i) == c->id;
+        if (owned == 0)
+                return -ENOENT;
+        if (c->pid <= 0 || d->n_holds == KVCD_MAX_CLIENTS)
+                return -ESRCH;
+        int fd = (int)syscall(SYS_pidfd_open, c->pid, 0);
+        if (fd < 0)
+                return -errno; /* ESRCH: gone (and reaped) already */
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, 0) != 0) { /* exited already */
+                close(fd);
+                return -ESRCH;
+        }
+        uint64_t owner = EXITING_DOMAIN | c->id;
+        pool_transfer_owner(d->pool, c->id, owner);
+        d->holds[d->n_holds++] = (struct exit_hold){ .owner = owner, .pid = c->pid, .pidfd = fd };
+        return 0;
+}
+
+void client_exited(struct kvcd *d, uint32_t i) {
+        struct exit_hold h = d->holds[i];
+        d->holds[i] = d->holds[--d->n_holds];
+        close(h.pidfd);
+        uint32_t n = release_chunks(d, h.owner);
+        log_info("process %d has exited: its %u chunks scrubbed", (int)h.pid, n);
+}
+
+uint32_t client_held_chunks(const struct kvcd *d) {
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < pool_n_chunks(d->pool); i++)
+                n += (pool_chunk_owner(d->pool, i) & EXITING_DOMAIN) != 0;
+        return n;
+}
+
 void client_destroy(struct kvcd *d, struct client *c, bool died) {
         uint32_t n_sessions = c->n_sessions;
         while (c->sessions)
                 session_close(d, c->sessions);
-        uint32_t n_chunks = pool_release_owner(d->pool, c->id);
-        for (uint32_t i = 0; n_chunks && i < pool_n_chunks(d->pool); i++)
-                if (pool_chunk_owner(d->pool, i) == 0)
-                        restart_record_chunk_owner(d, i, 0);
+        uint32_t n_chunks = 0;
+        bool held = died && hold_until_exit(d, c) == 0;
+        if (!held)
+                n_chunks = release_chunks(d, c->id);
         if (died && n_sessions)
                 d->n.client_deaths++;
-        log_info("client %llu (pid %d) %s: %u sessions closed, %u chunks scrubbed", (unsigned long long)c->id,
-                 (int)c->pid, died ? "gone" : "disconnected", n_sessions, n_chunks);
+        if (held)
+                log_info("client %llu (pid %d) gone: %u sessions closed, its chunks held until the process exits",
+                         (unsigned long long)c->id, (int)c->pid, n_sessions);
+        else
+                log_info("client %llu (pid %d) %s: %u sessions closed, %u chunks scrubbed",
+                         (unsigned long long)c->id, (int)c->pid, died ? "gone" : "disconnected", n_sessions,
+                         n_chunks);
         for (uint32_t i = 0; i < d->n_clients; i++) {
                 if (d->clients[i] == c) {
                         d->clients[i] = d->clients[--d->n_clients];

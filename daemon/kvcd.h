@@ -78,6 +78,15 @@ struct client {
         uint64_t adopted_from; /* after a restart: the id of the connection this one took over */
         uint64_t connected_usec;
         bool refuses_moves; /* it refused a plan of block moves: its chunks are not drained again */
+        bool said_bye;      /* its last side-channel record was BYE: a clean disconnect */
+};
+
+/* The chunks of a client that died, held until its process has exited (client.c). */
+#define EXITING_DOMAIN (1ull << 61)
+struct exit_hold {
+        uint64_t owner; /* EXITING_DOMAIN | the client's id: the chunks' owner meanwhile */
+        pid_t pid;
+        int pidfd; /* readable once the process has exited */
 };
 
 /* One block table: the blocks of one class (full precision or INT8) of one layer, in slot order. */
@@ -240,6 +249,8 @@ struct kvcd {
         struct restart *restart; /* the fd store and the state record (restart.c) */
         struct client *orphans;  /* clients from before a restart, until they resume (list via orphan_next) */
         struct client *handoffs; /* parking clients of exported sessions, until imported (handoff.c) */
+        struct exit_hold holds[KVCD_MAX_CLIENTS]; /* dead clients' chunks, until their processes exit */
+        uint32_t n_holds;
         struct relocation { /* the chunk being drained (relocate.c) */
                 bool active;
                 uint32_t chunk;
@@ -289,8 +300,13 @@ int client_send_unmap(struct kvcd *d, struct client *c, uint32_t idx);
 /* When the pool ran short of chunks, asks the owners of chunks that hold none of their units to
  * give them back (cooperative shrink). */
 void client_reclaim(struct kvcd *d);
-/* Ends a client: closes its sessions, gives its chunks back scrubbed, frees it. */
+/* Ends a client: closes its sessions, gives its chunks back scrubbed, frees it. A client that
+ * died (no BYE) has its chunks held until its process has exited, when it can be watched. */
 void client_destroy(struct kvcd *d, struct client *c, bool died);
+/* The process of holds[i] has exited (its pidfd is readable): its chunks are scrubbed, freed. */
+void client_exited(struct kvcd *d, uint32_t i);
+/* Chunks held for processes that have not exited yet. */
+uint32_t client_held_chunks(const struct kvcd *d);
 
 /* session.c */
 /* Whose chunks hold the session's blocks: its client's, or its own (a session opened for

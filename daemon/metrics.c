@@ -96,6 +96,7 @@ int metrics_render(const struct kvcd *d, char *buf, size_t cap) {
                "Pool chunks: the most the capacity allows, and those owned by clients.");
         put(&o, "kvcd_pool_chunks{state=\"total\"} %u\nkvcd_pool_chunks{state=\"owned\"} %u\n",
             ps.chunks_total, ps.chunks_owned);
+        put(&o, "kvcd_pool_chunks{state=\"held_for_exit\"} %u\n", client_held_chunks(d));
         gauge(&o, "kvcd_sessions", "Open sessions.", d->sessions.n);
         gauge(&o, "kvcd_clients", "Connected client processes.", d->n_clients);
         gauge(&o, "kvcd_draining", "1 while kvcd refuses new sessions (kvcctl drain).", d->draining);

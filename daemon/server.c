@@ -323,7 +323,7 @@ static void notify_status(struct kvcd *d) {
 
 int server_run(struct kvcd *d) {
         enum { FIXED = 5 };
-        zmq_pollitem_t items[FIXED + KVCD_MAX_CLIENTS];
+        zmq_pollitem_t items[FIXED + 2 * KVCD_MAX_CLIENTS];
         struct client *owners[KVCD_MAX_CLIENTS];
         uint64_t next_ping = 0;
 
@@ -338,6 +338,9 @@ int server_run(struct kvcd *d) {
                         owners[i] = d->clients[i];
                         items[FIXED + i] = (zmq_pollitem_t){ .fd = owners[i]->fd, .events = ZMQ_POLLIN };
                 }
+                uint32_t n_holds = d->n_holds; /* processes whose chunks wait for their exit */
+                for (uint32_t i = 0; i < n_holds; i++)
+                        items[FIXED + n + i] = (zmq_pollitem_t){ .fd = d->holds[i].pidfd, .events = ZMQ_POLLIN };
                 long timeout = d->watchdog_usec ? (long)(d->watchdog_usec / 2000) : 1000;
                 uint64_t now0 = now_usec(), due = admin_next_deadline(d);
                 if (due != UINT64_MAX)
@@ -345,7 +348,7 @@ int server_run(struct kvcd *d) {
                                   : (long)((due - now0) / 1000) + 1 < timeout
                                           ? (long)((due - now0) / 1000) + 1
                                           : timeout;
-                if (zmq_poll(items, (int)(FIXED + n), timeout) < 0 && zmq_errno() != EINTR) {
+                if (zmq_poll(items, (int)(FIXED + n + n_holds), timeout) < 0 && zmq_errno() != EINTR) {
                         log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
                         return -zmq_errno();
                 }
@@ -353,11 +356,13 @@ int server_run(struct kvcd *d) {
                         handle_signals(d);
                 for (uint32_t i = 0; i < n; i++) {
                         short ev = items[FIXED + i].revents;
-                        if (ev & (ZMQ_POLLERR))
-                                client_destroy(d, owners[i], true);
-                        else if ((ev & ZMQ_POLLIN) && client_drain(d, owners[i]) < 0)
-                                client_destroy(d, owners[i], true);
+                        /* what it wrote last (a BYE) is read before its hang-up is handled */
+                        if (ev && (client_drain(d, owners[i]) < 0 || (ev & ZMQ_POLLERR)))
+                                client_destroy(d, owners[i], !owners[i]->said_bye);
                 }
+                for (uint32_t i = n_holds; i-- > 0;) /* from the end: client_exited moves the last one here */
+                        if (items[FIXED + n + i].revents)
+                                client_exited(d, i);
                 for (int i = 0; items[2].revents && i < 16; i++)
                         if (client_accept(d) <= 0)
                                 break;

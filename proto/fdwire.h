@@ -15,6 +15,9 @@
  *   kvcd -> client  UNMAP     give chunk chunk_idx back: it holds nothing of the client's any more
  *   client -> kvcd  UNMAPPED  chunk chunk_idx is unmapped here (the answer to UNMAP); kvcd scrubs
  *                             it and may grant it to another client
+ *   client -> kvcd  BYE       the last record of a clean disconnect: the client unmapped the whole
+ *                             pool. Without it, a hang-up is a death, and kvcd keeps the client's
+ *                             chunks until its process has exited (docs/gpu.md, "Client death")
  *
  * UNMAP/UNMAPPED is the cooperative shrink of docs/gpu.md: no CUDA API lets kvcd revoke a
  * client's mapping, so a chunk goes back only when its client says it let go.
@@ -32,6 +35,7 @@ enum fdwire_kind {
         FDWIRE_DEVICE = 3,
         FDWIRE_UNMAP = 4,
         FDWIRE_UNMAPPED = 5,
+        FDWIRE_BYE = 6,
 };
 
 enum fdwire_flags {

@@ -509,6 +509,15 @@ static void killed_clients_leave_nothing_behind(void **state) {
         assert_true(iterations < 10 || t.mid_run + t.rawpeers > 0);
 }
 
+/* Says BYE (a clean disconnect: "nothing is mapped here") and hangs up the side channel, the
+ * ZeroMQ connection staying. Without BYE, kvcd would hold the chunks until this process exits. */
+static void rawpeer_hang_up(struct rawpeer *p) {
+        struct fdwire_msg bye = { .magic = FDWIRE_MAGIC, .version = FDWIRE_VERSION, .kind = FDWIRE_BYE };
+        assert_int_equal(fdwire_send(p->fd, &bye, -1), 0);
+        close(p->fd);
+        p->fd = -1;
+}
+
 static void peer_that_hangs_up_mid_plan_is_forgotten(void **state) {
         struct fixture *f = *state;
         struct rawpeer p;
@@ -519,8 +528,7 @@ static void peer_that_hangs_up_mid_plan_is_forgotten(void **state) {
         assert_int_equal(admin_status(&f->admin, &s), 0);
         assert_true(s.sessions == 1 && s.used > 0);
 
-        close(p.fd); /* the side channel hangs up; the ZeroMQ connection stays */
-        p.fd = -1;
+        rawpeer_hang_up(&p);
         assert_int_equal(admin_status(&f->admin, &s), 0); /* the hang-up is handled first */
         assert_int_equal(s.sessions, 0);
         assert_int_equal(s.used, 0);
@@ -661,7 +669,8 @@ static void client_stopped_past_the_heartbeat_timeout(void **state) {
 }
 
 /* A holder that hangs up its side channel but keeps a chunk's fd and mapping must never see the
- * next owner's data: kvcd retires a chunk's memory when its owner goes (docs/security.md). */
+ * next owner's data: kvcd retires a chunk's memory when its owner goes (docs/security.md). This
+ * one even lies (BYE: "nothing is mapped here"), so kvcd grants the chunk again at once. */
 static void regranted_chunk_is_invisible_to_its_old_holder(void **state) {
         struct fixture *f = *state;
         struct rawpeer p;
@@ -682,8 +691,7 @@ static void regranted_chunk_is_invisible_to_its_old_holder(void **state) {
         assert_true(m.kind == FDWIRE_CHUNK && chunk_fd >= 0);
         const uint8_t *old = mmap(NULL, m.chunk_bytes, PROT_READ, MAP_SHARED, chunk_fd, 0);
         assert_true(old != MAP_FAILED);
-        close(p.fd); /* kvcd takes the chunk back, scrubs it, and may grant it again */
-        p.fd = -1;
+        rawpeer_hang_up(&p); /* kvcd takes the chunk back, scrubs it, and may grant it again */
         rawpeer_close(&p);
 
         const char *argv[40];

@@ -19,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -391,6 +393,84 @@ static void an_owner_that_dies_with_moves_in_flight_loses_nothing_of_anyone_else
         kvc_disconnect(b);
 }
 
+/* Hangs up this process's side channel to kvcd (its one SEQPACKET socket) without a BYE, the
+ * process staying alive with the pool mapped: what kvcd sees of a client that is dying. */
+static int hang_up_side_channel(void) {
+        DIR *dir = opendir("/proc/self/fd");
+        struct dirent *e;
+        int found = -1;
+        while (dir && (e = readdir(dir))) {
+                int fd = atoi(e->d_name), type = 0;
+                socklen_t len = sizeof(type);
+                if (fd > 2 && fd != dirfd(dir) && getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
+                    type == SOCK_SEQPACKET)
+                        found = fd;
+        }
+        if (dir)
+                closedir(dir);
+        return found < 0 ? -1 : shutdown(found, SHUT_RDWR);
+}
+
+/* A client whose side channel hangs up without a BYE is taken for dying: its chunks are held
+ * (counted against the capacity, granted to nobody) until its process has exited. */
+static void a_dead_clients_chunks_wait_for_its_process_to_exit(void **state) {
+        struct daemon *d = *state;
+        int ready[2], hold[2];
+        assert_int_equal(pipe(ready), 0);
+        assert_int_equal(pipe(hold), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                close(ready[0]);
+                close(hold[1]);
+                struct kvc_client *a = client(d, "dying");
+                struct kvc_session *s = session(a);
+                assert_int_equal(kvc_session_reserve(s, 16 * 16), 0); /* both chunks */
+                char c = hang_up_side_channel() == 0 ? 'r' : 'x', x;
+                if (write(ready[1], &c, 1) != 1)
+                        _exit(1);
+                while (read(hold[0], &x, 1) > 0)
+                        ;
+                _exit(0); /* no kvc_disconnect: it just ends */
+        }
+        close(ready[1]);
+        close(hold[0]);
+        char c = 0;
+        assert_int_equal(read(ready[0], &c, 1), 1);
+        assert_int_equal(c, 'r');
+
+        struct kvc_client *b = client(d, "newcomer");
+        struct kvc_session *t = session(b);
+        /* kvcd handled the hang-up (its sessions are closed) but holds the chunks */
+        long long held = -1;
+        for (int i = 0; i < 1000 && held != 2; i++) {
+                char *metrics = harness_kvcctl(d, "metrics");
+                assert_non_null(metrics);
+                const char *at = strstr(metrics, "kvcd_pool_chunks{state=\\\"held_for_exit\\\"} ");
+                held = at ? strtoll(strchr(at, '}') + 2, NULL, 10) : -1;
+                free(metrics);
+        }
+        assert_int_equal(held, 2);
+        assert_int_equal(status_int(d, "sessions"), 1); /* b's */
+        assert_int_equal(status_int(d, "used_bytes"), 0);
+        assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC); /* nothing is granted beside them */
+
+        close(hold[1]); /* the process exits */
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        close(ready[0]);
+        int r = -ENOSPC;
+        for (int i = 0; i < 10000 && r == -ENOSPC; i++)
+                r = kvc_session_reserve(t, 16);
+        assert_int_equal(r, 0);
+        assert_int_equal(status_int(d, "chunks_in_use"), 1);
+        char *audit = harness_kvcctl(d, "audit");
+        assert_non_null(audit);
+        free(audit);
+        kvc_disconnect(b);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them,
@@ -402,6 +482,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(a_generating_session_keeps_its_cache_while_its_blocks_move, setup,
                                                 harness_group_stop),
                 cmocka_unit_test_setup_teardown(a_lower_capacity_takes_chunks_back, setup, harness_group_stop),
+                cmocka_unit_test_setup_teardown(a_dead_clients_chunks_wait_for_its_process_to_exit, setup,
+                                                harness_group_stop),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
