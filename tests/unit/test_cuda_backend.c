@@ -701,6 +701,17 @@ static void devpool_imports_maps_and_shares_memory_with_kvcd(void **state) {
         assert_int_equal(devpool_read(dp, 1 * CHUNK, copy, 4), -EINVAL); /* not mapped */
         assert_int_equal(devpool_read(dp, 3 * CHUNK - 2, copy, 4), -EINVAL);
         assert_int_equal(devpool_read(dp, 4 * CHUNK, copy, 4), -EINVAL);
+
+        /* a block relocated on the device: copied, synchronized, visible to kvcd */
+        int syncs = fc.n_sync;
+        assert_int_equal(devpool_copy(dp, 2 * CHUNK + 65536, 2 * CHUNK + 4096, sizeof(plan)), 0);
+        assert_int_equal(fc.n_dtod, 1);
+        assert_int_equal(fc.n_sync, syncs + 1);
+        assert_int_equal(pool_read(p, 65536, copy, sizeof(copy)), 0);
+        assert_memory_equal(copy, plan, sizeof(plan));
+        assert_int_equal(devpool_copy(dp, 1 * CHUNK, 2 * CHUNK, 64), -EINVAL); /* not mapped */
+        assert_int_equal(devpool_copy(dp, 2 * CHUNK, 3 * CHUNK - 32, 64), -EINVAL);
+        assert_int_equal(fc.n_dtod, 1);
         devpool_free(dp);
         pool_free(p);
 }
