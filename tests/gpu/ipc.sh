@@ -11,7 +11,10 @@
 #   3. the victim is killed with SIGKILL; kvcd must count the death, scrub its chunks and pass its
 #      audit, and a checker client must be granted one of the victim's chunks and read it back as
 #      zeros;
-#   4. the survivor, untouched, carries on (more tokens, more plans) and closes.
+#   4. the survivor, untouched, carries on (more tokens, more plans) and closes;
+#   5. a mover holds blocks in two chunks; the capacity is lowered to one chunk, and kvcd must
+#      move its blocks together (plans of block moves: libkvc copies them with cuMemcpyDtoD) and
+#      take the emptied chunk back, every byte of the blocks intact.
 # It prints the device, the driver version and the allocation granularity (kvcd's log), and the
 # timings. Without a usable GPU (no driver, a stub driver, no device: kvcd exits 69) it says so
 # and exits 0.
@@ -132,6 +135,34 @@ done
 wait "$spid" || fail "the survivor exited with $?"
 spid=
 exec 5>&- 6<&-
+
+echo "== a mover with blocks in two chunks; the capacity lowered to one chunk"
+mkfifo "$dir/m.in" "$dir/m.out"
+"$client" --socket "$dir/run" --role mover --chunk-bytes $chunk <"$dir/m.in" >"$dir/m.out" 2>"$dir/mover.err" &
+spid=$!
+exec 5>"$dir/m.in" 6<"$dir/m.out"
+read -r -t 120 line <&6 || fail "the mover did not get ready"
+case "$line" in READY\ blocks=*) ;; *) fail "the mover said: $line" ;; esac
+echo "   mover: $line"
+"$bin/kvcctl" --socket "$dir/run" budget set --capacity $chunk >/dev/null || fail "kvcctl budget set --capacity"
+t0=$(date +%s%N)
+owned=
+for _ in $(seq 100); do
+        echo x >&5
+        read -r -t 60 line <&6 || fail "the mover did not answer"
+        owned=$("$bin/kvcctl" --socket "$dir/run" --json status | sed -n 's/.*"chunks_in_use":\([0-9]*\).*/\1/p')
+        [ "$line" = "EXCHANGED in=1" ] && [ "$owned" = 1 ] && break
+done
+[ "$owned" = 1 ] || fail "kvcd did not take the mover's second chunk back ($line, $owned chunks owned)"
+echo "   blocks gathered into one chunk and the other given back in $(ms "$t0") ms"
+exec 5>&-
+read -r -t 120 line <&6 || fail "the mover did not check its blocks"
+echo "   mover: $line"
+case "$line" in MOVED\ *) ;; *) fail "the mover said: $line" ;; esac
+wait "$spid" || fail "the mover exited with $?"
+spid=
+exec 6<&-
+grep 'draining chunk' "$dir/kvcd.log" | sed 's/^<[0-9]>/   kvcd: /'
 "$bin/kvcctl" --socket "$dir/run" audit >/dev/null || fail "kvcctl audit found a mismatch at the end"
 kill -TERM "$pid"
 wait "$pid" || fail "kvcd exited with $?"

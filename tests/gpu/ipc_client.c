@@ -14,6 +14,13 @@
  *   checker   --chunks I,J,...: opens a session and reserves room until it holds a chunk of that
  *             list (a dead client's, scrubbed and granted again), then reads that whole chunk
  *             back: every byte must be zero. Prints "REUSED chunk I: N bytes, all zero".
+ *   mover     holds a session of the full policy whose blocks lie in two chunks, the first with
+ *             room for all of them (another session there closed), each block filled with its own
+ *             byte; prints "READY blocks=N"; then, for every line on stdin, makes one exchange
+ *             with kvcd and answers "EXCHANGED in=K" (the chunks its blocks lie in), so that the
+ *             script can lower kvcd's capacity and watch kvcd move the blocks together (plans of
+ *             block moves, copied on the device by libkvc) and take the emptied chunk back; at EOF
+ *             it checks every block's bytes and prints "MOVED M blocks, all intact".
  *
  * Timings printed (microseconds, one run): connect (driver load, primary context, the pool's
  * address range), session open (the first chunk imported and mapped), grant (Reserve -> Grant
@@ -439,6 +446,80 @@ static int run_checker(const char *sock, const char *chunks, uint64_t chunk_byte
         return 0;
 }
 
+/* The chunks the session's blocks lie in (a bitmap of the first 64). */
+static uint64_t chunks_in_use(const struct ctx *x, struct kvc_session *s, uint64_t chunk_bytes) {
+        uint64_t set = 0;
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+                struct kvc_layer_view v;
+                KV(x->c, kvc_layer_view(s, l, &v));
+                for (uint32_t b = 0; b < v.n_blocks; b++)
+                        set |= 1ull << (chunk_of(x, v.blocks[b], chunk_bytes) % 64);
+        }
+        return set;
+}
+
+static int run_mover(const char *sock, uint64_t chunk_bytes) {
+        struct ctx x = { 0 };
+        uint64_t t_connect, t_open;
+        ctx_init(&x, 0.0f);
+        connect_and_open(&x, sock, &t_connect, &t_open); /* its window session: closed at once */
+        KV(x.c, kvc_session_close(x.s, NULL));
+        struct kvc_session_config cfg = {
+                .geometry = { .n_layers = N_LAYERS, .n_heads = N_HEADS, .n_kv_heads = N_KV, .head_dim = HEAD_DIM,
+                              .dtype = KVC_DTYPE_F32, .max_tokens = 4096 },
+                .policy = "full",
+        };
+        struct kvc_session *first, *kept;
+        KV(x.c, kvc_session_open(x.c, &cfg, &first));
+        KV(x.c, kvc_session_open(x.c, &cfg, &kept));
+        struct kvc_layer_view v;
+        KV(x.c, kvc_layer_view(first, 0, &v));
+        uint32_t per_chunk = (uint32_t)(chunk_bytes / v.block_bytes), third = per_chunk / 3 / N_LAYERS;
+        /* first: two thirds of a chunk; kept: the last third, and as much again in the next chunk */
+        KV(x.c, kvc_session_reserve(first, 2 * third * 16));
+        KV(x.c, kvc_session_reserve(kept, 2 * third * 16));
+        if (__builtin_popcountll(chunks_in_use(&x, kept, chunk_bytes)) != 2)
+                DIE("the kept session's blocks are not in two chunks");
+        uint32_t n_blocks = 0;
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+                KV(x.c, kvc_layer_view(kept, l, &v));
+                for (uint32_t b = 0; b < v.n_blocks; b++, n_blocks++)
+                        CK(cudaMemset(v.blocks[b], (int)(n_blocks % 251 + 1), v.block_bytes));
+        }
+        CK(cudaStreamSynchronize(NULL));
+        KV(x.c, kvc_session_close(first, NULL));
+        printf("READY blocks=%u\n", n_blocks);
+        char line[64];
+        while (fgets(line, sizeof(line), stdin)) {
+                KV(x.c, kvc_session_reserve(kept, 2 * third * 16)); /* nothing new: an exchange */
+                printf("EXCHANGED in=%d\n", __builtin_popcountll(chunks_in_use(&x, kept, chunk_bytes)));
+        }
+        uint8_t *host = malloc(v.block_bytes);
+        if (!host)
+                DIE("out of memory");
+        n_blocks = 0;
+        for (uint32_t l = 0; l < N_LAYERS; l++) {
+                KV(x.c, kvc_layer_view(kept, l, &v));
+                for (uint32_t b = 0; b < v.n_blocks; b++, n_blocks++) {
+                        CK(cudaMemcpy(host, v.blocks[b], v.block_bytes, cudaMemcpyDeviceToHost));
+                        for (uint64_t i = 0; i < v.block_bytes; i++)
+                                if (host[i] != (uint8_t)(n_blocks % 251 + 1))
+                                        DIE("layer %u block %u byte %llu is 0x%02x after the move", l, b,
+                                            (unsigned long long)i, host[i]);
+                }
+        }
+        free(host);
+        struct kvc_session_stats st;
+        kvc_session_get_stats(kept, &st);
+        if (st.blocks_moved == 0)
+                DIE("no block was moved");
+        printf("MOVED %llu blocks, all intact\n", (unsigned long long)st.blocks_moved);
+        KV(x.c, kvc_session_close(kept, NULL));
+        kvc_disconnect(x.c);
+        ctx_done(&x);
+        return 0;
+}
+
 int main(int argc, char **argv) {
         const char *sock = NULL, *chunks = "";
         uint64_t chunk_bytes = 2u << 20;
@@ -456,7 +537,7 @@ int main(int argc, char **argv) {
         }
         if (!sock || (argc - 1) % 2) {
                 fprintf(stderr,
-                        "usage: kvc-ipc-client --socket DIR --role survivor|victim|checker [--chunks I,J] "
+                        "usage: kvc-ipc-client --socket DIR --role survivor|victim|checker|mover [--chunks I,J] "
                         "[--chunk-bytes N]\n");
                 return 2;
         }
@@ -467,5 +548,7 @@ int main(int argc, char **argv) {
                 return run_victim(sock, chunk_bytes);
         if (strcmp(role, "checker") == 0)
                 return run_checker(sock, chunks, chunk_bytes);
+        if (strcmp(role, "mover") == 0)
+                return run_mover(sock, chunk_bytes);
         DIE("unknown role");
 }
