@@ -14,13 +14,14 @@
 #   $(BUILD)/bench/bench-compact    plan application (compact_layer) vs memcpy
 #   $(BUILD)/bench/bench-footprint  kvcd's RSS: idle, per session, steady state
 #   $(BUILD)/bench/bench-attn       libkvc's attention kernel vs kvc-run --local's (item 5's why)
+#   $(BUILD)/bench/bench-relocate   a chunk taken back from a client: block moves vs round trip, memcpy
 
 LOAD_ARGS ?= -p 16 -S 16 -t 20
 BENCH_DIR := $(BUILD)/bench
 BENCH_COMMON := $(call obj,bench/common.c)
 POLICY_OBJ := $(filter $(BUILD)/obj/daemon/policy/%,$(DAEMON_OBJ))
 BENCH_PROGRAMS := $(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-select $(BENCH_DIR)/bench-compact \
-	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn
+	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-relocate
 
 .PHONY: load bench bench-programs
 all: $(BUILD)/bin/kvc-load
@@ -32,7 +33,7 @@ $(BUILD)/bin/kvc-load: $(call obj,bench/kvc-load.c) $(BENCH_COMMON) $(LIB)/libkv
 load: $(BUILD)/bin/kvc-load $(BUILD)/bin/kvcd
 	$(BUILD)/bin/kvc-load --kvcd $(BUILD)/bin/kvcd $(LOAD_ARGS)
 
-$(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-footprint: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) $(LIB)/libkvc.a
+$(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-relocate: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) $(LIB)/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
 

@@ -12,6 +12,8 @@
 #   5. kvc-run          tokens/s through kvcd vs kvc-run --local, interleaved runs (below); and
 #      bench-attn       why: libkvc's attention kernel vs kvc-run --local's
 #   6. the GPU checks   tests/gpu/run.sh and tests/gpu/ipc.sh when a GPU is visible
+#   and bench-relocate  a chunk taken back from a client (issue 3): block moves vs a round trip
+#                       and memcpy
 #
 # Programs that serve (kvcd, the echo server) run on one CPU and clients on another when there
 # are two. E2E_REPS sets the kvc-run repetitions (default 9).
@@ -27,7 +29,7 @@ reps=${E2E_REPS:-9}
 failed=0
 
 for p in "$bin/kvcd" "$bin/kvc-run" "$bb/bench-rt" "$bb/bench-select" "$bb/bench-compact" "$bb/bench-footprint" \
-        "$bb/bench-attn"; do
+        "$bb/bench-attn" "$bb/bench-relocate"; do
         [ -x "$p" ] || { echo "bench/run.sh: $p is missing: make bench-programs BUILD=$build" >&2; exit 2; }
 done
 
@@ -148,6 +150,10 @@ kvcd_pid=
 trap - EXIT
 echo
 run "${pin_client[@]}" "$bb/bench-attn"
+
+# ---- issue 3 ----
+section "issue 3: a chunk taken back from a client that still has blocks in it"
+run "$bb/bench-relocate" --kvcd "$bin/kvcd"
 
 # ---- 6 ----
 section "item 6: GPU"
