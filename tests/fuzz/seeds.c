@@ -582,6 +582,34 @@ static void conv_plan(struct conv *c, const struct layer_plan *lp, uint64_t plan
         conv_frame(c, &env);
 }
 
+/* A PlanBatch with one plan of n block moves only (relocation): entry index[i] of layer[i]'s table
+ * (INT8 with q8[i]) from from[i] to to[i]. */
+static void conv_moves(struct conv *c, uint32_t n, const uint32_t *layer, const bool *q8, const uint32_t *index,
+                       const uint64_t *from, const uint64_t *to) {
+        Kvc__BlockMove mv[8], *mvp[8];
+        for (uint32_t i = 0; i < n && i < 8; i++) {
+                kvc__block_move__init(&mv[i]);
+                mv[i].layer = layer[i];
+                mv[i].q8 = q8[i];
+                mv[i].index = index[i];
+                mv[i].from = from[i];
+                mv[i].to = to[i];
+                mvp[i] = &mv[i];
+        }
+        Kvc__Plan p = KVC__PLAN__INIT, *pp[1] = { &p };
+        p.session_id = SESSION;
+        p.plan_id = ++c->plan_id;
+        p.n_moves = n < 8 ? n : 8;
+        p.moves = mvp;
+        Kvc__PlanBatch pb = KVC__PLAN_BATCH__INIT;
+        pb.n_plans = 1;
+        pb.plans = pp;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT;
+        env.body_case = KVC__ENVELOPE__BODY_PLAN_BATCH;
+        env.plan_batch = &pb;
+        conv_frame(c, &env);
+}
+
 static void conv_done(struct conv *c, const char *name) {
         write_file("plan", name, c->b.p, c->b.n);
         free(c->b.p);
@@ -833,6 +861,45 @@ static void plan_seeds(void) {
         conv_plan(&c, lp, 0, 0);
         conv_steps(&c, 6);
         conv_done(&c, "scribbled-pool");
+
+        /* relocation: blocks of both layers and an INT8 block move to chunk 6, between steps and
+         * plans; then lies: a `from` that is not the entry, a destination across a chunk's end, a
+         * destination used twice, an entry past the table */
+        conv_start(&c, 0xdf);
+        conv_grant(&c, 3, false, -1, SESSION);
+        conv_steps(&c, 40);
+        conv_grant(&c, 2, true, -1, SESSION);
+        {
+                uint64_t bb = c.fp.block_bytes, qb = c.q8.block_bytes, six = 6 * CHUNK;
+                uint32_t layer[3] = { 0, 0, 1 }, index[3] = { 0, 2, 1 };
+                bool q8[3] = { false, false, false };
+                uint64_t from[3] = { 1 * CHUNK, 1 * CHUNK + 2 * bb, 1 * CHUNK + 4 * bb },
+                         to[3] = { six, six + bb, six + 2 * bb };
+                conv_moves(&c, 3, layer, q8, index, from, to);
+                conv_steps(&c, 4);
+                uint32_t ql[1] = { 1 }, qi[1] = { 0 };
+                bool qq[1] = { true };
+                uint64_t qf[1] = { 4 * CHUNK + 2 * qb }, qt[1] = { 7 * CHUNK + qb };
+                conv_moves(&c, 1, ql, qq, qi, qf, qt);
+                for (uint32_t i = 0; i < 44; i++)
+                        keep[i] = i;
+                conv_keep(&c, 0, keep, 44);
+                conv_keep(&c, 128, keep, 44);
+                lp[0] = (struct layer_plan){ .base = 44, .offset = 0, .count = 44, .q8 = 16 };
+                lp[1] = (struct layer_plan){ .base = 44, .offset = 128, .count = 44, .q8 = 16 };
+                conv_plan(&c, lp, 0, 0);
+                conv_steps(&c, 4);
+                uint64_t bad_from[1] = { 1 * CHUNK }, bad_to[1] = { 7 * CHUNK - 64 };
+                conv_moves(&c, 1, layer, q8, index, bad_from, to); /* entry 0 holds `to` now */
+                conv_moves(&c, 1, layer, q8, index, to, bad_to);
+                uint64_t twice_from[2] = { six, six + bb }, twice_to[2] = { 5 * CHUNK, 5 * CHUNK };
+                uint32_t twice_index[2] = { 0, 2 };
+                conv_moves(&c, 2, layer, q8, twice_index, twice_from, twice_to);
+                uint32_t past[1] = { 9 };
+                conv_moves(&c, 1, layer, q8, past, to, bad_to);
+                conv_steps(&c, 4);
+        }
+        conv_done(&c, "moves");
 }
 
 /* ---- model: tiny llama2.c checkpoints ---- */
