@@ -99,7 +99,7 @@ static struct client *client_new(struct sim *m, uid_t uid, gid_t gid) {
         c->fd = sv[0];
         c->uid = uid;
         c->gid = gid;
-        c->pid = 1000 + (pid_t)c->id;
+        c->pid = 0; /* no process kvcd could watch: a dead client's chunks are scrubbed at once */
         c->bound = true;
         assert_true(d->n_clients < KVCD_MAX_CLIENTS);
         d->clients[d->n_clients++] = c;
