@@ -188,6 +188,12 @@ static int capacity_error(struct kvcd *d, int r, char *why, size_t why_len, cons
         pool_get_stats(d->pool, &ps);
         if (r == -ENOSPC && d->refusal[0])
                 snprintf(why, why_len, "%s: %s", what, d->refusal);
+        else if (r == -ENOSPC && pool_short_of_chunks(d->pool))
+                snprintf(why, why_len,
+                         "%s: no chunk free (%u owned by clients, %llu of %llu bytes in use): kvcd is asking "
+                         "for chunks back, retry",
+                         what, ps.chunks_owned, (unsigned long long)ps.used_bytes,
+                         (unsigned long long)ps.capacity_bytes);
         else if (r == -ENOSPC)
                 snprintf(why, why_len,
                          "%s: pool capacity exhausted (%llu of %llu bytes in use, %u of %u chunks owned)",

@@ -165,6 +165,7 @@ static void kvcd_moves_blocks_out_of_a_chunk_it_wants_back(void **state) {
         /* b finds every chunk owned: refused, and kvcd sets out to drain chunk 1 */
         struct kvc_session *t = session(b);
         assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC);
+        assert_non_null(strstr(kvc_last_error(b), "kvcd is asking for chunks back, retry"));
 
         /* a's exchanges with kvcd carry the moves (applied, acknowledged), then the UNMAP of the
          * emptied chunk (unmapped, acknowledged); b's request succeeds once kvcd has it back */
