@@ -725,6 +725,36 @@ static uint32_t live_tokens(const struct session *s, uint32_t l) {
         return s->layers[l].n_tokens - (s->n_shared_blocks ? masked_count(s, l) : 0);
 }
 
+/* A device pool: slots [at, at + cnt) of block blk, which are slots [i, i + cnt) of an n-slot
+ * layer, in one read of the block's side arrays (pos to the block's end: five [head][slot] arrays)
+ * staged in the scratch's work area (free until the policy selects). false when they do not fit
+ * there: the caller reads them array by array. */
+static bool gather_block(struct kvcd *d, const struct session *s, const struct block_layout *lay, uint64_t blk,
+                         uint32_t at, uint32_t cnt, uint32_t i, uint32_t n) {
+        struct plan_scratch *sc = &d->scratch;
+        uint64_t bytes = lay->block_bytes - lay->pos_offset;
+        if (bytes > 6 * sc->cap * sizeof(uint32_t))
+                return false;
+        uint8_t *stage = (uint8_t *)sc->work;
+        if (pool_read(d->pool, blk + lay->pos_offset, stage, bytes) < 0)
+                memset(stage, 0, bytes); /* plans on zeros, as a failed pool_read leaves its target */
+        const struct {
+                void *to;
+                uint64_t offset;
+        } arrays[5] = { { sc->pos, lay->pos_offset },
+                        { sc->sum, lay->sum_offset },
+                        { sc->ema, lay->ema_offset },
+                        { sc->last, lay->last_offset },
+                        { sc->logw, lay->logw_offset } };
+        for (int a = 0; a < 5; a++)
+                for (uint32_t h = 0; h < s->n_kv_heads; h++)
+                        memcpy((uint32_t *)arrays[a].to + (size_t)h * n + i,
+                               stage + (arrays[a].offset - lay->pos_offset) +
+                                       ((uint64_t)h * lay->block_tokens + at) * 4u,
+                               cnt * 4u);
+        return true;
+}
+
 static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, struct policy_layer *out) {
         const struct session_layer *L = &s->layers[l];
         struct plan_scratch *sc = &d->scratch;
@@ -737,6 +767,10 @@ static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, st
                 uint32_t cnt = T - at < n - i ? T - at : n - i;
                 if (i < L->n_q8 && cnt > L->n_q8 - i)
                         cnt = L->n_q8 - i; /* the INT8 part ends inside this block */
+                if (d->backend->device && gather_block(d, s, lay, blk, at, cnt, i, n)) {
+                        i += cnt; /* one copy off the GPU per block, not 5 per KV head */
+                        continue;
+                }
                 for (uint32_t h = 0; h < s->n_kv_heads; h++) {
                         size_t to = (size_t)h * n + i;
                         uint64_t at_head = ((uint64_t)h * T + at) * 4u;
