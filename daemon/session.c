@@ -816,28 +816,43 @@ static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, st
                                       .logw = sc->logw };
 }
 
+static bool adds_logw(const float *delta, uint32_t slot, uint32_t shared) {
+        return *delta != 0.0f && isfinite(*delta) && slot >= shared;
+}
+
 /* Adds the policy's log-weight increments into the pool, at the kept slots (every head when the
- * plan is per layer). kvcd writes only slots below the length it planned on: the client appends
- * beyond them, so the two never write the same word. */
+ * plan is per layer): one read and one write per block and head, of the run from its first to its
+ * last slot with an increment (a device pool pays per copy). kvcd writes only slots below the
+ * length it planned on: the client appends beyond them, so the two never write the same word. */
 static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const uint32_t *keep, uint32_t k,
                      const float *delta) {
         const struct session_layer *L = &s->layers[l];
         uint32_t S = shared_tokens(s); /* shared slots are other sessions' too: never written */
+        float run[WIRE_MAX_BLOCK_TOKENS];
         for (uint32_t h = 0; h < s->n_kv_heads; h++) {
                 const uint32_t *kh = keep + (size_t)(s->per_head ? h : 0) * k;
                 const float *dh = delta + (size_t)(s->per_head ? h : 0) * k;
-                for (uint32_t i = 0; i < k; i++) {
-                        if (dh[i] == 0.0f || !isfinite(dh[i]) || kh[i] < S)
+                for (uint32_t i = 0; i < k;) {
+                        if (!adds_logw(&dh[i], kh[i], S)) {
+                                i++;
                                 continue;
-                        const struct block_layout *lay;
-                        uint32_t at;
-                        uint64_t blk = slot_block(s, L, kh[i], &lay, &at);
-                        uint64_t where = blk + lay->logw_offset + ((uint64_t)h * lay->block_tokens + at) * 4u;
-                        float w;
-                        if (pool_read(d->pool, where, &w, sizeof(w)) == 0) {
-                                w += dh[i];
-                                pool_write(d->pool, where, &w, sizeof(w));
                         }
+                        const struct block_layout *lay, *lay_j;
+                        uint32_t first, at;
+                        uint64_t blk = slot_block(s, L, kh[i], &lay, &first), last_i = i;
+                        for (uint32_t j = i + 1; j < k && slot_block(s, L, kh[j], &lay_j, &at) == blk; j++)
+                                if (adds_logw(&dh[j], kh[j], S))
+                                        last_i = j;
+                        slot_block(s, L, kh[last_i], &lay_j, &at);
+                        uint32_t len = at - first + 1;
+                        uint64_t where = blk + lay->logw_offset + ((uint64_t)h * lay->block_tokens + first) * 4u;
+                        if (pool_read(d->pool, where, run, len * sizeof(float)) == 0) {
+                                for (uint32_t j = i; j <= last_i; j++)
+                                        if (adds_logw(&dh[j], kh[j], S))
+                                                run[kh[j] - kh[i]] += dh[j];
+                                pool_write(d->pool, where, run, len * sizeof(float));
+                        }
+                        i = (uint32_t)last_i + 1;
                 }
         }
 }

@@ -9,9 +9,14 @@
  * The data covers partial blocks (a layer's last block, an INT8 table ending inside a block),
  * per-head keep-sets (h2o), INT8 tables with their own layout (conf), and scores that differ per
  * head and per token.
+ *
+ * Also owns the log-weight increments a plan writes (prob's corrections, add_logw: one read and
+ * one write per run of slots in a block): after each plan, every slot of the planned layer holds
+ * exactly its old log-weight plus its increment, and no other slot changed.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -143,11 +148,70 @@ static void tova_plans_are_the_same_on_both_paths(void **state) {
         same_plans("tova", 24, 1, NULL);
 }
 
+/* slot j of layer l, head h: its log-weight in the pool */
+static float *logw_at(struct kvcd *d, struct session *s, uint32_t l, uint32_t h, uint32_t j) {
+        const struct session_layer *L = &s->layers[l];
+        uint32_t T = s->layout.block_tokens;
+        const struct block_layout *lay = j < L->n_q8 ? &s->q8_layout : &s->layout;
+        uint64_t blk = j < L->n_q8 ? L->q8.blocks[j / T] : L->fp.blocks[(j - L->n_q8) / T];
+        uint32_t at = (j < L->n_q8 ? j : j - L->n_q8) % T;
+        return (float *)pool_ptr(d->pool, blk + lay->logw_offset + ((uint64_t)h * T + at) * 4u);
+}
+
+static void plans_add_exactly_their_log_weight_increments(void **state) {
+        (void)state;
+        struct sim *m = sim_new(8 * CHUNK);
+        struct kvcd *d = &m->d;
+        struct session *s;
+        char why[256];
+        struct open_args a = { .policy = "prob", .budget = 32, .kv_heads = 2, .head_dim = 16 };
+        struct client *c = sim_client_new(m, 1000, 1000);
+        if (sim_open_session(m, c, &a, &s, why, sizeof(why)) != 0)
+                fail_msg("open prob: %s", why);
+        static float before[2][2][1024];
+        uint32_t plans = 0, increments = 0;
+        for (int32_t pos = 0; pos < 400; pos++) {
+                for (uint32_t l = 0; l < s->n_layers; l++)
+                        for (uint32_t h = 0; h < 2; h++)
+                                for (uint32_t j = 0; j < 1024; j++) /* the token this step appends: 0 */
+                                        before[l][h][j] = j < s->layers[l].n_tokens ? *logw_at(d, s, l, h, j) : 0.0f;
+                Kvc__Plan *p = one_step(m, s, pos, 0.5f);
+                if (!p)
+                        continue;
+                /* the scratch holds the last planned layer's increments */
+                const Kvc__LayerPlan *lp = p->layers[p->n_layers - 1];
+                uint32_t l = lp->layer, k = lp->keep_count, n = lp->base_tokens;
+                const uint32_t *keep = (const uint32_t *)pool_ptr(d->pool, s->plan_offset + (uint64_t)lp->keep_offset * 4);
+                const float *delta = d->scratch.logw_delta;
+                for (uint32_t h = 0; h < 2; h++) {
+                        const uint32_t *kh = keep + (lp->per_head ? (size_t)h * k : 0);
+                        const float *dh = delta + (lp->per_head ? (size_t)h * k : 0);
+                        float want[1024];
+                        memcpy(want, before[l][h], n * sizeof(float));
+                        for (uint32_t i = 0; i < k; i++)
+                                if (dh[i] != 0.0f && isfinite(dh[i])) {
+                                        want[kh[i]] += dh[i];
+                                        increments++;
+                                }
+                        for (uint32_t j = 0; j < n; j++)
+                                if (memcmp(logw_at(d, s, l, h, j), &want[j], sizeof(float)))
+                                        fail_msg("token %d, layer %u head %u slot %u: log-weight %g, not %g", pos, l, h,
+                                                 j, *logw_at(d, s, l, h, j), want[j]);
+                }
+                plans++;
+                sim_apply(m, s, p);
+        }
+        print_message("prob: %u plans, %u log-weight increments checked\n", plans, increments);
+        assert_true(plans >= 5 && increments > 0);
+        sim_free(m);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(h2o_per_head_plans_are_the_same_on_both_paths),
                 cmocka_unit_test(conf_int8_plans_are_the_same_on_both_paths),
                 cmocka_unit_test(tova_plans_are_the_same_on_both_paths),
+                cmocka_unit_test(plans_add_exactly_their_log_weight_increments),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
