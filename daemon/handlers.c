@@ -512,7 +512,8 @@ static void retry_wait(struct kvcd *d, struct session *s, uint64_t now) {
         if (r == -EINPROGRESS) {
                 r = -ENOSPC;
                 snprintf(why, sizeof(why),
-                         "%s: waited %.1f s for memory the arbiter was reclaiming from other sessions",
+                         "%s: waited %.1f s for memory being taken back (from other sessions, or other "
+                         "clients' chunks)",
                          open ? "open" : "reserve", KVCD_WAIT_USEC / 1e6);
         }
         if (r == 0 && open) {

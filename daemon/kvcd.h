@@ -261,6 +261,7 @@ struct kvcd {
         struct plan_scratch scratch;
         struct wire_arena *in;  /* the request being handled */
         struct wire_arena *out; /* the reply being built */
+        struct wire_arena *notes; /* a message kvcd sends unasked (relocate.c); NULL: d->out is used */
         struct kvcd_counters n;
         struct histogram plan_latency;
         struct histogram confidence;
@@ -393,6 +394,7 @@ void handoff_tick(struct kvcd *d, uint64_t now);
 void handoff_end(struct kvcd *d);
 
 /* relocate.c: moving a client's blocks out of a chunk so that the chunk can be given back */
+#define RELOCATE_NOTE_BYTES (64u * 1024u) /* d->notes: one plan of WIRE_MAX_MOVES moves fits */
 /* The pool is short of chunks and none is empty: picks one to drain, and sends its sessions their
  * moves. false when none qualifies, or one is draining already. */
 bool relocate_pick(struct kvcd *d, uint64_t now);

@@ -105,16 +105,14 @@ bool relocate_pick(struct kvcd *d, uint64_t now) {
         log_info("draining chunk %lld of client %llu: its %u blocks move to the client's other chunks",
                  (long long)best, (unsigned long long)owner, best_used);
         struct client *c = client_by_id(d, owner);
-        for (struct session *s = c ? c->sessions : NULL; s; s = s->next) {
-                wire_arena_reset(d->out);
+        for (struct session *s = c ? c->sessions : NULL; s; s = s->next)
                 relocate_kick(d, s);
-        }
         return true;
 }
 
 /* Builds s's plan of moves out of the draining chunk (at most WIRE_MAX_MOVES), allocating the
  * destinations; NULL when none is needed or none could be allocated. */
-static Kvc__Plan *moves_plan(struct kvcd *d, struct session *s) {
+static Kvc__Plan *moves_plan(struct kvcd *d, struct session *s, struct wire_arena *a) {
         uint32_t idx = d->relocate.chunk, n = 0;
         uint64_t owner = s->owner->id;
         if (!s->moves && !(s->moves = malloc(WIRE_MAX_MOVES * sizeof(*s->moves))))
@@ -138,9 +136,9 @@ built:
         s->n_moves = n;
         if (n == 0)
                 return NULL;
-        Kvc__Plan *p = wire_arena_alloc(d->out, sizeof(*p));
-        Kvc__BlockMove **mp = wire_arena_alloc(d->out, n * sizeof(*mp));
-        Kvc__BlockMove *mv = wire_arena_alloc(d->out, n * sizeof(*mv));
+        Kvc__Plan *p = wire_arena_alloc(a, sizeof(*p));
+        Kvc__BlockMove **mp = wire_arena_alloc(a, n * sizeof(*mp));
+        Kvc__BlockMove *mv = wire_arena_alloc(a, n * sizeof(*mv));
         if (!p || !mp || !mv) {
                 relocate_undo(d, s);
                 return NULL;
@@ -188,9 +186,13 @@ bool relocate_wanted(const struct kvcd *d, const struct session *s) {
 void relocate_kick(struct kvcd *d, struct session *s) {
         if (s->pending_plan_id || s->n_moves || !s->owner->bound || !relocate_wanted(d, s))
                 return;
-        Kvc__Plan *p = moves_plan(d, s);
-        Kvc__Plan **plans = p ? wire_arena_alloc(d->out, sizeof(*plans)) : NULL;
-        Kvc__PlanBatch *pb = plans ? wire_arena_alloc(d->out, sizeof(*pb)) : NULL;
+        /* its own arena: a kick may come in the middle of a request whose reply is in d->out */
+        struct wire_arena *a = d->notes ? d->notes : d->out;
+        if (d->notes)
+                wire_arena_reset(d->notes);
+        Kvc__Plan *p = moves_plan(d, s, a);
+        Kvc__Plan **plans = p ? wire_arena_alloc(a, sizeof(*plans)) : NULL;
+        Kvc__PlanBatch *pb = plans ? wire_arena_alloc(a, sizeof(*pb)) : NULL;
         if (!pb) {
                 if (p) { /* built but not sent: as if refused */
                         relocate_undo(d, s);

@@ -217,7 +217,8 @@ int server_start(struct kvcd *d) {
         }
         if ((r = idmap_init(&d->sessions, 64)) < 0 || (r = prefix_init(d)) < 0 ||
             (r = wire_arena_new(WIRE_REQUEST_MAX_BYTES * 16, &d->in)) < 0 ||
-            (r = wire_arena_new(WIRE_REPLY_MAX_BYTES, &d->out)) < 0 || (r = open_signals(d)) < 0)
+            (r = wire_arena_new(WIRE_REPLY_MAX_BYTES, &d->out)) < 0 ||
+            (r = wire_arena_new(RELOCATE_NOTE_BYTES, &d->notes)) < 0 || (r = open_signals(d)) < 0)
                 return r;
         if ((r = restart_begin(d)) < 0) {
                 log_error("cannot set up the fd store: %s", strerror(-r));
@@ -425,6 +426,7 @@ void server_stop(struct kvcd *d) {
         plan_scratch_done(&d->scratch);
         d->in = wire_arena_free(d->in);
         d->out = wire_arena_free(d->out);
+        d->notes = wire_arena_free(d->notes);
         d->pool = pool_free(d->pool);
         backend_close(d->backend); /* after the pool: its chunks go first */
         d->backend = NULL;

@@ -188,10 +188,11 @@ static int capacity_error(struct kvcd *d, int r, char *why, size_t why_len, cons
         pool_get_stats(d->pool, &ps);
         if (r == -ENOSPC && d->refusal[0])
                 snprintf(why, why_len, "%s: %s", what, d->refusal);
-        else if (r == -ENOSPC && pool_short_of_chunks(d->pool))
+        else if (r == -ENOSPC && ps.chunks_owned * ps.chunk_bytes + ps.chunk_bytes > ps.capacity_bytes &&
+                 ps.used_bytes < ps.capacity_bytes)
                 snprintf(why, why_len,
-                         "%s: no chunk free (%u owned by clients, %llu of %llu bytes in use): kvcd is asking "
-                         "for chunks back, retry",
+                         "%s: no chunk free (%u owned by client processes, %llu of %llu bytes in use), and none "
+                         "of them can give one back now",
                          what, ps.chunks_owned, (unsigned long long)ps.used_bytes,
                          (unsigned long long)ps.capacity_bytes);
         else if (r == -ENOSPC)
@@ -378,10 +379,19 @@ static uint64_t plan_units_of(struct session *s) {
 }
 
 /* Whether a request refused for lack of memory is worth waiting for: it was not the session's
- * own cap, and the arbiter is taking memory back from others. */
+ * own cap, and memory is being taken back: by the arbiter from other sessions, or chunks from
+ * other clients (asked for now, when every chunk is owned: an empty one, or one emptied by
+ * moving its blocks). Nothing being taken back: refused at once. */
 static bool worth_waiting(struct kvcd *d, int r) {
         if (r != -ENOSPC || d->refusal_own)
                 return false;
+        if (pool_short_of_chunks(d->pool)) {
+                struct pool_stats ps;
+                client_reclaim(d);
+                pool_get_stats(d->pool, &ps);
+                if (ps.chunks_reclaiming > 0)
+                        return true;
+        }
         budget_arbitrate(d);
         return d->budget.pressure;
 }

@@ -9,6 +9,11 @@
  * A chunk that still holds blocks is drained first: kvcd sends the owner a plan of block moves
  * (unasked) into the free room of its other chunk, libkvc copies the blocks and swaps its table
  * entries, and the emptied chunk then goes the same way. The moved blocks keep every byte.
+ *
+ * The request that found no chunk waits (up to 2 s) while kvcd takes one back. Where both clients
+ * live in this thread the owner cannot answer while the requester waits, so the request fails
+ * after the wait and is retried; a_request_waits_while_kvcd_takes_a_chunk_back puts the owner in
+ * another process, where the request is simply answered.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -20,8 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -165,7 +172,8 @@ static void kvcd_moves_blocks_out_of_a_chunk_it_wants_back(void **state) {
         /* b finds every chunk owned: refused, and kvcd sets out to drain chunk 1 */
         struct kvc_session *t = session(b);
         assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC);
-        assert_non_null(strstr(kvc_last_error(b), "kvcd is asking for chunks back, retry"));
+        /* (it waited for the chunk, which cannot come back while this thread, a's too, waits) */
+        assert_non_null(strstr(kvc_last_error(b), "waited 2.0 s for memory being taken back"));
 
         /* a's exchanges with kvcd carry the moves (applied, acknowledged), then the UNMAP of the
          * emptied chunk (unmapped, acknowledged); b's request succeeds once kvcd has it back */
@@ -339,6 +347,67 @@ static void a_lower_capacity_takes_chunks_back(void **state) {
         kvc_disconnect(a);
 }
 
+/* Every byte of kept's blocks is what fragmented() wrote, and they all lie in chunk 0. */
+static bool intact(struct kvc_client *a, struct kvc_session *kept) {
+        struct kvc_layer_view v;
+        if (kvc_layer_view(kept, 0, &v) < 0 || v.n_blocks != 14)
+                return false;
+        for (uint32_t i = 0; i < v.n_blocks; i++) {
+                if (chunk_of(a, v.blocks[i]) != 0)
+                        return false;
+                for (uint64_t k = 0; k < v.block_bytes; k++)
+                        if (v.blocks[i][k] != (uint8_t)(i * 31 + k * 7 + 1))
+                                return false;
+        }
+        return true;
+}
+
+/* With the owner in another process, busy with its own work, a request that finds no chunk free
+ * waits while kvcd takes one back (the owner's blocks moved, its chunk unmapped) and succeeds: the
+ * requester never sees ENOSPC. */
+static void a_request_waits_while_kvcd_takes_a_chunk_back(void **state) {
+        struct daemon *d = *state;
+        int ready[2], stop[2];
+        assert_int_equal(pipe(ready), 0);
+        assert_int_equal(pipe(stop), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) { /* the owner: exchanges with kvcd until told to stop, then checks its blocks */
+                close(ready[0]);
+                close(stop[1]);
+                struct kvc_client *a = client(d, "busy owner");
+                struct kvc_session *kept = fragmented(a);
+                char c = 'r';
+                if (write(ready[1], &c, 1) != 1)
+                        _exit(1);
+                struct pollfd p = { .fd = stop[0], .events = POLLIN };
+                for (int i = 0; i < 1000000 && poll(&p, 1, 0) == 0; i++)
+                        if (kvc_session_reserve(kept, 14 * 16) < 0)
+                                _exit(2);
+                _exit(intact(a, kept) ? 0 : 3);
+        }
+        close(ready[1]);
+        close(stop[0]);
+        char c;
+        assert_int_equal(read(ready[0], &c, 1), 1);
+        struct kvc_client *b = client(d, "newcomer");
+        struct kvc_session *t = session(b);
+        assert_int_equal(kvc_session_reserve(t, 16), 0); /* waited, then granted */
+        struct kvc_layer_view w;
+        assert_int_equal(kvc_layer_view(t, 0, &w), 0);
+        assert_int_equal(chunk_of(b, w.blocks[0]), 1);
+        close(stop[1]);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        assert_int_equal(WEXITSTATUS(status), 0); /* its blocks moved into chunk 0, every byte kept */
+        close(ready[0]);
+        char *audit = harness_kvcctl(d, "audit");
+        assert_non_null(audit);
+        free(audit);
+        kvc_disconnect(b);
+}
+
 /* The owner dies with the moves unapplied: their destinations go back with everything else. */
 static void an_owner_that_dies_with_moves_in_flight_loses_nothing_of_anyone_else(void **state) {
         struct daemon *d = *state;
@@ -394,17 +463,23 @@ static void an_owner_that_dies_with_moves_in_flight_loses_nothing_of_anyone_else
         kvc_disconnect(b);
 }
 
-/* Hangs up this process's side channel to kvcd (its one SEQPACKET socket) without a BYE, the
- * process staying alive with the pool mapped: what kvcd sees of a client that is dying. */
-static int hang_up_side_channel(void) {
+/* Hangs up this process's side channel to kvcd d (the SEQPACKET socket connected to its fd
+ * socket) without a BYE, the process staying alive with the pool mapped: what kvcd sees of a
+ * client that is dying. */
+static int hang_up_side_channel(const struct daemon *d) {
+        char want[sizeof(((struct sockaddr_un *)0)->sun_path)];
+        snprintf(want, sizeof(want), "%s/kvcd.fd.sock", d->dir);
         DIR *dir = opendir("/proc/self/fd");
         struct dirent *e;
         int found = -1;
         while (dir && (e = readdir(dir))) {
                 int fd = atoi(e->d_name), type = 0;
                 socklen_t len = sizeof(type);
+                struct sockaddr_un peer = { 0 };
+                socklen_t plen = sizeof(peer);
                 if (fd > 2 && fd != dirfd(dir) && getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 &&
-                    type == SOCK_SEQPACKET)
+                    type == SOCK_SEQPACKET && getpeername(fd, (struct sockaddr *)&peer, &plen) == 0 &&
+                    strcmp(peer.sun_path, want) == 0)
                         found = fd;
         }
         if (dir)
@@ -427,7 +502,7 @@ static void a_dead_clients_chunks_wait_for_its_process_to_exit(void **state) {
                 struct kvc_client *a = client(d, "dying");
                 struct kvc_session *s = session(a);
                 assert_int_equal(kvc_session_reserve(s, 16 * 16), 0); /* both chunks */
-                char c = hang_up_side_channel() == 0 ? 'r' : 'x', x;
+                char c = hang_up_side_channel(d) == 0 ? 'r' : 'x', x;
                 if (write(ready[1], &c, 1) != 1)
                         _exit(1);
                 while (read(hold[0], &x, 1) > 0)
@@ -484,6 +559,8 @@ int main(void) {
                                                 harness_group_stop),
                 cmocka_unit_test_setup_teardown(a_lower_capacity_takes_chunks_back, setup, harness_group_stop),
                 cmocka_unit_test_setup_teardown(a_dead_clients_chunks_wait_for_its_process_to_exit, setup,
+                                                harness_group_stop),
+                cmocka_unit_test_setup_teardown(a_request_waits_while_kvcd_takes_a_chunk_back, setup,
                                                 harness_group_stop),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
