@@ -392,7 +392,14 @@ static void a_request_waits_while_kvcd_takes_a_chunk_back(void **state) {
         assert_int_equal(read(ready[0], &c, 1), 1);
         struct kvc_client *b = client(d, "newcomer");
         struct kvc_session *t = session(b);
-        assert_int_equal(kvc_session_reserve(t, 16), 0); /* waited, then granted */
+        /* waited, then granted; on a machine so loaded that the owner cannot answer within kvcd's
+         * 2 s, the request says it waited, and is asked again */
+        int r = kvc_session_reserve(t, 16);
+        for (int i = 0; i < 10 && r == -ENOSPC; i++) {
+                assert_non_null(strstr(kvc_last_error(b), "waited 2.0 s for memory being taken back"));
+                r = kvc_session_reserve(t, 16);
+        }
+        assert_int_equal(r, 0);
         struct kvc_layer_view w;
         assert_int_equal(kvc_layer_view(t, 0, &w), 0);
         assert_int_equal(chunk_of(b, w.blocks[0]), 1);
