@@ -201,14 +201,15 @@ static void print_status(const struct ctl *c, const Kvc__Status *s) {
                        "\"chunks_in_use\":%u,\"clients\":%u,\"sessions\":%u,\"steps_total\":%llu,\"plans_"
                        "total\":%llu,"
                        "\"client_deaths\":%llu,\"errors_total\":%llu,\"draining\":%s,\"shared_bytes\":%llu,"
-                       "\"shared_blocks\":%u}\n",
+                       "\"shared_blocks\":%u,\"chunks_reclaiming\":%u,\"chunks_held\":%u}\n",
                        s->version, s->backend, (unsigned long long)s->uptime_usec,
                        (unsigned long long)s->capacity_bytes, (unsigned long long)s->used_bytes,
                        (unsigned long long)s->int8_bytes, (unsigned long long)s->chunk_bytes, s->chunks_total,
                        s->chunks_in_use, s->clients, s->sessions, (unsigned long long)s->steps_total,
                        (unsigned long long)s->plans_total, (unsigned long long)s->client_deaths,
                        (unsigned long long)s->errors_total, s->draining ? "true" : "false",
-                       (unsigned long long)s->shared_bytes, s->shared_blocks);
+                       (unsigned long long)s->shared_bytes, s->shared_blocks, s->chunks_reclaiming,
+                       s->chunks_held);
                 return;
         }
         char a[32], b[32], q[32];
@@ -218,6 +219,9 @@ static void print_status(const struct ctl *c, const Kvc__Status *s) {
                human_bytes(s->used_bytes, a, sizeof(a)), human_bytes(s->capacity_bytes, b, sizeof(b)),
                s->capacity_bytes ? 100.0 * (double)s->used_bytes / (double)s->capacity_bytes : 0.0,
                human_bytes(s->int8_bytes, q, sizeof(q)), s->chunks_in_use, s->chunks_total);
+        if (s->chunks_reclaiming || s->chunks_held)
+                printf("          of those, %u being taken back, %u held until a dead client's process exits\n",
+                       s->chunks_reclaiming, s->chunks_held);
         printf("clients   %u\nsessions  %u\n", s->clients, s->sessions);
         if (s->shared_blocks)
                 printf("shared    %u prompt blocks, %s (counted once)\n", s->shared_blocks,

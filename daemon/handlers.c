@@ -300,6 +300,8 @@ static int handle_status(struct request *rq) {
         s->chunk_bytes = ps.chunk_bytes;
         s->chunks_total = ps.chunks_total;
         s->chunks_in_use = ps.chunks_owned;
+        s->chunks_reclaiming = ps.chunks_reclaiming;
+        s->chunks_held = client_held_chunks(d);
         s->clients = d->n_clients;
         s->sessions = d->sessions.n;
         s->steps_total = d->n.steps;

@@ -534,7 +534,8 @@ static void a_dead_clients_chunks_wait_for_its_process_to_exit(void **state) {
                 free(metrics);
         }
         assert_int_equal(held, 2);
-        assert_int_equal(status_int(d, "sessions"), 1); /* b's */
+        assert_int_equal(status_int(d, "chunks_held"), 2); /* kvcctl status says so too */
+        assert_int_equal(status_int(d, "sessions"), 1);    /* b's */
         assert_int_equal(status_int(d, "used_bytes"), 0);
         assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC); /* nothing is granted beside them */
 
@@ -548,6 +549,7 @@ static void a_dead_clients_chunks_wait_for_its_process_to_exit(void **state) {
                 r = kvc_session_reserve(t, 16);
         assert_int_equal(r, 0);
         assert_int_equal(status_int(d, "chunks_in_use"), 1);
+        assert_int_equal(status_int(d, "chunks_held"), 0);
         char *audit = harness_kvcctl(d, "audit");
         assert_non_null(audit);
         free(audit);
