@@ -8,6 +8,7 @@ build=$1
 shift
 export KVC_BUILD=$build
 passed=0 failed=0 crashed=0
+failures=() # what failed, named again at the end (the output above it is long)
 for t in "$@"; do
         name=$(basename "$t")
         case "$t" in
@@ -15,7 +16,7 @@ for t in "$@"; do
                 out=$("$t" "$build" 2>&1)
                 rc=$?
                 printf '%s\n' "$out" | sed "s/^/[$name] /"
-                if [ "$rc" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+                if [ "$rc" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("$name"); fi
                 continue
                 ;;
         esac
@@ -26,11 +27,16 @@ for t in "$@"; do
         f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)
         passed=$((passed + ${p:-0}))
         failed=$((failed + ${f:-0}))
+        while read -r t; do
+                [ -n "$t" ] && failures+=("$name: $t")
+        done < <(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([a-z_0-9]*\)$/\1/p')
         if [ "$rc" -ne 0 ] && [ -z "$f" ]; then
                 echo "[$name] exited with status $rc before reporting"
                 crashed=$((crashed + 1))
+                failures+=("$name: exited with status $rc before reporting")
         fi
 done
 echo
+for f in "${failures[@]}"; do echo "FAILED: $f"; done
 echo "$passed passed, $((failed + crashed)) failed"
 [ $((failed + crashed)) -eq 0 ]
