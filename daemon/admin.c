@@ -28,8 +28,7 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
                         const struct session_layer *L = &s->layers[l];
                         for (int q = 0; q < 2; q++) {
                                 const struct block_table *t = q ? &L->q8 : &L->fp;
-                                uint32_t unit =
-                                        (uint32_t)(q ? s->q8_layout.block_bytes : s->layout.block_bytes);
+                                uint32_t unit = session_unit_bytes(s, q);
                                 /* shared blocks are the prefix index's (below); prompt blocks it did not
                                  * get to share are in its prefix domain */
                                 uint32_t first = q ? 0 : s->n_shared_blocks;

@@ -221,10 +221,7 @@ static uint32_t release_chunks(struct kvcd *d, uint64_t owner) {
 /* The chunks of client c, which died, are held until its process has exited: 0 when they are,
  * -errno when they can be scrubbed now (nothing to wait for, or no way to wait). */
 static int hold_until_exit(struct kvcd *d, struct client *c) {
-        uint32_t owned = 0;
-        for (uint32_t i = 0; i < pool_n_chunks(d->pool); i++)
-                owned += pool_chunk_owner(d->pool, i) == c->id;
-        if (owned == 0)
+        if (pool_owner_chunks(d->pool, c->id) == 0)
                 return -ENOENT;
         if (c->pid <= 0 || d->n_holds == KVCD_MAX_CLIENTS)
                 return -ESRCH;
@@ -252,7 +249,7 @@ void client_exited(struct kvcd *d, uint32_t i) {
 
 uint32_t client_held_chunks(const struct kvcd *d) {
         uint32_t n = 0;
-        for (uint32_t i = 0; i < pool_n_chunks(d->pool); i++)
+        for (uint32_t i = 0; d->n_holds && i < pool_n_chunks(d->pool); i++) /* one pass over the chunks */
                 n += (pool_chunk_owner(d->pool, i) & EXITING_DOMAIN) != 0;
         return n;
 }
@@ -268,7 +265,8 @@ void client_destroy(struct kvcd *d, struct client *c, bool died) {
         if (died && n_sessions)
                 d->n.client_deaths++;
         if (held)
-                log_info("client %llu (pid %d) gone: %u sessions closed, its chunks held until the process exits",
+                log_info("client %llu (pid %d) gone: %u sessions closed, its chunks held until the process "
+                         "exits",
                          (unsigned long long)c->id, (int)c->pid, n_sessions);
         else
                 log_info("client %llu (pid %d) %s: %u sessions closed, %u chunks scrubbed",

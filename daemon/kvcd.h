@@ -314,6 +314,8 @@ uint32_t client_held_chunks(const struct kvcd *d);
  * hand-off: SESSION_DOMAIN | id). */
 #define SESSION_DOMAIN (1ull << 63)
 uint64_t session_pool_owner(const struct session *s);
+/* The pool unit of one block: full precision, or INT8 with q8. */
+uint32_t session_unit_bytes(const struct session *s, bool q8);
 void plan_scratch_done(struct plan_scratch *sc);
 /* Admits and opens a session. 1: opened, but it waits for its plan buffer (session.wait) while
  * the arbiter reclaims memory: the reply comes when session_retry_open() succeeds. */

@@ -331,6 +331,13 @@ uint32_t pool_release_owner(struct pool *p, uint64_t owner) {
         return n;
 }
 
+uint32_t pool_owner_chunks(const struct pool *p, uint64_t owner) {
+        uint32_t n = 0;
+        for (uint32_t i = 0; owner && i < p->n_chunks; i++)
+                n += p->chunks[i].owner == owner;
+        return n;
+}
+
 uint64_t pool_owner_units(const struct pool *p, uint64_t owner) {
         uint64_t n = 0;
         for (uint32_t i = 0; i < p->n_chunks; i++)

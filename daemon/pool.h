@@ -66,6 +66,8 @@ int pool_release(struct pool *p, uint64_t owner, uint64_t offset, uint32_t unit_
 uint32_t pool_release_owner(struct pool *p, uint64_t owner);
 /* Units owner holds, in all its chunks. */
 uint64_t pool_owner_units(const struct pool *p, uint64_t owner);
+/* Chunks owner holds. */
+uint32_t pool_owner_chunks(const struct pool *p, uint64_t owner);
 
 /* Cooperative shrink (docs/gpu.md). No API lets kvcd take a mapping away from a client, so a chunk
  * is asked back and stays its owner's until the owner says it unmapped it.

@@ -33,10 +33,6 @@ static uint32_t chunk_of(const struct kvcd *d, uint64_t off) {
         return (uint32_t)(off / pool_chunk_bytes(d->pool));
 }
 
-static uint32_t unit_of(const struct session *s, bool q8) {
-        return (uint32_t)(q8 ? s->q8_layout.block_bytes : s->layout.block_bytes);
-}
-
 /* Blocks of layer l's table q (the shared prefix's blocks are the prefix index's, and never move). */
 static uint32_t first_own_block(const struct session *s, bool q8) {
         return q8 ? 0 : s->n_shared_blocks;
@@ -94,7 +90,8 @@ bool relocate_pick(struct kvcd *d, uint64_t now) {
         free(count);
         free(blocked);
         if (best < 0 || pool_reclaim_drain(d->pool, (uint32_t)best) < 0) {
-                d->relocate.not_before_usec = now + RELOCATE_RETRY_USEC; /* nothing qualifies: not every round */
+                d->relocate.not_before_usec =
+                        now + RELOCATE_RETRY_USEC; /* nothing qualifies: not every round */
                 return false;
         }
         uint64_t owner = pool_chunk_owner(d->pool, (uint32_t)best);
@@ -124,7 +121,7 @@ static Kvc__Plan *moves_plan(struct kvcd *d, struct session *s, struct wire_aren
                                 uint64_t to;
                                 if (chunk_of(d, t->blocks[b]) != idx)
                                         continue;
-                                if (pool_alloc_owned(d->pool, owner, unit_of(s, q), 1, &to) < 0)
+                                if (pool_alloc_owned(d->pool, owner, session_unit_bytes(s, q), 1, &to) < 0)
                                         goto built; /* no room after all: the deadline calls it off */
                                 s->moves[n++] = (struct block_move){
                                         .layer = l, .q8 = q, .index = b, .from = t->blocks[b], .to = to
@@ -230,10 +227,10 @@ void relocate_swap(struct session *s, bool forward) {
 void relocate_commit(struct kvcd *d, struct session *s) {
         for (uint32_t i = 0; i < s->n_moves; i++) {
                 const struct block_move *m = &s->moves[i];
-                int r = pool_release(d->pool, s->owner->id, m->from, unit_of(s, m->q8), 1);
+                int r = pool_release(d->pool, s->owner->id, m->from, session_unit_bytes(s, m->q8), 1);
                 if (r < 0) /* a bookkeeping bug of ours: say so loudly, keep serving */
-                        log_error("session %llu: freeing moved block %llu failed: %s", (unsigned long long)s->id,
-                                  (unsigned long long)m->from, strerror(-r));
+                        log_error("session %llu: freeing moved block %llu failed: %s",
+                                  (unsigned long long)s->id, (unsigned long long)m->from, strerror(-r));
         }
         d->n.blocks_relocated += s->n_moves;
         s->n_moves = 0;
@@ -242,7 +239,7 @@ void relocate_commit(struct kvcd *d, struct session *s) {
 
 void relocate_undo(struct kvcd *d, struct session *s) {
         for (uint32_t i = 0; i < s->n_moves; i++)
-                pool_release(d->pool, s->owner->id, s->moves[i].to, unit_of(s, s->moves[i].q8), 1);
+                pool_release(d->pool, s->owner->id, s->moves[i].to, session_unit_bytes(s, s->moves[i].q8), 1);
         s->n_moves = 0;
 }
 
@@ -262,7 +259,7 @@ void relocate_refused(struct kvcd *d, struct session *s, int status) {
 uint64_t relocate_bytes(const struct session *s) {
         uint64_t n = 0;
         for (uint32_t i = 0; i < s->n_moves; i++)
-                n += unit_of(s, s->moves[i].q8);
+                n += session_unit_bytes(s, s->moves[i].q8);
         return n;
 }
 

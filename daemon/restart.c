@@ -376,7 +376,7 @@ void restart_tick(struct kvcd *d, uint64_t now) {
 /* Claims the blocks of one table for the session; on failure releases what it claimed. */
 static int claim_table(struct kvcd *d, struct session *s, struct block_table *t, bool q8,
                        const uint64_t *blocks, size_t n) {
-        uint32_t unit = (uint32_t)(q8 ? s->q8_layout.block_bytes : s->layout.block_bytes);
+        uint32_t unit = session_unit_bytes(s, q8);
         if (n > s->max_layer_blocks || (q8 && n && !s->int8))
                 return -EPROTO;
         for (size_t b = 0; b < n; b++) {

@@ -107,7 +107,7 @@ void session_fill_stats(const struct session *s, Kvc__SessionStats *ret) {
         ret->bytes = session_bytes(s);
 }
 
-static uint32_t unit_of(const struct session *s, bool q8) {
+uint32_t session_unit_bytes(const struct session *s, bool q8) {
         return (uint32_t)(q8 ? s->q8_layout.block_bytes : s->layout.block_bytes);
 }
 
@@ -117,7 +117,7 @@ static uint32_t unit_of(const struct session *s, bool q8) {
 static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, bool q8, uint32_t n,
                           uint64_t *ret_off) {
         int64_t new_chunk;
-        uint32_t unit = unit_of(s, q8);
+        uint32_t unit = session_unit_bytes(s, q8);
         d->refusal[0] = '\0';
         d->refusal_own = false;
         int r = budget_may_grow(d, s, (uint64_t)n * unit, d->refusal, sizeof(d->refusal));
@@ -148,7 +148,7 @@ static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, u
 }
 
 static void free_units(struct kvcd *d, struct session *s, bool q8, uint64_t off, uint32_t n) {
-        uint32_t unit = unit_of(s, q8);
+        uint32_t unit = session_unit_bytes(s, q8);
         /* its client's chunks, or (prompt blocks it did not get to share) its prefix domain's */
         uint64_t owner = pool_chunk_owner(d->pool, (uint32_t)(off / pool_chunk_bytes(d->pool)));
         if (owner != s->prefix_domain || !owner)
