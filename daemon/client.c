@@ -185,28 +185,26 @@ int client_drain(struct kvcd *d, struct client *c) {
 }
 
 void client_reclaim(struct kvcd *d) {
-        uint32_t idx[16];
+        uint32_t idx[16], asked = 0;
         uint64_t owner[16];
         uint32_t n = pool_reclaim_pick(d->pool, 16, idx, owner);
-        if (n == 0) { /* no empty chunk: empty one by moving its blocks out */
-                relocate_pick(d, now_usec());
-                return;
-        }
         for (uint32_t i = 0; i < n; i++) {
-                if (owner[i] & EXITING_DOMAIN) { /* a dead client's, held until its process exits */
-                        pool_reclaim_cancel(d->pool, idx[i]);
-                        continue;
-                }
+                /* no client: a domain's chunk, a dead client's held until its process exits, or a
+                 * restart's orphan's: nobody to ask */
                 struct client *c = client_by_id(d, owner[i]);
-                int r = c ? client_send_unmap(d, c, idx[i]) : -ENOENT; /* no c: an orphan of a restart */
+                int r = c ? client_send_unmap(d, c, idx[i]) : -ENOENT;
                 if (r < 0) { /* not delivered (a record goes whole or not at all): called off */
                         pool_reclaim_cancel(d->pool, idx[i]);
-                        log_info("cannot ask client %llu for chunk %u back: %s", (unsigned long long)owner[i],
-                                 idx[i], strerror(-r));
-                } else
-                        log_info("asked client %llu for chunk %u back (it holds nothing there)",
-                                 (unsigned long long)owner[i], idx[i]);
+                        log_at(c ? LOG_INFO : LOG_DEBUG, "cannot ask owner %llu for chunk %u back: %s",
+                               (unsigned long long)owner[i], idx[i], strerror(-r));
+                        continue;
+                }
+                asked++;
+                log_info("asked client %llu for chunk %u back (it holds nothing there)",
+                         (unsigned long long)owner[i], idx[i]);
         }
+        if (asked == 0) /* no empty chunk anyone can give back: empty one by moving its blocks out */
+                relocate_pick(d, now_usec());
 }
 
 /* Gives owner's chunks back, scrubbed; the restart record follows. */

@@ -299,7 +299,7 @@ struct client *client_by_id(struct kvcd *d, uint64_t id);
 /* Asks client c to unmap chunk idx (an UNMAP record). */
 int client_send_unmap(struct kvcd *d, struct client *c, uint32_t idx);
 /* When the pool ran short of chunks, asks the owners of chunks that hold none of their units to
- * give them back (cooperative shrink). */
+ * give them back (cooperative shrink); when no owner could be asked, drains one (relocate.c). */
 void client_reclaim(struct kvcd *d);
 /* Ends a client: closes its sessions, gives its chunks back scrubbed, frees it. A client that
  * died (no BYE) has its chunks held until its process has exited, when it can be watched. */

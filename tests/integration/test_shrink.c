@@ -40,6 +40,11 @@
 
 #define CHUNK (2u << 20)
 
+static int setup_three_chunks(void **state) {
+        const char *extra[] = { "--capacity", "6M", "--chunk-bytes", "2M", NULL };
+        return harness_group_start(state, extra);
+}
+
 static int setup(void **state) {
         const char *extra[] = { "--capacity", "4M", "--chunk-bytes", "2M", NULL };
         return harness_group_start(state, extra);
@@ -150,8 +155,9 @@ static uint32_t chunk_of(const struct kvc_client *c, const uint8_t *block) {
         return (uint32_t)((block - (const uint8_t *)kvc_pool_base(c)) / CHUNK);
 }
 
-/* a's session that stays, with 7 blocks in chunk 0 and 7 in chunk 1, every byte marked; chunk 0
- * has room for 8 more blocks (a session that held them closed). Neither chunk is empty. */
+/* a's session that stays, with 7 blocks in a's first chunk and 7 in its second (chunks 0 and 1 of
+ * a pool nobody else uses), every byte marked; the first has room for 8 more blocks (a session
+ * that held them closed). Neither chunk is empty. */
 static struct kvc_session *fragmented(struct kvc_client *a) {
         struct kvc_session *first = session(a), *kept = session(a);
         struct kvc_layer_view v;
@@ -159,8 +165,8 @@ static struct kvc_session *fragmented(struct kvc_client *a) {
         assert_int_equal(kvc_session_reserve(kept, 14 * 16), 0);
         assert_int_equal(kvc_layer_view(kept, 0, &v), 0);
         assert_int_equal(v.n_blocks, 14);
-        assert_int_equal(chunk_of(a, v.blocks[6]), 0);
-        assert_int_equal(chunk_of(a, v.blocks[7]), 1);
+        assert_int_equal(chunk_of(a, v.blocks[6]), chunk_of(a, v.blocks[0]));
+        assert_int_equal(chunk_of(a, v.blocks[7]), chunk_of(a, v.blocks[0]) + 1);
         for (uint32_t i = 0; i < v.n_blocks; i++)
                 for (uint64_t k = 0; k < v.block_bytes; k++)
                         v.blocks[i][k] = (uint8_t)(i * 31 + k * 7 + 1);
@@ -353,13 +359,13 @@ static void a_lower_capacity_takes_chunks_back(void **state) {
         kvc_disconnect(a);
 }
 
-/* Every byte of kept's blocks is what fragmented() wrote, and they all lie in chunk 0. */
+/* Every byte of kept's blocks is what fragmented() wrote, and they all lie in one chunk. */
 static bool intact(struct kvc_client *a, struct kvc_session *kept) {
         struct kvc_layer_view v;
         if (kvc_layer_view(kept, 0, &v) < 0 || v.n_blocks != 14)
                 return false;
         for (uint32_t i = 0; i < v.n_blocks; i++) {
-                if (chunk_of(a, v.blocks[i]) != 0)
+                if (chunk_of(a, v.blocks[i]) != chunk_of(a, v.blocks[0]))
                         return false;
                 for (uint64_t k = 0; k < v.block_bytes; k++)
                         if (v.blocks[i][k] != (uint8_t)(i * 31 + k * 7 + 1))
@@ -460,11 +466,20 @@ static int stalled_owner(const struct daemon *d, int ready, int release) {
         return report_and_wait(ready, release, 'r');
 }
 
-/* A client holding both chunks that hangs up its side channel without a BYE and lives on. */
-static int dying_client(const struct daemon *d, int ready, int release) {
+/* A client holding tokens' worth of blocks (16 tokens a block, 15 blocks a chunk) that hangs up its
+ * side channel without a BYE and lives on. */
+static int dying_client_of(const struct daemon *d, int ready, int release, uint32_t tokens) {
         struct kvc_session *s = session(client(d, "dying"));
-        assert_int_equal(kvc_session_reserve(s, 16 * 16), 0);
+        assert_int_equal(kvc_session_reserve(s, tokens), 0);
         return report_and_wait(ready, release, hang_up_side_channel(d) == 0 ? 'r' : 'x');
+}
+
+static int dying_client(const struct daemon *d, int ready, int release) {
+        return dying_client_of(d, ready, release, 16 * 16); /* both chunks of a 4M pool */
+}
+
+static int dying_client_of_one_chunk(const struct daemon *d, int ready, int release) {
+        return dying_client_of(d, ready, release, 16);
 }
 
 /* With the owner in another process, busy with its own work, a request that finds no chunk free
@@ -551,6 +566,37 @@ static void a_dead_clients_chunks_wait_for_its_process_to_exit(void **state) {
         kvc_disconnect(b);
 }
 
+/* A dead client's empty chunk, held until its process exits, cannot be asked back; kvcd then
+ * drains another client's chunk instead of giving up. */
+static void a_held_chunk_does_not_stop_a_drain(void **state) {
+        struct daemon *d = *state;
+        struct owner o = owner_start(d, dying_client_of_one_chunk);
+        long long held = -1;
+        for (int i = 0; i < 1000 && held != 1; i++)
+                held = status_int(d, "chunks_held");
+        assert_int_equal(held, 1);
+        struct kvc_client *a = client(d, "owner"), *b = client(d, "newcomer");
+        struct kvc_session *kept = fragmented(a); /* the two other chunks */
+        struct kvc_session *t = session(b);
+        /* the held chunk is picked and passed over, and a's second chunk is drained: the request
+         * waits for it (a, in this thread, cannot answer meanwhile) rather than failing at once */
+        assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC);
+        assert_non_null(strstr(kvc_last_error(b), "waited 2.0 s for memory being taken back"));
+        int r = -ENOSPC;
+        for (int i = 0; i < 100 && r == -ENOSPC; i++) {
+                assert_int_equal(kvc_session_reserve(kept, 14 * 16), 0);
+                r = kvc_session_reserve(t, 16);
+        }
+        assert_int_equal(r, 0);
+        assert_true(intact(a, kept));
+        assert_int_equal(status_int(d, "chunks_held"), 1);
+        int status = owner_end(&o, false);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        audit_clean(d);
+        kvc_disconnect(b);
+        kvc_disconnect(a);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(kvcd_takes_back_empty_chunks_only_after_the_owner_unmaps_them,
@@ -567,6 +613,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(a_dead_clients_chunks_wait_for_its_process_to_exit, setup,
                                                 harness_group_stop),
                 cmocka_unit_test_setup_teardown(a_request_waits_while_kvcd_takes_a_chunk_back, setup,
+                                                harness_group_stop),
+                cmocka_unit_test_setup_teardown(a_held_chunk_does_not_stop_a_drain, setup_three_chunks,
                                                 harness_group_stop),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
