@@ -29,25 +29,31 @@
 
 #include "sim.h"
 
+/* Where slot j of layer l lies, in kvcd's mapping of the pool: its block, layout and slot there. */
+static uint8_t *slot_at(struct kvcd *d, const struct session *s, uint32_t l, uint32_t j,
+                        const struct block_layout **lay, uint32_t *slot) {
+        const struct session_layer *L = &s->layers[l];
+        uint32_t T = s->layout.block_tokens;
+        *lay = j < L->n_q8 ? &s->q8_layout : &s->layout;
+        *slot = (j < L->n_q8 ? j : j - L->n_q8) % T;
+        return pool_ptr(d->pool, j < L->n_q8 ? L->q8.blocks[j / T] : L->fp.blocks[(j - L->n_q8) / T]);
+}
+
 /* Writes the side arrays of the layers' newest slot: values from (layer, head, position, salt). */
 static void write_newest(struct kvcd *d, struct session *s, int32_t pos) {
-        uint32_t T = s->layout.block_tokens;
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                const struct session_layer *L = &s->layers[l];
-                uint32_t i = L->n_tokens - 1;
-                const struct block_layout *lay = i < L->n_q8 ? &s->q8_layout : &s->layout;
-                uint64_t blk = i < L->n_q8 ? L->q8.blocks[i / T] : L->fp.blocks[(i - L->n_q8) / T];
-                uint32_t slot = (i < L->n_q8 ? i : i - L->n_q8) % T;
+                const struct block_layout *lay;
+                uint32_t slot;
+                uint8_t *b = slot_at(d, s, l, s->layers[l].n_tokens - 1, &lay, &slot);
                 for (uint32_t h = 0; h < s->n_kv_heads; h++) {
-                        uint64_t at = ((uint64_t)h * T + slot) * 4u;
                         uint32_t x = (uint32_t)pos * 2654435761u ^ (l * 97u + h * 31u);
                         float sum = (float)(x % 1000) / 100.0f, ema = (float)(x % 77) / 10.0f,
                               last = (float)(x % 13) / 13.0f, logw = 0.0f;
-                        memcpy(pool_ptr(d->pool, blk + lay->pos_offset + at), &pos, 4);
-                        memcpy(pool_ptr(d->pool, blk + lay->sum_offset + at), &sum, 4);
-                        memcpy(pool_ptr(d->pool, blk + lay->ema_offset + at), &ema, 4);
-                        memcpy(pool_ptr(d->pool, blk + lay->last_offset + at), &last, 4);
-                        memcpy(pool_ptr(d->pool, blk + lay->logw_offset + at), &logw, 4);
+                        memcpy(block_side(lay, b, lay->pos_offset, h, slot), &pos, 4);
+                        memcpy(block_side(lay, b, lay->sum_offset, h, slot), &sum, 4);
+                        memcpy(block_side(lay, b, lay->ema_offset, h, slot), &ema, 4);
+                        memcpy(block_side(lay, b, lay->last_offset, h, slot), &last, 4);
+                        memcpy(block_side(lay, b, lay->logw_offset, h, slot), &logw, 4);
                 }
         }
 }
@@ -90,9 +96,12 @@ static void same_plans(const char *policy, uint32_t budget, uint32_t kv_heads, c
         m[1]->d.backend = &device;
         struct session *s[2];
         char why[256];
-        struct open_args a = {
-                .policy = policy, .budget = budget, .kv_heads = kv_heads, .head_dim = 16, .param = param, .value = 1
-        };
+        struct open_args a = { .policy = policy,
+                               .budget = budget,
+                               .kv_heads = kv_heads,
+                               .head_dim = 16,
+                               .param = param,
+                               .value = 1 };
         for (int k = 0; k < 2; k++) {
                 struct client *c = sim_client_new(m[k], 1000, 1000);
                 if (sim_open_session(m[k], c, &a, &s[k], why, sizeof(why)) != 0)
@@ -119,8 +128,10 @@ static void same_plans(const char *policy, uint32_t budget, uint32_t kv_heads, c
                         q8 += x->q8_tokens;
                         size_t n = (size_t)x->keep_count * (x->per_head ? kv_heads : 1u) * 4u;
                         if (memcmp(pool_ptr(m[0]->d.pool, s[0]->plan_offset + (uint64_t)x->keep_offset * 4),
-                                   pool_ptr(m[1]->d.pool, s[1]->plan_offset + (uint64_t)y->keep_offset * 4), n))
-                                fail_msg("%s, token %d, layer %u: the keep-sets differ", policy, pos, x->layer);
+                                   pool_ptr(m[1]->d.pool, s[1]->plan_offset + (uint64_t)y->keep_offset * 4),
+                                   n))
+                                fail_msg("%s, token %d, layer %u: the keep-sets differ", policy, pos,
+                                         x->layer);
                 }
                 for (int k = 0; k < 2; k++)
                         sim_apply(m[k], s[k], p[k]);
@@ -150,12 +161,10 @@ static void tova_plans_are_the_same_on_both_paths(void **state) {
 
 /* slot j of layer l, head h: its log-weight in the pool */
 static float *logw_at(struct kvcd *d, struct session *s, uint32_t l, uint32_t h, uint32_t j) {
-        const struct session_layer *L = &s->layers[l];
-        uint32_t T = s->layout.block_tokens;
-        const struct block_layout *lay = j < L->n_q8 ? &s->q8_layout : &s->layout;
-        uint64_t blk = j < L->n_q8 ? L->q8.blocks[j / T] : L->fp.blocks[(j - L->n_q8) / T];
-        uint32_t at = (j < L->n_q8 ? j : j - L->n_q8) % T;
-        return (float *)pool_ptr(d->pool, blk + lay->logw_offset + ((uint64_t)h * T + at) * 4u);
+        const struct block_layout *lay;
+        uint32_t slot;
+        uint8_t *b = slot_at(d, s, l, j, &lay, &slot);
+        return block_side(lay, b, lay->logw_offset, h, slot);
 }
 
 static void plans_add_exactly_their_log_weight_increments(void **state) {
@@ -174,14 +183,16 @@ static void plans_add_exactly_their_log_weight_increments(void **state) {
                 for (uint32_t l = 0; l < s->n_layers; l++)
                         for (uint32_t h = 0; h < 2; h++)
                                 for (uint32_t j = 0; j < 1024; j++) /* the token this step appends: 0 */
-                                        before[l][h][j] = j < s->layers[l].n_tokens ? *logw_at(d, s, l, h, j) : 0.0f;
+                                        before[l][h][j] =
+                                                j < s->layers[l].n_tokens ? *logw_at(d, s, l, h, j) : 0.0f;
                 Kvc__Plan *p = one_step(m, s, pos, 0.5f);
                 if (!p)
                         continue;
                 /* the scratch holds the last planned layer's increments */
                 const Kvc__LayerPlan *lp = p->layers[p->n_layers - 1];
                 uint32_t l = lp->layer, k = lp->keep_count, n = lp->base_tokens;
-                const uint32_t *keep = (const uint32_t *)pool_ptr(d->pool, s->plan_offset + (uint64_t)lp->keep_offset * 4);
+                const uint32_t *keep =
+                        (const uint32_t *)pool_ptr(d->pool, s->plan_offset + (uint64_t)lp->keep_offset * 4);
                 const float *delta = d->scratch.logw_delta;
                 for (uint32_t h = 0; h < 2; h++) {
                         const uint32_t *kh = keep + (lp->per_head ? (size_t)h * k : 0);
@@ -195,8 +206,8 @@ static void plans_add_exactly_their_log_weight_increments(void **state) {
                                 }
                         for (uint32_t j = 0; j < n; j++)
                                 if (memcmp(logw_at(d, s, l, h, j), &want[j], sizeof(float)))
-                                        fail_msg("token %d, layer %u head %u slot %u: log-weight %g, not %g", pos, l, h,
-                                                 j, *logw_at(d, s, l, h, j), want[j]);
+                                        fail_msg("token %d, layer %u head %u slot %u: log-weight %g, not %g",
+                                                 pos, l, h, j, *logw_at(d, s, l, h, j), want[j]);
                 }
                 plans++;
                 sim_apply(m, s, p);
