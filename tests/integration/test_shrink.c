@@ -174,26 +174,48 @@ static struct kvc_session *fragmented(struct kvc_client *a) {
         return kept;
 }
 
-static void kvcd_moves_blocks_out_of_a_chunk_it_wants_back(void **state) {
-        struct daemon *d = *state;
-        struct kvc_client *a = client(d, "owner"), *b = client(d, "newcomer");
-        struct kvc_session *kept = fragmented(a);
-        struct kvc_layer_view v;
-
-        /* b finds every chunk owned: refused, and kvcd sets out to drain chunk 1 */
-        struct kvc_session *t = session(b);
+/* t, b's session, asks for a block while every chunk is owned, some by a in this same thread:
+ * kvcd sets out to take one of a's back, and the request waits for it and fails (a cannot answer
+ * while this thread waits); then a's exchanges with kvcd carry the moves (applied, acknowledged)
+ * and the UNMAP of the emptied chunk (unmapped, acknowledged), and t's request succeeds once kvcd
+ * has the chunk back. */
+static void granted_once_a_gives_back(struct kvc_client *b, struct kvc_session *t, struct kvc_session *kept) {
         assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC);
-        /* (it waited for the chunk, which cannot come back while this thread, a's too, waits) */
         assert_non_null(strstr(kvc_last_error(b), "waited 2.0 s for memory being taken back"));
-
-        /* a's exchanges with kvcd carry the moves (applied, acknowledged), then the UNMAP of the
-         * emptied chunk (unmapped, acknowledged); b's request succeeds once kvcd has it back */
         int r = -ENOSPC;
         for (int i = 0; i < 100 && r == -ENOSPC; i++) {
                 assert_int_equal(kvc_session_reserve(kept, 14 * 16), 0);
                 r = kvc_session_reserve(t, 16);
         }
         assert_int_equal(r, 0);
+}
+
+/* t's request for a block once another client's process has ended: kvcd takes in the end on its
+ * own time, so it is asked again (each try a round trip) until granted. */
+static void granted_after_the_exit(struct kvc_session *t) {
+        int r = -ENOSPC;
+        for (int i = 0; i < 10000 && r == -ENOSPC; i++)
+                r = kvc_session_reserve(t, 16);
+        assert_int_equal(r, 0);
+}
+
+/* Waits (kvcctl round trips) until kvcd holds n chunks for dead clients' processes. */
+static void expect_held(const struct daemon *d, long long n) {
+        long long held = -1;
+        for (int i = 0; i < 1000 && held != n; i++)
+                held = status_int(d, "chunks_held");
+        assert_int_equal(held, n);
+}
+
+static void kvcd_moves_blocks_out_of_a_chunk_it_wants_back(void **state) {
+        struct daemon *d = *state;
+        struct kvc_client *a = client(d, "owner"), *b = client(d, "newcomer");
+        struct kvc_session *kept = fragmented(a);
+        struct kvc_layer_view v;
+
+        /* b finds every chunk owned, and kvcd drains chunk 1, a's second */
+        struct kvc_session *t = session(b);
+        granted_once_a_gives_back(b, t, kept);
 
         /* every block of kept is in chunk 0 now, byte for byte what a wrote */
         struct kvc_session_stats st;
@@ -522,10 +544,7 @@ static void an_owner_that_dies_with_moves_in_flight_loses_nothing_of_anyone_else
         audit_clean(d); /* the destinations in flight are accounted for */
 
         owner_end(&o, true);
-        int r = -ENOSPC; /* kvcd sees the hang-up on its own time: each try is a round trip */
-        for (int i = 0; i < 10000 && r == -ENOSPC; i++)
-                r = kvc_session_reserve(t, 16);
-        assert_int_equal(r, 0);
+        granted_after_the_exit(t);
         assert_int_equal(status_int(d, "chunks_in_use"), 1);
         struct kvc_layer_view w;
         assert_int_equal(kvc_layer_view(t, 0, &w), 0);
@@ -541,11 +560,7 @@ static void a_dead_clients_chunks_wait_for_its_process_to_exit(void **state) {
         struct owner o = owner_start(d, dying_client);
         struct kvc_client *b = client(d, "newcomer");
         struct kvc_session *t = session(b);
-        /* kvcd handles the hang-up on its own time (its sessions closed), but holds the chunks */
-        long long held = -1;
-        for (int i = 0; i < 1000 && held != 2; i++)
-                held = status_int(d, "chunks_held");
-        assert_int_equal(held, 2);
+        expect_held(d, 2); /* kvcd handles the hang-up on its own time (its sessions closed) */
         char *metrics = harness_kvcctl(d, "metrics"); /* the metric says so too */
         assert_non_null(metrics);
         assert_non_null(strstr(metrics, "kvcd_pool_chunks{state=\\\"held_for_exit\\\"} 2"));
@@ -556,10 +571,7 @@ static void a_dead_clients_chunks_wait_for_its_process_to_exit(void **state) {
 
         int status = owner_end(&o, false); /* the process exits */
         assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        int r = -ENOSPC;
-        for (int i = 0; i < 10000 && r == -ENOSPC; i++)
-                r = kvc_session_reserve(t, 16);
-        assert_int_equal(r, 0);
+        granted_after_the_exit(t);
         assert_int_equal(status_int(d, "chunks_in_use"), 1);
         assert_int_equal(status_int(d, "chunks_held"), 0);
         audit_clean(d);
@@ -571,23 +583,13 @@ static void a_dead_clients_chunks_wait_for_its_process_to_exit(void **state) {
 static void a_held_chunk_does_not_stop_a_drain(void **state) {
         struct daemon *d = *state;
         struct owner o = owner_start(d, dying_client_of_one_chunk);
-        long long held = -1;
-        for (int i = 0; i < 1000 && held != 1; i++)
-                held = status_int(d, "chunks_held");
-        assert_int_equal(held, 1);
+        expect_held(d, 1);
         struct kvc_client *a = client(d, "owner"), *b = client(d, "newcomer");
         struct kvc_session *kept = fragmented(a); /* the two other chunks */
         struct kvc_session *t = session(b);
         /* the held chunk is picked and passed over, and a's second chunk is drained: the request
-         * waits for it (a, in this thread, cannot answer meanwhile) rather than failing at once */
-        assert_int_equal(kvc_session_reserve(t, 16), -ENOSPC);
-        assert_non_null(strstr(kvc_last_error(b), "waited 2.0 s for memory being taken back"));
-        int r = -ENOSPC;
-        for (int i = 0; i < 100 && r == -ENOSPC; i++) {
-                assert_int_equal(kvc_session_reserve(kept, 14 * 16), 0);
-                r = kvc_session_reserve(t, 16);
-        }
-        assert_int_equal(r, 0);
+         * waits for it rather than failing at once */
+        granted_once_a_gives_back(b, t, kept);
         assert_true(intact(a, kept));
         assert_int_equal(status_int(d, "chunks_held"), 1);
         int status = owner_end(&o, false);
