@@ -4,9 +4,9 @@
  * One client holds a session of the full policy whose blocks lie in two chunks, the first with room
  * for all of them (another session there closed), in a 7B-class layout (8 KV heads, head_dim 128,
  * f16: 68 KiB blocks, 30 to a 2 MiB chunk). Both sessions wrote their blocks, as sessions do, so
- * the pool's pages are in memory (a host pool faults pages in on first touch). kvcctl lowers the capacity to one chunk; kvcd sends a
- * plan of block moves unasked; the client's next exchange with kvcd (a Reserve that asks for
- * nothing new) applies it: copies the blocks, swaps its table entries, acknowledges. Timed:
+ * the pool's pages are in memory (a host pool faults pages in on first touch). kvcctl lowers the capacity to
+ * one chunk; kvcd sends a plan of block moves unasked; the client's next exchange with kvcd (a Reserve that
+ * asks for nothing new) applies it: copies the blocks, swaps its table entries, acknowledges. Timed:
  *
  *   relocation   that exchange, moves applied (until the session's blocks lie in one chunk)
  *   exchange     the same exchange with nothing to move (the round trip alone)
@@ -67,7 +67,8 @@ static void ctl(char *const *args, char *out, size_t cap) {
                 fail("kvcctl", r, NULL);
         size_t len = 0;
         char sink[256];
-        for (ssize_t m; (m = read(pipefd[0], out ? out + len : sink, out ? cap - 1 - len : sizeof(sink))) > 0;)
+        for (ssize_t m;
+             (m = read(pipefd[0], out ? out + len : sink, out ? cap - 1 - len : sizeof(sink))) > 0;)
                 len += out ? (size_t)m : 0;
         if (out)
                 out[len] = '\0';
@@ -96,7 +97,8 @@ static int chunks_of(struct kvc_client *c, struct kvc_session *s) {
                 struct kvc_layer_view v;
                 kvc_layer_view(s, l, &v);
                 for (uint32_t b = 0; b < v.n_blocks; b++)
-                        set |= 1ull << ((uint64_t)(v.blocks[b] - (uint8_t *)kvc_pool_base(c)) / (2u << 20) % 64);
+                        set |= 1ull << ((uint64_t)(v.blocks[b] - (uint8_t *)kvc_pool_base(c)) / (2u << 20) %
+                                        64);
         }
         return __builtin_popcountll(set);
 }
@@ -132,8 +134,12 @@ int main(int argc, char **argv) {
         double t_reloc[MAX_REPS], t_noop[MAX_REPS], t_copy[MAX_REPS];
         uint64_t moved_blocks = 0, block_bytes = 0;
         struct kvc_session_config cfg = {
-                .geometry = { .n_layers = N_LAYERS, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
-                              .dtype = KVC_DTYPE_F16, .max_tokens = 4096 },
+                .geometry = { .n_layers = N_LAYERS,
+                              .n_heads = 32,
+                              .n_kv_heads = 8,
+                              .head_dim = 128,
+                              .dtype = KVC_DTYPE_F16,
+                              .max_tokens = 4096 },
                 .policy = "full",
         };
         for (int rep = 0; rep < reps; rep++) {
@@ -147,8 +153,10 @@ int main(int argc, char **argv) {
                 struct kvc_layer_view v;
                 kvc_layer_view(first, 0, &v);
                 block_bytes = v.block_bytes;
-                uint32_t third = (uint32_t)((2u << 20) / v.block_bytes / 3 / N_LAYERS), tokens = 2 * third * 16;
-                if ((r = kvc_session_reserve(first, tokens)) < 0 || (r = kvc_session_reserve(kept, tokens)) < 0)
+                uint32_t third = (uint32_t)((2u << 20) / v.block_bytes / 3 / N_LAYERS),
+                         tokens = 2 * third * 16;
+                if ((r = kvc_session_reserve(first, tokens)) < 0 ||
+                    (r = kvc_session_reserve(kept, tokens)) < 0)
                         fail("kvc_session_reserve", r, c);
                 for (int i = 0; i < 2; i++) { /* both hold KV, as sessions do: their pages are in */
                         struct kvc_session *s = i ? kept : first;
@@ -209,7 +217,8 @@ int main(int argc, char **argv) {
         }
         bench_kvcd_stop(&kvcd);
 
-        double reloc = bench_quantile(t_reloc, (size_t)reps, 0.5) / 1e3, noop = bench_quantile(t_noop, (size_t)reps, 0.5) / 1e3,
+        double reloc = bench_quantile(t_reloc, (size_t)reps, 0.5) / 1e3,
+               noop = bench_quantile(t_noop, (size_t)reps, 0.5) / 1e3,
                copy = bench_quantile(t_copy, (size_t)reps, 0.5) / 1e3;
         double mib = (double)(moved_blocks * block_bytes) / (1 << 20);
         printf("relocation, 7B-class blocks (8 x 128, f16: %llu bytes), 2 MiB chunks; median of %d\n",
@@ -217,7 +226,7 @@ int main(int argc, char **argv) {
         printf("| blocks moved | MiB | relocation us | exchange us | memcpy us | relocation / exchange | "
                "(relocation - exchange) / memcpy |\n");
         printf("|---:|---:|---:|---:|---:|---:|---:|\n");
-        printf("| %llu | %.2f | %.0f | %.0f | %.0f | %.2f | %.2f |\n", (unsigned long long)moved_blocks, mib, reloc,
-               noop, copy, reloc / noop, (reloc - noop) / copy);
+        printf("| %llu | %.2f | %.0f | %.0f | %.0f | %.2f | %.2f |\n", (unsigned long long)moved_blocks, mib,
+               reloc, noop, copy, reloc / noop, (reloc - noop) / copy);
         return 0;
 }

@@ -598,7 +598,8 @@ static int apply_moves(struct kvc_client *c, struct kvc_session *s, const Kvc__P
                                 t->offs[m->index] = m->from;
                                 t->ptrs[m->index] = c->base + m->from;
                         }
-                        set_error(c, r, "plan %llu: cannot copy a block on the GPU", (unsigned long long)p->plan_id);
+                        set_error(c, r, "plan %llu: cannot copy a block on the GPU",
+                                  (unsigned long long)p->plan_id);
                         return EIO;
                 }
                 t->offs[m->index] = m->to;
@@ -1163,7 +1164,9 @@ struct kvc_client *kvc_disconnect(struct kvc_client *c) {
         if (c->base != MAP_FAILED)
                 munmap(c->base, c->pool_bytes);
         if (c->fd >= 0) { /* nothing of the pool is mapped here any more: kvcd may scrub it at once */
-                struct fdwire_msg bye = { .magic = FDWIRE_MAGIC, .version = FDWIRE_VERSION, .kind = FDWIRE_BYE };
+                struct fdwire_msg bye = { .magic = FDWIRE_MAGIC,
+                                          .version = FDWIRE_VERSION,
+                                          .kind = FDWIRE_BYE };
                 fdwire_send(c->fd, &bye, -1);
         }
         close_channels(c);

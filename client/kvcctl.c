@@ -220,7 +220,8 @@ static void print_status(const struct ctl *c, const Kvc__Status *s) {
                s->capacity_bytes ? 100.0 * (double)s->used_bytes / (double)s->capacity_bytes : 0.0,
                human_bytes(s->int8_bytes, q, sizeof(q)), s->chunks_in_use, s->chunks_total);
         if (s->chunks_reclaiming || s->chunks_held)
-                printf("          of those, %u being taken back, %u held until a dead client's process exits\n",
+                printf("          of those, %u being taken back, %u held until a dead client's process "
+                       "exits\n",
                        s->chunks_reclaiming, s->chunks_held);
         printf("clients   %u\nsessions  %u\n", s->clients, s->sessions);
         if (s->shared_blocks)

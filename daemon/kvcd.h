@@ -198,7 +198,7 @@ struct session {
                 uint8_t ticket[WIRE_TOKEN_BYTES];
                 uint64_t from_client; /* the exporter, asked to unmap the chunks at the import */
                 uint64_t deadline_usec;
-        } handoff; /* while exported and not yet imported */
+        } handoff;                /* while exported and not yet imported */
         struct block_move *moves; /* [WIRE_MAX_MOVES], the outstanding plan's moves (relocate.c) */
         uint32_t n_moves;
 };
@@ -259,8 +259,8 @@ struct kvcd {
         } relocate;
 
         struct plan_scratch scratch;
-        struct wire_arena *in;  /* the request being handled */
-        struct wire_arena *out; /* the reply being built */
+        struct wire_arena *in;    /* the request being handled */
+        struct wire_arena *out;   /* the reply being built */
         struct wire_arena *notes; /* a message kvcd sends unasked (relocate.c); NULL: d->out is used */
         struct kvcd_counters n;
         struct histogram plan_latency;

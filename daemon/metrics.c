@@ -111,7 +111,8 @@ int metrics_render(const struct kvcd *d, char *buf, size_t cap) {
                 "OpenSession requests refused for lack of room or by a drain.", d->n.admission_refusals);
         counter(&o, "kvcd_evictions_total", "Sessions closed by an operator (kvcctl evict).", d->n.evictions);
         counter(&o, "kvcd_chunk_drains_total",
-                "Chunks kvcd set out to empty by moving their blocks, to take them back (cooperative shrink).",
+                "Chunks kvcd set out to empty by moving their blocks, to take them back (cooperative "
+                "shrink).",
                 d->n.chunks_drained);
         counter(&o, "kvcd_blocks_relocated_total", "Blocks clients moved for kvcd (cooperative shrink).",
                 d->n.blocks_relocated);

@@ -41,7 +41,7 @@ struct pool {
         uint32_t chunks_created;
         uint32_t chunks_reclaiming;
         bool short_of_chunks; /* or a chunk being drained became empty: a pick is due */
-        int64_t regranted; /* the chunk the last pool_alloc took back from being reclaimed, or -1 */
+        int64_t regranted;    /* the chunk the last pool_alloc took back from being reclaimed, or -1 */
         uint8_t *base;
         struct pool_chunk *chunks;
         uint32_t generation; /* the last chunk generation given (from a random start: a restarted kvcd's
@@ -153,6 +153,12 @@ static int take_units(struct pool *p, uint32_t idx, uint32_t n, uint64_t *ret_of
         return 0;
 }
 
+/* n units of unit_bytes (a multiple of 64) for a real owner, and no more than a chunk holds. */
+static bool valid_request(const struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units) {
+        return owner && unit_bytes && unit_bytes % 64 == 0 && n_units &&
+               (uint64_t)unit_bytes * n_units <= p->chunk_bytes;
+}
+
 static int alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
                        uint64_t *ret_offset);
 static int alloc_elsewhere(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
@@ -160,8 +166,7 @@ static int alloc_elsewhere(struct pool *p, uint64_t owner, uint32_t unit_bytes, 
 
 int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units, uint64_t *ret_offset,
                int64_t *ret_new_chunk) {
-        if (owner == 0 || unit_bytes == 0 || unit_bytes % 64 || n_units == 0 ||
-            (uint64_t)unit_bytes * n_units > p->chunk_bytes)
+        if (!valid_request(p, owner, unit_bytes, n_units))
                 return -EINVAL;
         if (p->used_bytes + (uint64_t)unit_bytes * n_units > p->capacity_bytes)
                 return -ENOSPC;
@@ -200,8 +205,8 @@ static int alloc_elsewhere(struct pool *p, uint64_t owner, uint32_t unit_bytes, 
                            uint64_t *ret_offset, int64_t *ret_new_chunk) {
         /* 3: a free chunk, created on first use, while the chunks owned fit the capacity (a chunk
          * is device memory held, whatever part of it is in use) */
-        for (uint32_t i = 0; (uint64_t)(p->chunks_owned + 1) * p->chunk_bytes <= p->capacity_bytes && i < p->n_chunks;
-             i++) {
+        for (uint32_t i = 0;
+             (uint64_t)(p->chunks_owned + 1) * p->chunk_bytes <= p->capacity_bytes && i < p->n_chunks; i++) {
                 struct pool_chunk *c = &p->chunks[i];
                 if (c->owner != 0)
                         continue;
@@ -252,8 +257,7 @@ static int alloc_elsewhere(struct pool *p, uint64_t owner, uint32_t unit_bytes, 
 
 int pool_alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
                      uint64_t *ret_offset) {
-        if (owner == 0 || unit_bytes == 0 || unit_bytes % 64 || n_units == 0 ||
-            (uint64_t)unit_bytes * n_units > p->chunk_bytes)
+        if (!valid_request(p, owner, unit_bytes, n_units))
                 return -EINVAL;
         return alloc_owned(p, owner, unit_bytes, n_units, ret_offset); /* no capacity check: see pool.h */
 }

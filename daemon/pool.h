@@ -6,12 +6,12 @@
  *
  * Ownership: a chunk is free or belongs to exactly one client, and holds only that client's
  * blocks (isolation: nobody can map another client's KV). A new chunk is given only while the
- * chunks owned fit the capacity (a chunk is memory held: on a GPU, all of it). Inside a chunk, units of one size
- * (the session geometry's block size) are carved and tracked in a bitmap; a chunk whose units
- * are all free may be re-carved for another size by the same owner. Chunks go back to the free
- * list, scrubbed, when their owner disconnects or dies, or when it gives one back on request
- * (cooperative shrink: pool_reclaim_pick, then pool_reclaim_done once the owner unmapped it; a
- * chunk that still holds blocks is first drained: pool_reclaim_drain, and relocate.c moves them).
+ * chunks owned fit the capacity (a chunk is memory held: on a GPU, all of it). Inside a chunk, units of one
+ * size (the session geometry's block size) are carved and tracked in a bitmap; a chunk whose units are all
+ * free may be re-carved for another size by the same owner. Chunks go back to the free list, scrubbed, when
+ * their owner disconnects or dies, or when it gives one back on request (cooperative shrink:
+ * pool_reclaim_pick, then pool_reclaim_done once the owner unmapped it; a chunk that still holds blocks is
+ * first drained: pool_reclaim_drain, and relocate.c moves them).
  *
  * Accounting: used_bytes is the sum of allocated units; pool_alloc never lets it pass
  * capacity_bytes, and pool_audit() recomputes it from the bitmaps.

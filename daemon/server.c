@@ -341,7 +341,8 @@ int server_run(struct kvcd *d) {
                 }
                 uint32_t n_holds = d->n_holds; /* processes whose chunks wait for their exit */
                 for (uint32_t i = 0; i < n_holds; i++)
-                        items[FIXED + n + i] = (zmq_pollitem_t){ .fd = d->holds[i].pidfd, .events = ZMQ_POLLIN };
+                        items[FIXED + n + i] =
+                                (zmq_pollitem_t){ .fd = d->holds[i].pidfd, .events = ZMQ_POLLIN };
                 long timeout = d->watchdog_usec ? (long)(d->watchdog_usec / 2000) : 1000;
                 uint64_t now0 = now_usec(), due = admin_next_deadline(d);
                 if (due != UINT64_MAX)

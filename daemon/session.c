@@ -191,7 +191,8 @@ static int capacity_error(struct kvcd *d, int r, char *why, size_t why_len, cons
         else if (r == -ENOSPC && ps.chunks_owned * ps.chunk_bytes + ps.chunk_bytes > ps.capacity_bytes &&
                  ps.used_bytes < ps.capacity_bytes)
                 snprintf(why, why_len,
-                         "%s: no chunk free (%u owned by client processes, %llu of %llu bytes in use), and none "
+                         "%s: no chunk free (%u owned by client processes, %llu of %llu bytes in use), and "
+                         "none "
                          "of them can give one back now",
                          what, ps.chunks_owned, (unsigned long long)ps.used_bytes,
                          (unsigned long long)ps.capacity_bytes);
@@ -739,8 +740,8 @@ static uint32_t live_tokens(const struct session *s, uint32_t l) {
  * layer, in one read of the block's side arrays (pos to the block's end: five [head][slot] arrays)
  * staged in the scratch's work area (free until the policy selects). false when they do not fit
  * there: the caller reads them array by array. */
-static bool gather_block(struct kvcd *d, const struct session *s, const struct block_layout *lay, uint64_t blk,
-                         uint32_t at, uint32_t cnt, uint32_t i, uint32_t n) {
+static bool gather_block(struct kvcd *d, const struct session *s, const struct block_layout *lay,
+                         uint64_t blk, uint32_t at, uint32_t cnt, uint32_t i, uint32_t n) {
         struct plan_scratch *sc = &d->scratch;
         uint64_t bytes = lay->block_bytes - lay->pos_offset;
         if (bytes > 6 * sc->cap * sizeof(uint32_t))
@@ -855,7 +856,8 @@ static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const 
                                         last_i = j;
                         slot_block(s, L, kh[last_i], &lay_j, &at);
                         uint32_t len = at - first + 1;
-                        uint64_t where = blk + lay->logw_offset + ((uint64_t)h * lay->block_tokens + first) * 4u;
+                        uint64_t where =
+                                blk + lay->logw_offset + ((uint64_t)h * lay->block_tokens + first) * 4u;
                         if (pool_read(d->pool, where, run, len * sizeof(float)) == 0) {
                                 for (uint32_t j = i; j <= last_i; j++)
                                         if (adds_logw(&dh[j], kh[j], S))

@@ -584,8 +584,8 @@ static void conv_plan(struct conv *c, const struct layer_plan *lp, uint64_t plan
 
 /* A PlanBatch with one plan of n block moves only (relocation): entry index[i] of layer[i]'s table
  * (INT8 with q8[i]) from from[i] to to[i]. */
-static void conv_moves(struct conv *c, uint32_t n, const uint32_t *layer, const bool *q8, const uint32_t *index,
-                       const uint64_t *from, const uint64_t *to) {
+static void conv_moves(struct conv *c, uint32_t n, const uint32_t *layer, const bool *q8,
+                       const uint32_t *index, const uint64_t *from, const uint64_t *to) {
         Kvc__BlockMove mv[8], *mvp[8];
         for (uint32_t i = 0; i < n && i < 8; i++) {
                 kvc__block_move__init(&mv[i]);

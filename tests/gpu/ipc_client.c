@@ -465,8 +465,12 @@ static int run_mover(const char *sock, uint64_t chunk_bytes) {
         connect_and_open(&x, sock, &t_connect, &t_open); /* its window session: closed at once */
         KV(x.c, kvc_session_close(x.s, NULL));
         struct kvc_session_config cfg = {
-                .geometry = { .n_layers = N_LAYERS, .n_heads = N_HEADS, .n_kv_heads = N_KV, .head_dim = HEAD_DIM,
-                              .dtype = KVC_DTYPE_F32, .max_tokens = 4096 },
+                .geometry = { .n_layers = N_LAYERS,
+                              .n_heads = N_HEADS,
+                              .n_kv_heads = N_KV,
+                              .head_dim = HEAD_DIM,
+                              .dtype = KVC_DTYPE_F32,
+                              .max_tokens = 4096 },
                 .policy = "full",
         };
         struct kvc_session *first, *kept;
@@ -536,9 +540,9 @@ int main(int argc, char **argv) {
                         DIE("unknown argument %s", argv[i]);
         }
         if (!sock || (argc - 1) % 2) {
-                fprintf(stderr,
-                        "usage: kvc-ipc-client --socket DIR --role survivor|victim|checker|mover [--chunks I,J] "
-                        "[--chunk-bytes N]\n");
+                fprintf(stderr, "usage: kvc-ipc-client --socket DIR --role survivor|victim|checker|mover "
+                                "[--chunks I,J] "
+                                "[--chunk-bytes N]\n");
                 return 2;
         }
         setvbuf(stdout, NULL, _IOLBF, 0);

@@ -102,9 +102,8 @@ void sim_free(struct sim *m) {
         free(m);
 }
 
-
 int sim_open_session(struct sim *m, struct client *c, const struct open_args *a, struct session **ret,
-                        char *why, size_t why_len) {
+                     char *why, size_t why_len) {
         Kvc__Geometry g = KVC__GEOMETRY__INIT;
         g.n_layers = 2;
         g.n_heads = 2;
@@ -232,4 +231,3 @@ int sim_step(struct sim *m, struct session *s, float confidence, bool apply_now,
                 *ret_plan = p; /* lives in d->out until the next reset: the caller applies it first */
         return 0;
 }
-

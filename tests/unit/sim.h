@@ -41,8 +41,8 @@ struct client *sim_client_new(struct sim *m, uid_t uid, gid_t gid);
 /* The client dies: kvcd sees its side channel hang up. */
 void sim_client_die(struct sim *m, struct client *c);
 /* Opens a session of 2 layers (F32, INT8 allowed) with the given policy and limits. */
-int sim_open_session(struct sim *m, struct client *c, const struct open_args *a, struct session **ret, char *why,
-                     size_t why_len);
+int sim_open_session(struct sim *m, struct client *c, const struct open_args *a, struct session **ret,
+                     char *why, size_t why_len);
 /* The client's side of a plan: keep what it keeps, release the blocks no longer needed. */
 void sim_apply(struct sim *m, struct session *s, const Kvc__Plan *p);
 /* One decode step of s at the given confidence (0..1): the client appends a token when it has

@@ -548,7 +548,7 @@ static void pool_drains_a_chunk_then_asks_for_it(void **state) {
         for (int i = 0; i < 3; i++)
                 moved[i] = alloc(p, 7, 1, NULL); /* chunk 1: 3 units */
         assert_int_equal(moved[0] / CHUNK, 1);
-        alloc(p, 8, 1, NULL); /* chunk 2 */
+        alloc(p, 8, 1, NULL);                                /* chunk 2 */
         assert_int_equal(pool_release(p, 7, 0, UNIT, 3), 0); /* room for 3 in chunk 0 */
         assert_int_equal(pool_owner_room(p, 7, UNIT), 3 + (per_chunk - 3));
         assert_int_equal(pool_chunk_units(p, 1, &unit), 3);
@@ -561,7 +561,7 @@ static void pool_drains_a_chunk_then_asks_for_it(void **state) {
         assert_int_equal(pool_owner_room(p, 7, UNIT), 3); /* a drained chunk's room does not count */
         pool_get_stats(p, &st);
         assert_int_equal(st.chunks_reclaiming, 1);
-        assert_int_equal(pool_audit(p, why, sizeof(why)), 0); /* units in a drained chunk are fine */
+        assert_int_equal(pool_audit(p, why, sizeof(why)), 0);     /* units in a drained chunk are fine */
         assert_int_equal(pool_reclaim_pick(p, 2, idx, owner), 0); /* not empty: not asked yet */
 
         /* the destinations: only the owner's other chunks, never a new one */

@@ -60,7 +60,8 @@ static void grant(struct fixture *f, const uint64_t *blocks, size_t n) {
 }
 
 /* A plan of n moves of layer 0's full-precision table: entry index[i] from from[i] to to[i]. */
-static int moves(struct fixture *f, size_t n, const uint32_t *index, const uint64_t *from, const uint64_t *to) {
+static int moves(struct fixture *f, size_t n, const uint32_t *index, const uint64_t *from,
+                 const uint64_t *to) {
         Kvc__BlockMove mv[8], *mvp[8];
         Kvc__Plan p = KVC__PLAN__INIT, *pp = &p;
         Kvc__PlanBatch pb = KVC__PLAN_BATCH__INIT;
@@ -84,9 +85,12 @@ static int moves(struct fixture *f, size_t n, const uint32_t *index, const uint6
 static int setup(void **state) {
         struct fixture *f = calloc(1, sizeof(*f));
         assert_non_null(f);
-        struct kvc_geometry g = {
-                .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 8, .dtype = KVC_DTYPE_F32, .max_tokens = 64
-        };
+        struct kvc_geometry g = { .n_layers = 1,
+                                  .n_heads = 1,
+                                  .n_kv_heads = 1,
+                                  .head_dim = 8,
+                                  .dtype = KVC_DTYPE_F32,
+                                  .max_tokens = 64 };
         assert_int_equal(kvc_fuzz_client_new(&g, 64, 1024, &f->c, &f->s), 0);
         uint64_t bytes;
         f->pool = kvc_fuzz_pool(f->c, &bytes);
@@ -154,12 +158,24 @@ static void bad_moves_are_refused_whole(void **state) {
                 size_t n;
         } cases[] = {
                 { "from is not the entry", { 0, 1 }, { CHUNK, CHUNK }, { 3 * CHUNK, 3 * CHUNK + bb }, 2 },
-                { "entry past the table", { 0, 3 }, { CHUNK, CHUNK + 3 * bb }, { 3 * CHUNK, 3 * CHUNK + bb }, 2 },
+                { "entry past the table",
+                  { 0, 3 },
+                  { CHUNK, CHUNK + 3 * bb },
+                  { 3 * CHUNK, 3 * CHUNK + bb },
+                  2 },
                 { "outside the pool", { 0, 1 }, { CHUNK, CHUNK + bb }, { 3 * CHUNK, 8 * CHUNK }, 2 },
-                { "across the pool's end", { 0, 1 }, { CHUNK, CHUNK + bb }, { 3 * CHUNK, 8 * CHUNK - 64 }, 2 },
+                { "across the pool's end",
+                  { 0, 1 },
+                  { CHUNK, CHUNK + bb },
+                  { 3 * CHUNK, 8 * CHUNK - 64 },
+                  2 },
                 { "not block-aligned", { 0, 1 }, { CHUNK, CHUNK + bb }, { 3 * CHUNK, 3 * CHUNK + 64 }, 2 },
                 { "two moves to one place", { 0, 1 }, { CHUNK, CHUNK + bb }, { 3 * CHUNK, 3 * CHUNK }, 2 },
-                { "one entry moved twice", { 1, 1 }, { CHUNK + bb, CHUNK + bb }, { 3 * CHUNK, 4 * CHUNK }, 2 },
+                { "one entry moved twice",
+                  { 1, 1 },
+                  { CHUNK + bb, CHUNK + bb },
+                  { 3 * CHUNK, 4 * CHUNK },
+                  2 },
         };
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
                 int r = moves(f, cases[i].n, cases[i].index, cases[i].from, cases[i].to);
@@ -177,8 +193,8 @@ static void bad_moves_are_refused_whole(void **state) {
 
 int main(void) {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test_setup_teardown(moved_blocks_keep_every_byte_and_take_their_table_entries, setup,
-                                                teardown),
+                cmocka_unit_test_setup_teardown(moved_blocks_keep_every_byte_and_take_their_table_entries,
+                                                setup, teardown),
                 cmocka_unit_test_setup_teardown(bad_moves_are_refused_whole, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
