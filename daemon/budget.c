@@ -259,18 +259,19 @@ int budget_may_grow(struct kvcd *d, const struct session *s, uint64_t n, char *w
                          (unsigned long long)s->cap_bytes);
                 return -ENOSPC;
         }
-        /* what this growth takes from its own minimum is guaranteed (the pool has it, or the
-         * arbiter is taking it back from others); the rest must leave the others' minimums whole */
+        /* what this growth takes from its own minimum is guaranteed, but it waits while the tenant's
+         * quota is full (the arbiter is taking memory back from its other sessions); the rest must
+         * also leave the others' minimums whole */
         uint64_t own = unmet(s), quota = budget_quota(b, t);
-        if (n <= own)
-                return 0;
-        if (t->used_bytes + n + (t->unmet_bytes - own) > quota) {
+        if (t->used_bytes + n + (n <= own ? 0 : t->unmet_bytes - own) > quota) {
                 snprintf(why, why_len,
                          "quota of tenant %s: %.1f MiB, %.1f MiB in use, %.1f MiB guaranteed to its other "
                          "sessions",
                          t->name, mib(quota), mib(t->used_bytes), mib(t->unmet_bytes - own));
                 return -ENOSPC;
         }
+        if (n <= own)
+                return 0; /* the node's capacity: the pool itself holds the line */
         uint64_t cap = capacity(d), u = used(d);
         if (u + n + (b->unmet_bytes - own) > cap) {
                 snprintf(why, why_len,

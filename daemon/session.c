@@ -386,15 +386,15 @@ static uint64_t plan_units_of(struct session *s) {
 static bool worth_waiting(struct kvcd *d, int r) {
         if (r != -ENOSPC || d->refusal_own)
                 return false;
-        if (pool_short_of_chunks(d->pool)) {
-                struct pool_stats ps;
-                client_reclaim(d);
-                pool_get_stats(d->pool, &ps);
-                if (ps.chunks_reclaiming > 0)
-                        return true;
-        }
-        budget_arbitrate(d);
-        return d->budget.pressure;
+        budget_arbitrate(d); /* always: the caps follow the demand this request added */
+        if (d->budget.pressure)
+                return true;
+        if (!pool_short_of_chunks(d->pool))
+                return false;
+        struct pool_stats ps;
+        client_reclaim(d);
+        pool_get_stats(d->pool, &ps);
+        return ps.chunks_reclaiming > 0;
 }
 
 void session_wait_for_memory(struct kvcd *d, struct session *s, int kind, uint32_t n_tokens,
