@@ -35,9 +35,9 @@ GEN := $(BUILD)/gen/kvc.pb-c.c
 GEN_H := $(BUILD)/gen/kvc.pb-c.h
 PROTO_SRC := proto/wire.c proto/fdwire.c
 KERNEL_SRC := kernels/block.c kernels/compact.c kernels/attention.c kernels/summary.c \
-	$(wildcard kernels/quant.c kernels/mixed.c) kernels/summarize.c
+	$(wildcard kernels/quant.c kernels/mixed.c) kernels/summarize.c kernels/cuda/driver.c
 DAEMON_SRC := $(wildcard daemon/*.c daemon/policy/*.c)
-LIBKVC_SRC := client/kvc.c client/devpool.c daemon/cuda_driver.c
+LIBKVC_SRC := client/kvc.c client/devpool.c
 MODEL_SRC := client/model.c client/tokenizer.c client/sampler.c
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))

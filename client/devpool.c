@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 
 struct devpool {
         const struct cuda_driver *drv;

@@ -38,7 +38,7 @@
 #include "attention.h"
 #include "block.h"
 #include "compact.h"
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 #include "devpool.h"
 #include "fdwire.h"
 #include "mixed.h"

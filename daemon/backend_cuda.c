@@ -38,7 +38,7 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 #include "log.h"
 
 static struct {

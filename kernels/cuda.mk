@@ -101,9 +101,9 @@ $(BUILD)/emu/obj/ipc_client.o: tests/gpu/ipc_client.c | $(GEN_H)
 $(IPC_CLIENT_EMU): $(BUILD)/emu/obj/ipc_client.o $(EMU_OBJ) $(LIB)/libkvc.a
 	$(CXX) $(LDFLAGS) $^ -o $@ -pthread $(LDLIBS_ZMQ) $(LDLIBS)
 
-$(FAKECUDA_LIB): tests/gpu/fakecuda.c daemon/cuda_driver.h
+$(FAKECUDA_LIB): tests/gpu/fakecuda.c kernels/cuda/driver.h
 	@mkdir -p $(dir $@)
-	$(CC) -std=gnu11 -O1 -g -fPIC -shared -Wall -Wextra -Werror -Idaemon -Wl,-soname,libcuda.so.1 $< -o $@
+	$(CC) -std=gnu11 -O1 -g -fPIC -shared -Wall -Wextra -Werror -Ikernels -Wl,-soname,libcuda.so.1 $< -o $@
 
 cuda-emu: $(IPC_CLIENT_EMU) $(FAKECUDA_LIB)
 ifeq ($(CUDA),1)

@@ -1,4 +1,4 @@
-/* fakecuda.c: a CUDA driver without a GPU, for tests: the entry points of daemon/cuda_driver.h
+/* fakecuda.c: a CUDA driver without a GPU, for tests: the entry points of kernels/cuda/driver.h
  * over host memory.
  *
  * Two uses:
@@ -32,7 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 
 #define FC_MAX_ALLOCS 4096
 #define FC_MAX_MAPS   4096

@@ -1,4 +1,4 @@
-/* test_cuda_backend.c - unit tests of the cuda backend (daemon/backend_cuda.c, daemon/cuda_driver.c),
+/* test_cuda_backend.c - unit tests of the cuda backend (daemon/backend_cuda.c, kernels/cuda/driver.c),
  * libkvc's device pool (client/devpool.c) and the pool's cooperative shrink (daemon/pool.c), without a
  * GPU.
  *
@@ -26,7 +26,7 @@
 #include <cmocka.h>
 
 #include "backend.h"
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 #include "devpool.h"
 #include "log.h"
 #include "pool.h"

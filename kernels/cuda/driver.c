@@ -1,4 +1,4 @@
-/* cuda_driver.c: loads the CUDA driver with dlopen, finds the device, and words its errors.
+/* kernels/cuda/driver.c: loads the CUDA driver with dlopen, finds the device, and words its errors.
  *
  * The exported symbol of each entry point is the one cuda.h maps the name to (cuMemcpyDtoH is
  * cuMemcpyDtoH_v2, ...): dlsym sees the library's symbols, not the header's macros. The table is
@@ -7,7 +7,7 @@
  * Library code (libkvc compiles it too): it never prints; messages go into the caller's buffer.
  */
 #define _GNU_SOURCE
-#include "cuda_driver.h"
+#include "cuda/driver.h"
 
 #include <ctype.h>
 #include <dlfcn.h>

@@ -1,4 +1,4 @@
-/* cuda_driver.h: the part of the CUDA driver API that kvcd and libkvc call, as one table of
+/* kernels/cuda/driver.h: the part of the CUDA driver API that kvcd and libkvc call, as one table of
  * function pointers.
  *
  * The table is filled by cuda_driver_load() from dlopen("libcuda.so.1"), or by a test's fake
@@ -11,10 +11,11 @@
  * CUDA toolkit. They must match the driver's ABI: the static assertions below pin the layouts of
  * CUDA 13's cuda.h (CUmemAllocationProp 32 bytes, CUmemAccessDesc 12, CUuuid 16), and the constants
  * are cuda.h's values. The members of struct cuda_driver are named as the driver names its entry
- * points, so grep finds both; cuda_driver.c holds the exported symbol of each (some are _v2).
+ * points, so grep finds both; driver.c holds the exported symbol of each (some are _v2).
  *
- * Lives in daemon/ and is compiled into libkvc too (client/devpool.c): one loader, one set of
- * error messages for both ends.
+ * Lives in kernels/, the device layer under the kernels, because both ends load it: kvcd's cuda
+ * backend and libkvc's device pools (client/lib/devpool.c). One loader, one set of error messages,
+ * and neither side needs the other's code to build.
  */
 #pragma once
 
