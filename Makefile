@@ -22,7 +22,11 @@ SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 OPT ?= -O2
 CFLAGS_BASE := -std=gnu11 $(OPT) -g -fPIC -ffp-contract=off -Wall -Wextra -Werror -Wshadow \
 	-Wno-missing-field-initializers -Wno-format-truncation $(if $(SAN),$(SAN_FLAGS))
-INCLUDES := -I$(BUILD)/gen -Iproto -Ikernels -Idaemon -Iclient
+# client/ sees proto/, kernels/ and its own folders, never daemon/ (DESIGN: the client does not depend
+# on the daemon): a client file that includes a daemon header does not build.
+CLIENT_INCLUDES := -I$(BUILD)/gen -Iproto -Ikernels -Iclient/lib -Iclient/engine
+INCLUDES := $(CLIENT_INCLUDES) -Idaemon
+$(BUILD)/obj/client/%.o: INCLUDES := $(CLIENT_INCLUDES)
 CFLAGS += $(CFLAGS_BASE) $(INCLUDES) -MMD -MP
 LDFLAGS += $(if $(SAN),$(SAN_FLAGS))
 LDLIBS_ZMQ := -lzmq -lprotobuf-c
@@ -37,8 +41,8 @@ PROTO_SRC := proto/wire.c proto/fdwire.c
 KERNEL_SRC := kernels/block.c kernels/compact.c kernels/attention.c kernels/summary.c \
 	$(wildcard kernels/quant.c kernels/mixed.c) kernels/summarize.c kernels/cuda/driver.c
 DAEMON_SRC := $(wildcard daemon/*.c daemon/policy/*.c)
-LIBKVC_SRC := client/kvc.c client/devpool.c
-MODEL_SRC := client/model.c client/tokenizer.c client/sampler.c
+LIBKVC_SRC := $(wildcard client/lib/*.c)
+MODEL_SRC := $(wildcard client/engine/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
 GEN_OBJ := $(BUILD)/obj/gen/kvc.pb-c.o
@@ -166,7 +170,7 @@ install: all
 	ln -sf libkvc.so.0 $(DESTDIR)$(PREFIX)/lib/libkvc.so
 	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man1 man/kvcctl.1 man/kvc-run.1
 	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man8 man/kvcd.8
-	install -m 0644 client/kvc.h $(DESTDIR)$(PREFIX)/include/
+	install -m 0644 client/lib/kvc.h $(DESTDIR)$(PREFIX)/include/
 	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/sysusers.d
 	sed 's|/usr/local/bin/kvcd|$(PREFIX)/bin/kvcd|' systemd/kvcd.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/kvcd.service
 	install -m 0644 systemd/kvcd.socket systemd/kvcd-admin.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/

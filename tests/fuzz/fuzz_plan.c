@@ -1,6 +1,6 @@
 /* fuzz_plan.c: libFuzzer target for libkvc's side of a hostile daemon: grants, plans (per layer,
  * per head, INT8 boundaries, summary slots), errors and garbage, fed to a session that really has
- * blocks, with appends and attention between them. The promise under test is kvc.c's: a faulty
+ * blocks, with appends and attention between them. The promise under test is libkvc's (client/lib/plan.c): a faulty
  * or hostile kvcd cannot make a client touch memory outside its pool and its own objects
  * (AddressSanitizer watches every heap object; the pool is one private mapping, so a stray access
  * past it faults), and libkvc's own accounting stays consistent whatever it is told.

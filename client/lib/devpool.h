@@ -10,7 +10,7 @@
  *   unmap   cuMemUnmap: this process holds no reference to the chunk any more
  *   free    unmaps what is mapped, frees the range, releases the context
  *
- * The driver table is the caller's (kvc.c loads it with cuda_driver_load; tests pass a fake).
+ * The driver table is the caller's (client.c loads it with cuda_driver_load; tests pass a fake).
  * Errors: -errno with a message in why; the fd passed to map stays the caller's.
  */
 #pragma once

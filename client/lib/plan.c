@@ -1,0 +1,333 @@
+/* plan.c: what kvcd sends to change a session's memory. Owns applying grants (blocks added to a
+ * layer's tables) and plans: block moves (relocation, docs/gpu.md), compaction of each layer it
+ * names (kernels/compact.h, mixed.h, or the compactor a device pool's caller registered), the
+ * release of the tail blocks no longer needed, and the PlanApplied that acknowledges it.
+ *
+ * The daemon is trusted no more than a client is by the daemon: every grant and plan is checked
+ * whole before it touches memory (offsets inside mapped chunks, keep-sets sorted and inside the
+ * cache, plan entries inside the plan buffer, which is copied out before use, moves to distinct
+ * writable places), so a faulty kvcd cannot make a client write out of bounds. A plan that fails
+ * the checks changes nothing and is refused in its PlanApplied.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compact.h"
+#include "devpool.h"
+#include "summarize.h"
+
+int plan_grant(struct kvc_client *c, const Kvc__Grant *g) {
+        struct kvc_session *s = session_find(c, g->session_id);
+        if (!s)
+                return client_error(c, -EPROTO, "grant for unknown session %llu",
+                                    (unsigned long long)g->session_id);
+        /* check all, then apply */
+        for (size_t i = 0; i < g->n_layers; i++) {
+                const Kvc__LayerBlocks *lb = g->layers[i];
+                const struct block_layout *lay = lb->q8 ? &s->q8_layout : &s->layout;
+                if (lb->layer >= s->g.n_layers || lay->block_bytes == 0)
+                        return client_error(c, -EPROTO, "grant for a layer or block class the session lacks");
+                const struct layer *L = &s->layers[lb->layer];
+                if ((lb->q8 ? L->q8.n : L->fp.n) + lb->n_blocks > s->max_layer_blocks)
+                        return client_error(c, -EPROTO, "grant beyond the session's limit");
+                for (size_t b = 0; b < lb->n_blocks; b++) {
+                        int r = mapping_check_region(c, lb->blocks[b], lay->block_bytes);
+                        if (r < 0)
+                                return r;
+                        if (lb->blocks[b] % c->chunk_bytes % lay->block_bytes)
+                                return client_error(c, -EPROTO,
+                                                    "granted block not aligned to the block size");
+                }
+        }
+        for (size_t i = 0; i < g->n_layers; i++) {
+                const Kvc__LayerBlocks *lb = g->layers[i];
+                struct table *t = lb->q8 ? &s->layers[lb->layer].q8 : &s->layers[lb->layer].fp;
+                for (size_t b = 0; b < lb->n_blocks; b++) {
+                        t->offs[t->n] = lb->blocks[b];
+                        t->ptrs[t->n] = c->base + lb->blocks[b];
+                        t->n++;
+                }
+        }
+        return 0;
+}
+
+/* released[0][l] full-precision and released[1][l] INT8 blocks of layer l were given back: they
+ * sit just past the tables' new ends. */
+static int send_plan_applied(struct kvc_client *c, struct kvc_session *s, uint64_t plan_id, int status,
+                             uint32_t (*released)[WIRE_MAX_LAYERS]) {
+        Kvc__PlanApplied pa = KVC__PLAN_APPLIED__INIT;
+        Kvc__LayerBlocks lbs[2 * WIRE_MAX_LAYERS], *lbp[2 * WIRE_MAX_LAYERS];
+        uint32_t lengths[WIRE_MAX_LAYERS], q8s[WIRE_MAX_LAYERS];
+        pa.session_id = s->id;
+        pa.plan_id = plan_id;
+        pa.status = status;
+        if (status == 0) {
+                pa.n_layer_tokens = s->g.n_layers;
+                pa.layer_tokens = lengths;
+                pa.n_layer_q8_tokens = s->g.n_layers;
+                pa.layer_q8_tokens = q8s;
+                pa.released = lbp;
+                for (uint32_t l = 0; l < s->g.n_layers; l++) {
+                        lengths[l] = s->layers[l].n_tokens;
+                        q8s[l] = s->layers[l].n_q8;
+                        for (int q = 0; q < 2; q++) {
+                                const struct table *t = q ? &s->layers[l].q8 : &s->layers[l].fp;
+                                if (!released[q][l])
+                                        continue;
+                                kvc__layer_blocks__init(&lbs[pa.n_released]);
+                                lbs[pa.n_released].layer = l;
+                                lbs[pa.n_released].q8 = q;
+                                lbs[pa.n_released].n_blocks = released[q][l];
+                                lbs[pa.n_released].blocks = t->offs + t->n;
+                                lbp[pa.n_released] = &lbs[pa.n_released];
+                                pa.n_released++;
+                        }
+                }
+        }
+        Kvc__Envelope env = KVC__ENVELOPE__INIT;
+        env.request_id = ++c->next_request_id;
+        env.body_case = KVC__ENVELOPE__BODY_PLAN_APPLIED;
+        env.plan_applied = &pa;
+        return client_send(c, &env);
+}
+
+/* A plan's block moves (relocation): each names a block of ours by its table entry, and a
+ * destination in a chunk we map writable, aligned, used by no other move; the shared prefix's
+ * blocks never move. 0, or an errno with the reason set. */
+static int check_moves(struct kvc_client *c, const struct kvc_session *s, const Kvc__Plan *p) {
+        uint32_t first_fp = s->n_shared / s->layout.block_tokens;
+        for (size_t i = 0; i < p->n_moves; i++) {
+                const Kvc__BlockMove *m = p->moves[i];
+                const struct block_layout *lay = m->q8 ? &s->q8_layout : &s->layout;
+                const struct table *t = m->layer < s->g.n_layers
+                                                ? (m->q8 ? &s->layers[m->layer].q8 : &s->layers[m->layer].fp)
+                                                : NULL;
+                bool ok = t && lay->block_bytes && m->index < t->n && t->offs[m->index] == m->from &&
+                          (m->q8 || m->index >= first_fp) && m->to % c->chunk_bytes % lay->block_bytes == 0 &&
+                          mapping_check_region(c, m->to, lay->block_bytes) == 0 &&
+                          c->mapped[m->to / c->chunk_bytes] == MAPPED_RW;
+                for (size_t j = 0; ok && j < i; j++)
+                        ok = p->moves[j]->to != m->to &&
+                             !(p->moves[j]->layer == m->layer && p->moves[j]->q8 == m->q8 &&
+                               p->moves[j]->index == m->index);
+                if (!ok) {
+                        client_error(c, -EPROTO, "plan %llu: block move %zu (layer %u, entry %u) is invalid",
+                                     (unsigned long long)p->plan_id, i, m->layer, m->index);
+                        return EPROTO;
+                }
+        }
+        return 0;
+}
+
+/* Copies each moved block to its new place and puts it in the table; all or nothing. */
+static int apply_moves(struct kvc_client *c, struct kvc_session *s, const Kvc__Plan *p) {
+        for (size_t i = 0; i < p->n_moves; i++) {
+                const Kvc__BlockMove *m = p->moves[i];
+                size_t bytes = (m->q8 ? s->q8_layout : s->layout).block_bytes;
+                struct table *t = m->q8 ? &s->layers[m->layer].q8 : &s->layers[m->layer].fp;
+                int r = 0;
+                if (c->dev)
+                        r = devpool_copy(c->dev, m->to, m->from, bytes);
+                else
+                        memcpy(c->base + m->to, c->base + m->from, bytes);
+                if (r < 0) { /* the blocks moved so far go back: their old copies are untouched */
+                        while (i-- > 0) {
+                                m = p->moves[i];
+                                t = m->q8 ? &s->layers[m->layer].q8 : &s->layers[m->layer].fp;
+                                t->offs[m->index] = m->from;
+                                t->ptrs[m->index] = c->base + m->from;
+                        }
+                        client_error(c, r, "plan %llu: cannot copy a block on the GPU",
+                                     (unsigned long long)p->plan_id);
+                        return EIO;
+                }
+                t->offs[m->index] = m->to;
+                t->ptrs[m->index] = c->base + m->to;
+        }
+        s->stats.blocks_moved += p->n_moves;
+        return 0;
+}
+
+/* Validates a plan completely, moves the blocks it moves, then compacts every layer it names and
+ * gives back the blocks the layers no longer need (keeping room for one more token). */
+int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
+        struct kvc_session *s = session_find(c, p->session_id);
+        if (!s)
+                return client_error(c, -EPROTO, "plan for unknown session %llu",
+                                    (unsigned long long)p->session_id);
+        int status = 0;
+        uint64_t entries_cap = s->plan_bytes / 4, used = 0;
+        bool seen[WIRE_MAX_LAYERS] = { false };
+
+        if (p->plan_id <= s->last_plan_id) {
+                status = ESTALE;
+                client_error(c, -ESTALE, "plan %llu is older than plan %llu, already applied",
+                             (unsigned long long)p->plan_id, (unsigned long long)s->last_plan_id);
+        } else if (p->n_layers && (!s->stepped || p->base_step > s->last_step)) {
+                status = EPROTO;
+                client_error(c, -EPROTO, "plan %llu is based on step %llu, which this session has not taken",
+                             (unsigned long long)p->plan_id, (unsigned long long)p->base_step);
+        }
+        for (size_t i = 0; status == 0 && i < p->n_layers; i++) {
+                const Kvc__LayerPlan *lp = p->layers[i];
+                uint64_t n = (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
+                if (lp->layer >= s->g.n_layers || seen[lp->layer] ||
+                    lp->base_tokens > s->layers[lp->layer].n_tokens ||
+                    (uint64_t)lp->keep_offset + n > entries_cap || used + n > entries_cap ||
+                    (lp->summary_slot && (lp->per_head || lp->q8_tokens || s->layers[lp->layer].n_q8))) {
+                        status = EPROTO;
+                        client_error(c, -EPROTO, "plan %llu: layer entry %zu out of range",
+                                     (unsigned long long)p->plan_id, i);
+                        break;
+                }
+                seen[lp->layer] = true;
+                const struct layer *L = &s->layers[lp->layer];
+                uint32_t new_len = lp->keep_count + (L->n_tokens - lp->base_tokens),
+                         T = s->layout.block_tokens;
+                if (lp->q8_tokens && (s->q8_layout.block_bytes == 0 || lp->q8_tokens > new_len ||
+                                      (lp->q8_tokens + T - 1) / T > L->q8.n)) {
+                        status = EPROTO;
+                        client_error(c, -EPROTO, "plan %llu: layer %u asks for %u INT8 slots it cannot hold",
+                                     (unsigned long long)p->plan_id, lp->layer, lp->q8_tokens);
+                        break;
+                }
+                /* copy out of the shared buffer, then check the copy */
+                uint32_t *keep = s->plan_copy + used;
+                if (mapping_copy_out(c, s->plan_offset + (uint64_t)lp->keep_offset * 4, keep, n * 4) < 0) {
+                        status = EIO;
+                        client_error(c, -EIO, "plan %llu: cannot copy the plan buffer off the GPU",
+                                     (unsigned long long)p->plan_id);
+                        break;
+                }
+                for (uint32_t h = 0; h < (lp->per_head ? s->g.n_kv_heads : 1u); h++) {
+                        if (compact_check_keep(keep + (uint64_t)h * lp->keep_count, lp->keep_count,
+                                               lp->base_tokens) < 0) {
+                                status = EPROTO;
+                                client_error(c, -EPROTO,
+                                             "plan %llu: layer %u keep-set not ascending or past the cache",
+                                             (unsigned long long)p->plan_id, lp->layer);
+                                break;
+                        }
+                        /* a shared prefix stays where it is: the keep-set starts with it, whole */
+                        for (uint32_t j = 0; j < lp->shared_tokens && status == 0; j++)
+                                if (keep[(uint64_t)h * lp->keep_count + j] != j) {
+                                        status = EPROTO;
+                                        client_error(c, -EPROTO,
+                                                     "plan %llu: layer %u moves its shared prefix",
+                                                     (unsigned long long)p->plan_id, lp->layer);
+                                }
+                }
+                if (status == 0 && lp->shared_tokens &&
+                    (lp->shared_tokens != s->n_shared || lp->keep_count < lp->shared_tokens ||
+                     lp->q8_tokens || lp->summary_slot || L->n_q8 || !s->mask ||
+                     lp->shared_tokens / T > L->fp.n)) {
+                        status = EPROTO;
+                        client_error(c, -EPROTO,
+                                     "plan %llu: layer %u's shared prefix of %u does not match ours (%u)",
+                                     (unsigned long long)p->plan_id, lp->layer, lp->shared_tokens,
+                                     s->n_shared);
+                }
+                used += n;
+        }
+        if (status == 0)
+                status = check_moves(c, s, p);
+        if (status == 0 && p->n_layers && c->dev && !c->compactor) {
+                status = ENOTSUP;
+                client_error(c, -ENOTSUP,
+                             "plan %llu: the pool is GPU memory and no compactor is registered "
+                             "(kvc_set_compactor)",
+                             (unsigned long long)p->plan_id);
+        }
+        if (status == 0)
+                status = apply_moves(c, s, p);
+        if (status != 0) {
+                int r = send_plan_applied(c, s, p->plan_id, status, NULL);
+                return r < 0 ? r : -status;
+        }
+
+        uint32_t released[2][WIRE_MAX_LAYERS] = { { 0 } };
+        uint32_t T = s->layout.block_tokens;
+        used = 0;
+        for (size_t i = 0; i < p->n_layers; i++) {
+                const Kvc__LayerPlan *lp = p->layers[i];
+                struct layer *L = &s->layers[lp->layer];
+                uint32_t new_len;
+                int r;
+                if (c->dev) {
+                        struct kvc_compaction job = {
+                                .layer = lp->layer,
+                                .keep = s->plan_copy + used,
+                                .keep_device = (const uint32_t *)(c->base + s->plan_offset +
+                                                                  (uint64_t)lp->keep_offset * 4),
+                                .keep_count = lp->keep_count,
+                                .per_head = lp->per_head,
+                                .base_tokens = lp->base_tokens,
+                                .q8_tokens = lp->q8_tokens,
+                                .summary_slot = lp->summary_slot,
+                                .new_tokens = lp->keep_count + (L->n_tokens - lp->base_tokens),
+                        };
+                        kvc_layer_view(s, lp->layer, &job.view);
+                        r = c->compactor(c->compactor_ctx, s, &job);
+                        new_len = job.new_tokens;
+                } else if (lp->shared_tokens) {
+                        /* the private part compacts on its own; the shared prefix only gets masks */
+                        uint32_t S = lp->shared_tokens, kp = lp->keep_count - S, H = s->g.n_kv_heads;
+                        uint32_t *keep = s->plan_copy + used, private_len = 0;
+                        for (uint32_t h = 0; h < (lp->per_head ? H : 1u); h++)
+                                for (uint32_t j = 0; j < kp; j++)
+                                        keep[(uint64_t)h * kp + j] =
+                                                keep[(uint64_t)h * lp->keep_count + S + j] - S;
+                        struct block_layer bl = { .layout = &s->layout,
+                                                  .blocks = L->fp.ptrs + S / T,
+                                                  .n_blocks = L->fp.n - S / T,
+                                                  .n_tokens = L->n_tokens - S };
+                        r = compact_layer(&bl, keep, kp, lp->per_head, lp->base_tokens - S, &private_len);
+                        new_len = S + private_len;
+                        uint64_t at = (uint64_t)lp->layer * H * s->mask_stride;
+                        if (r == 0)
+                                r = mapping_copy_out(c, s->plan_offset + s->mask_offset + at, s->mask + at,
+                                                     (size_t)H * s->mask_stride);
+                } else if (L->n_q8 == 0 && lp->q8_tokens == 0) {
+                        struct block_layer bl = session_fp_layer(s, lp->layer);
+                        r = lp->summary_slot ? summarize_evicted(&bl, s->plan_copy + used, lp->keep_count,
+                                                                 lp->base_tokens, lp->summary_slot - 1,
+                                                                 s->compact_scratch)
+                                             : 0;
+                        if (r == 0)
+                                r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head,
+                                                  lp->base_tokens, &new_len);
+                } else {
+                        struct mixed_layer ml = session_mixed_layer(s, lp->layer);
+                        r = compact_mixed(&ml, s->plan_copy + used, lp->keep_count, lp->per_head,
+                                          lp->base_tokens, lp->q8_tokens, s->compact_scratch, &new_len);
+                }
+                if (r < 0) /* the kernel checks what only it can (kept INT8 beyond q8_tokens) */
+                        return client_error(c, r, "compaction refused plan %llu on layer %u",
+                                            (unsigned long long)p->plan_id, lp->layer);
+                used += (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
+                L->n_tokens = new_len;
+                L->n_q8 = lp->q8_tokens;
+                /* keep room for one more token; give back the rest of each table */
+                uint32_t fp_keep = (new_len - L->n_q8 + 1 + T - 1) / T, q8_keep = (L->n_q8 + T - 1) / T;
+                if (fp_keep < L->fp.n) {
+                        released[0][lp->layer] = L->fp.n - fp_keep;
+                        L->fp.n = fp_keep;
+                }
+                if (q8_keep < L->q8.n) {
+                        released[1][lp->layer] = L->q8.n - q8_keep;
+                        L->q8.n = q8_keep;
+                }
+        }
+        s->last_plan_id = p->plan_id;
+        s->stats.plans_applied++;
+        return send_plan_applied(c, s, p->plan_id, 0, released);
+}
+
+void kvc_set_compactor(struct kvc_client *c, kvc_compactor fn, void *ctx) {
+        c->compactor = fn;
+        c->compactor_ctx = ctx;
+}
