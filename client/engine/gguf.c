@@ -121,9 +121,9 @@ size_t gguf_type_size(enum gguf_type t) {
 }
 
 const char *gguf_type_name(enum gguf_type t) {
-        static const char *const names[GGUF_TYPE_COUNT] = { "uint8",  "int8",   "uint16", "int16", "uint32",
+        static const char *const names[GGUF_TYPE_COUNT] = { "uint8",  "int8",    "uint16", "int16",  "uint32",
                                                             "int32",  "float32", "bool",   "string", "array",
-                                                            "uint64", "int64",  "float64" };
+                                                            "uint64", "int64",   "float64" };
         return (unsigned)t < GGUF_TYPE_COUNT ? names[t] : "unknown";
 }
 
@@ -179,7 +179,8 @@ static int rd_scalar(struct cursor *c, enum gguf_type t, struct gguf_value *v) {
         return 0;
 }
 
-static int rd_value(struct cursor *c, enum gguf_type t, struct gguf_value *v, uint64_t **ret_offsets, int depth);
+static int rd_value(struct cursor *c, enum gguf_type t, struct gguf_value *v, uint64_t **ret_offsets,
+                    int depth);
 
 /* An array: element type, count, elements. String arrays get their offsets indexed (when
  * ret_offsets is not NULL); nested arrays are walked. */
@@ -209,7 +210,8 @@ static int rd_array(struct cursor *c, struct gguf_value *v, uint64_t **ret_offse
         }
         /* strings (8 bytes of length at least) and arrays (12 bytes at least) */
         if (n > left(c) / 8)
-                return fail(c, -EINVAL, "truncated: an array of %llu %s", (unsigned long long)n, gguf_type_name(et));
+                return fail(c, -EINVAL, "truncated: an array of %llu %s", (unsigned long long)n,
+                            gguf_type_name(et));
         uint64_t *offs = NULL;
         if (et == GGUF_TYPE_STRING && ret_offsets && n && !(offs = malloc(n * sizeof(*offs))))
                 return -ENOMEM;
@@ -228,7 +230,8 @@ static int rd_array(struct cursor *c, struct gguf_value *v, uint64_t **ret_offse
         return 0;
 }
 
-static int rd_value(struct cursor *c, enum gguf_type t, struct gguf_value *v, uint64_t **ret_offsets, int depth) {
+static int rd_value(struct cursor *c, enum gguf_type t, struct gguf_value *v, uint64_t **ret_offsets,
+                    int depth) {
         v->type = t;
         if (t == GGUF_TYPE_STRING)
                 return rd_str(c, &v->str);
@@ -259,7 +262,8 @@ static int parse_kv(struct gguf *g, struct cursor *c) {
                         return fail(c, -EINVAL, "metadata key %llu is empty", (unsigned long long)i);
                 for (uint64_t j = 0; j < i; j++)
                         if (str_same(g->kv[j].key, kv->key))
-                                return fail(c, -EINVAL, "metadata key %.*s twice", (int)kv->key.len, kv->key.s);
+                                return fail(c, -EINVAL, "metadata key %.*s twice", (int)kv->key.len,
+                                            kv->key.s);
                 if ((r = rd_value(c, (enum gguf_type)t, &kv->value, &g->str_offsets[i], 0)) < 0)
                         return r;
         }
@@ -314,9 +318,9 @@ static int check_tensors(struct gguf *g, struct cursor *c) {
                 t->n_bytes = blocks * q->bytes;
                 uint64_t room = g->len - g->data_offset;
                 if (t->offset % g->alignment || t->offset > room || t->n_bytes > room - t->offset)
-                        return fail(c, -EINVAL, "tensor %.*s: %llu bytes at data offset %llu lie outside the file",
-                                    nl, t->name.s, (unsigned long long)t->n_bytes,
-                                    (unsigned long long)t->offset);
+                        return fail(c, -EINVAL,
+                                    "tensor %.*s: %llu bytes at data offset %llu lie outside the file", nl,
+                                    t->name.s, (unsigned long long)t->n_bytes, (unsigned long long)t->offset);
                 t->data = g->base + g->data_offset + t->offset;
         }
         return 0;
@@ -351,7 +355,8 @@ static int parse(struct gguf *g, char *why, size_t why_len) {
         g->alignment = GGUF_DEFAULT_ALIGNMENT;
         const struct gguf_value *a = gguf_find(g, "general.alignment");
         if (a) {
-                if (a->type != GGUF_TYPE_UINT32 || a->u64 == 0 || (a->u64 & (a->u64 - 1)) || a->u64 > 1u << 20)
+                if (a->type != GGUF_TYPE_UINT32 || a->u64 == 0 || (a->u64 & (a->u64 - 1)) ||
+                    a->u64 > 1u << 20)
                         return fail(&c, -EINVAL, "general.alignment is not a power of two of type uint32");
                 g->alignment = (uint32_t)a->u64;
         }
@@ -467,7 +472,8 @@ const struct gguf_tensor *gguf_find_tensor(const struct gguf *g, const char *nam
 }
 
 static bool is_unsigned(enum gguf_type t) {
-        return t == GGUF_TYPE_UINT8 || t == GGUF_TYPE_UINT16 || t == GGUF_TYPE_UINT32 || t == GGUF_TYPE_UINT64;
+        return t == GGUF_TYPE_UINT8 || t == GGUF_TYPE_UINT16 || t == GGUF_TYPE_UINT32 ||
+               t == GGUF_TYPE_UINT64;
 }
 
 static bool is_signed(enum gguf_type t) {

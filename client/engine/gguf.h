@@ -26,12 +26,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GGUF_MAGIC         0x46554747u /* "GGUF" little-endian */
-#define GGUF_MAX_DIMS      4
-#define GGUF_MAX_KV        (1u << 16)  /* metadata entries */
-#define GGUF_MAX_TENSORS   (1u << 16)
-#define GGUF_MAX_STRING    (1u << 20)  /* bytes of one string (a key, a value, a name) */
-#define GGUF_MAX_ARRAY     (1u << 24)  /* elements of one array (a vocabulary of 16M tokens) */
+#define GGUF_MAGIC       0x46554747u /* "GGUF" little-endian */
+#define GGUF_MAX_DIMS    4
+#define GGUF_MAX_KV      (1u << 16) /* metadata entries */
+#define GGUF_MAX_TENSORS (1u << 16)
+#define GGUF_MAX_STRING  (1u << 20) /* bytes of one string (a key, a value, a name) */
+#define GGUF_MAX_ARRAY   (1u << 24) /* elements of one array (a vocabulary of 16M tokens) */
 
 enum gguf_type {
         GGUF_TYPE_UINT8 = 0,
@@ -87,8 +87,8 @@ struct gguf_tensor {
         uint32_t type;              /* ggml's type number (qtype.h names the supported ones) */
         uint64_t n_elements;
         uint64_t n_bytes;
-        uint64_t offset;            /* from the start of the data section */
-        const uint8_t *data;        /* inside the mapping */
+        uint64_t offset;     /* from the start of the data section */
+        const uint8_t *data; /* inside the mapping */
 };
 
 struct gguf;

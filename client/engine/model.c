@@ -18,12 +18,17 @@
 #include "model.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+
+#include "gguf.h"
+#include "llama.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "model.c reads little-endian checkpoints in place and needs a little-endian host"
@@ -75,6 +80,7 @@ struct model_state {
 };
 
 struct model {
+        struct llama *gguf; /* a GGUF model (llama.c); NULL: a llama2.c checkpoint, below */
         struct model_config cfg;
         int head_size, kv_dim, kv_mul;
         float *weight_data;
@@ -216,6 +222,7 @@ static int model_alloc(const struct model_layout *l, struct model **ret) {
 struct model *model_free(struct model *m) {
         if (!m)
                 return NULL;
+        llama_free(m->gguf);
         free(m->weight_data);
         free(m->state_data);
         free(m);
@@ -248,6 +255,41 @@ int model_load_buffer(const void *data, size_t len, struct model **ret) {
 static int model_read_exact(FILE *f, void *buf, size_t len) {
         if (len && fread(buf, 1, len, f) != len)
                 return -EIO;
+        return 0;
+}
+
+/* Whether path starts with the GGUF magic. */
+static bool model_is_gguf(const char *path) {
+        uint32_t magic = 0;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        bool yes = fd >= 0 && read(fd, &magic, 4) == 4 && magic == GGUF_MAGIC;
+        if (fd >= 0)
+                close(fd);
+        return yes;
+}
+
+int model_open(const char *path, const struct model_options *o, struct model **ret, char *why, size_t why_len) {
+        if (!path || !ret)
+                return -EINVAL;
+        if (why && why_len)
+                why[0] = 0;
+        if (!model_is_gguf(path))
+                return model_load(path, ret);
+        struct model_options opt = o ? *o : (struct model_options){ 0 };
+        struct gguf *g;
+        struct model *m = calloc(1, sizeof(*m));
+        if (!m)
+                return -ENOMEM;
+        int r = gguf_open(path, &g, why, why_len);
+        if (r == 0)
+                r = llama_new(&g, &(struct llama_options){ .threads = opt.threads, .exact = opt.exact }, &m->gguf,
+                              why, why_len);
+        if (r < 0) {
+                free(m);
+                return r;
+        }
+        m->cfg = *llama_config(m->gguf);
+        *ret = m;
         return 0;
 }
 
@@ -337,6 +379,8 @@ int model_forward(struct model *m, int token, int pos, const struct model_cache_
 
         if (!m || !cache || !cache->store || !cache->attend || !ret_logits)
                 return -EINVAL;
+        if (m->gguf)
+                return llama_forward(m->gguf, token, pos, cache, ctx, ret_logits);
         p = &m->cfg;
         if (token < 0 || token >= p->vocab_size || pos < 0)
                 return -EINVAL;

@@ -15,6 +15,7 @@
 #ifndef KVC_CLIENT_MODEL_H
 #define KVC_CLIENT_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct model_config {
@@ -32,6 +33,15 @@ struct model;
  * all activation buffers here; model_forward never allocates.
  * Returns 0, -EINVAL (bad header or size), -ENOENT/-EACCES/... (open), -EIO (read), -ENOMEM. */
 int model_load(const char *path, struct model **ret);
+/* Options of a GGUF model (llama.h); a llama2.c checkpoint has none. */
+struct model_options {
+        unsigned threads; /* 0: every CPU this process may use */
+        bool exact;       /* f32-accurate matrix products */
+};
+/* Opens a model in either format, recognised by its magic: a GGUF file (llama.c, weights left
+ * quantized in its mapping) or a llama2.c checkpoint (model_load). why (may be NULL) gets the
+ * reason a GGUF was refused. */
+int model_open(const char *path, const struct model_options *o, struct model **ret, char *why, size_t why_len);
 /* The same checks on a checkpoint held in memory; data is copied and not kept. */
 int model_load_buffer(const void *data, size_t len, struct model **ret);
 struct model *model_free(struct model *m);

@@ -35,9 +35,9 @@ enum qtype_id {
 
 struct qtype {
         uint32_t id;
-        const char *name;   /* ggml's name: "q4_1" */
-        uint32_t block;     /* elements per block */
-        uint32_t bytes;     /* bytes per block */
+        const char *name; /* ggml's name: "q4_1" */
+        uint32_t block;   /* elements per block */
+        uint32_t bytes;   /* bytes per block */
         /* n elements (a multiple of block) of src into dst; NULL: the engine cannot use the type */
         void (*dequantize)(const void *src, float *dst, size_t n);
         /* sum over i < n of w[i] * x[i], w of this type, accumulated in f32 in a fixed order */

@@ -51,7 +51,7 @@ tests: $(FUZZ_REPLAY_BINS)
 FUZZ_REPLAY_MAIN := $(call obj,tests/fuzz/replay.c)
 $(FUZZ_DIR)/replay-wire: $(call obj,tests/fuzz/fuzz_wire.c) $(PROTO_OBJ)
 $(FUZZ_DIR)/replay-plan: $(call obj,tests/fuzz/fuzz_plan.c) $(LIB)/libkvc.a
-$(FUZZ_DIR)/replay-model: $(call obj,tests/fuzz/fuzz_model.c) $(BUILD)/obj/client/engine/model.o
+$(FUZZ_DIR)/replay-model: $(call obj,tests/fuzz/fuzz_model.c) $(MODEL_OBJ)
 $(FUZZ_DIR)/replay-tokenizer: $(call obj,tests/fuzz/fuzz_tokenizer.c) $(BUILD)/obj/client/engine/tokenizer.o
 $(FUZZ_DIR)/replay-%: $(FUZZ_REPLAY_MAIN)
 	@mkdir -p $(dir $@)
@@ -96,7 +96,7 @@ $(FUZZ_DIR)/obj/protobuf-c.o: $(PROTOBUF_C_SRC) | fuzz-deps
 
 $(FUZZ_DIR)/fuzz-wire: $(call fuzz_obj,tests/fuzz/fuzz_wire.c) $(FUZZ_PROTO_OBJ)
 $(FUZZ_DIR)/fuzz-plan: $(call fuzz_obj,tests/fuzz/fuzz_plan.c) $(FUZZ_LIBKVC_OBJ)
-$(FUZZ_DIR)/fuzz-model: $(call fuzz_obj,tests/fuzz/fuzz_model.c client/engine/model.c)
+$(FUZZ_DIR)/fuzz-model: $(call fuzz_obj,tests/fuzz/fuzz_model.c $(MODEL_SRC))
 $(FUZZ_DIR)/fuzz-tokenizer: $(call fuzz_obj,tests/fuzz/fuzz_tokenizer.c client/engine/tokenizer.c)
 $(FUZZ_DIR)/fuzz-%:
 	@mkdir -p $(dir $@)

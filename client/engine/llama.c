@@ -1,0 +1,362 @@
+/* llama.c - the Llama forward pass of llama.h.
+ *
+ * Invariants: a struct llama exists only for a GGUF whose every tensor the pass reads was found
+ * with the expected shape and a type qtype.c computes with; after llama_new nothing is checked
+ * again and nothing is allocated (llama_forward does no allocation and no I/O).
+ *
+ * Products: every weight matrix W [rows][cols] (GGUF ne = {cols, rows}) multiplies one vector;
+ * its rows are split into one contiguous range per thread, and each row's dot product is one
+ * call of its type's `dot` in a fixed order, so the result does not depend on the thread count.
+ *
+ * Arithmetic follows the float32 reference (transformers): RMSNorm x / sqrt(mean(x^2) + eps) *
+ * weight, RoPE with inv_freq = 1 / base^(2i / head_dim) in float, SwiGLU silu(gate) * up, tied
+ * embeddings when output.weight is absent.
+ */
+#include "llama.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "qtype.h"
+#include "threads.h"
+
+#define LLAMA_MAX_LAYERS 512
+#define LLAMA_MAX_DIM    (1 << 16)
+
+struct llama_layer {
+        const struct gguf_tensor *wq, *wk, *wv, *wo, *gate, *up, *down;
+        float *attn_norm, *ffn_norm; /* [dim] */
+};
+
+struct llama {
+        struct model_config cfg;
+        int head_dim, kv_dim, q_dim;
+        float eps;
+        struct gguf *g;
+        struct llama_layer *layers;
+        const struct gguf_tensor *embd, *out;
+        float *out_norm;
+        struct threads *pool;
+        bool exact;
+        float *inv_freq;                 /* [head_dim / 2] */
+        float *rope_cos, *rope_sin;      /* [head_dim / 2] for the current pos */
+        float *x, *xb, *xb2, *q, *k, *v; /* activations */
+        float *hb, *hb2, *logits;
+        float *floats; /* one allocation behind all of the above */
+};
+
+struct product {
+        const struct gguf_tensor *w;
+        const struct qtype *t;
+        const float *x;
+        float *y;
+};
+
+static void product_rows(void *ctx, uint32_t idx, uint32_t n) {
+        const struct product *p = ctx;
+        uint64_t rows = p->w->ne[1], cols = p->w->ne[0];
+        uint64_t begin = rows * idx / n, end = rows * (idx + 1) / n;
+        size_t row_bytes = qtype_row_bytes(p->t, cols);
+        for (uint64_t r = begin; r < end; r++)
+                p->y[r] = p->t->dot(p->w->data + r * row_bytes, p->x, cols);
+}
+
+/* y[rows] = W x[cols] */
+static void matmul(struct llama *m, const struct gguf_tensor *w, const float *x, float *y) {
+        struct product p = { .w = w, .t = qtype_of(w->type), .x = x, .y = y };
+        threads_run(m->pool, product_rows, &p);
+}
+
+static void rmsnorm(float *o, const float *x, const float *weight, int n, float eps) {
+        float ss = 0.0f;
+        for (int j = 0; j < n; j++)
+                ss += x[j] * x[j];
+        ss = 1.0f / sqrtf(ss / n + eps);
+        for (int j = 0; j < n; j++)
+                o[j] = weight[j] * (ss * x[j]);
+}
+
+static int fail(char *why, size_t why_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(char *why, size_t why_len, const char *fmt, ...) {
+        if (why && why_len) {
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(why, why_len, fmt, ap);
+                va_end(ap);
+        }
+        return -EINVAL;
+}
+
+/* The tensor `name` with shape {ne0, ne1} (ne1 0: a vector) and a type the products can use. */
+static int find(const struct gguf *g, const char *name, uint64_t ne0, uint64_t ne1,
+                const struct gguf_tensor **ret, char *why, size_t why_len) {
+        const struct gguf_tensor *t = gguf_find_tensor(g, name);
+        if (!t)
+                return fail(why, why_len, "tensor %s is missing", name);
+        const struct qtype *q = qtype_of(t->type);
+        bool shape = t->ne[0] == ne0 && t->ne[1] == (ne1 ? ne1 : 1) && t->ne[2] == 1 && t->ne[3] == 1;
+        if (!shape)
+                return fail(why, why_len, "tensor %s has shape [%llu, %llu], expected [%llu, %llu]", name,
+                            (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                            (unsigned long long)ne0, (unsigned long long)(ne1 ? ne1 : 1));
+        if (!q->dequantize || !q->dot)
+                return fail(why, why_len, "tensor %s is of type %s, which this engine does not compute with",
+                            name, q->name);
+        *ret = t;
+        return 0;
+}
+
+/* A vector tensor (a norm) copied out as floats. */
+static int find_vector(const struct gguf *g, const char *name, uint64_t n, float **ret, char *why,
+                       size_t why_len) {
+        const struct gguf_tensor *t;
+        int r = find(g, name, n, 0, &t, why, why_len);
+        if (r < 0)
+                return r;
+        float *v = malloc(n * sizeof(float));
+        if (!v)
+                return -ENOMEM;
+        qtype_of(t->type)->dequantize(t->data, v, n);
+        *ret = v;
+        return 0;
+}
+
+static int read_config(struct llama *m, char *why, size_t why_len) {
+        const struct gguf *g = m->g;
+        struct gguf_str arch;
+        uint32_t n_layers, dim, hidden, n_heads, n_kv_heads, ctx, rope_dims;
+        double base = 10000.0, eps = 1e-5;
+        if (gguf_get_str(g, "general.architecture", &arch) < 0)
+                return fail(why, why_len, "general.architecture is missing");
+        if (!gguf_str_eq(arch, "llama"))
+                return fail(why, why_len, "architecture %.*s is not supported (llama is)", (int)arch.len,
+                            arch.s);
+        if (gguf_get_u32(g, "llama.block_count", &n_layers) < 0 ||
+            gguf_get_u32(g, "llama.embedding_length", &dim) < 0 ||
+            gguf_get_u32(g, "llama.feed_forward_length", &hidden) < 0 ||
+            gguf_get_u32(g, "llama.attention.head_count", &n_heads) < 0)
+                return fail(why, why_len,
+                            "llama.block_count, embedding_length, feed_forward_length or "
+                            "attention.head_count is missing or not an integer");
+        if (gguf_get_u32(g, "llama.attention.head_count_kv", &n_kv_heads) < 0)
+                n_kv_heads = n_heads;
+        if (gguf_get_u32(g, "llama.context_length", &ctx) < 0)
+                ctx = 2048;
+        if (n_layers == 0 || n_layers > LLAMA_MAX_LAYERS || dim == 0 || dim > LLAMA_MAX_DIM || hidden == 0 ||
+            hidden > 4 * LLAMA_MAX_DIM || n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads ||
+            dim % n_heads || (dim / n_heads) % 2 || ctx == 0)
+                return fail(why, why_len,
+                            "the model's shape is out of range (%u layers, dim %u, %u heads, %u KV heads)",
+                            n_layers, dim, n_heads, n_kv_heads);
+        m->head_dim = (int)(dim / n_heads);
+        if (gguf_get_u32(g, "llama.rope.dimension_count", &rope_dims) == 0 &&
+            rope_dims != (uint32_t)m->head_dim)
+                return fail(why, why_len, "partial rotary embeddings (%u of %d dimensions) are not supported",
+                            rope_dims, m->head_dim);
+        int r = gguf_get_f64(g, "llama.rope.freq_base", &base);
+        if ((r < 0 && r != -ENOENT) || !(base > 1.0))
+                return fail(why, why_len, "llama.rope.freq_base is not a number above 1");
+        r = gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &eps);
+        if ((r < 0 && r != -ENOENT) || !(eps > 0 && eps < 1))
+                return fail(why, why_len, "llama.attention.layer_norm_rms_epsilon is out of range");
+        struct gguf_str scaling;
+        if (gguf_get_str(g, "llama.rope.scaling.type", &scaling) == 0 && !gguf_str_eq(scaling, "none"))
+                return fail(why, why_len, "RoPE scaling %.*s is not supported", (int)scaling.len, scaling.s);
+        m->eps = (float)eps;
+        m->q_dim = (int)dim;
+        m->kv_dim = (int)(n_kv_heads * (uint32_t)m->head_dim);
+        m->cfg = (struct model_config){ .dim = (int)dim,
+                                        .hidden_dim = (int)hidden,
+                                        .n_layers = (int)n_layers,
+                                        .n_heads = (int)n_heads,
+                                        .n_kv_heads = (int)n_kv_heads,
+                                        .seq_len = (int)ctx };
+        m->inv_freq = malloc((size_t)m->head_dim / 2 * sizeof(float));
+        if (!m->inv_freq)
+                return -ENOMEM;
+        for (int i = 0; i < m->head_dim / 2; i++)
+                m->inv_freq[i] = 1.0f / powf((float)base, (float)(2 * i) / (float)m->head_dim);
+        return 0;
+}
+
+static int read_tensors(struct llama *m, char *why, size_t why_len) {
+        const struct gguf *g = m->g;
+        const struct model_config *c = &m->cfg;
+        uint64_t dim = (uint64_t)c->dim, kv = (uint64_t)m->kv_dim, hid = (uint64_t)c->hidden_dim;
+        const struct gguf_tensor *e = gguf_find_tensor(g, "token_embd.weight");
+        if (!e)
+                return fail(why, why_len, "tensor token_embd.weight is missing");
+        if (e->ne[1] == 0 || e->ne[1] > (1u << 22))
+                return fail(why, why_len, "a vocabulary of %llu tokens", (unsigned long long)e->ne[1]);
+        m->cfg.vocab_size = (int)e->ne[1];
+        uint64_t vocab = e->ne[1];
+        int r = find(g, "token_embd.weight", dim, vocab, &m->embd, why, why_len);
+        if (r < 0)
+                return r;
+        m->out = m->embd; /* tied embeddings unless the file has its own head */
+        if (gguf_find_tensor(g, "output.weight") &&
+            (r = find(g, "output.weight", dim, vocab, &m->out, why, why_len)) < 0)
+                return r;
+        if ((r = find_vector(g, "output_norm.weight", dim, &m->out_norm, why, why_len)) < 0)
+                return r;
+        m->layers = calloc((size_t)c->n_layers, sizeof(*m->layers));
+        if (!m->layers)
+                return -ENOMEM;
+        for (int l = 0; l < c->n_layers; l++) {
+                struct llama_layer *L = &m->layers[l];
+                char n[64];
+#define TENSOR(field, suffix, ne0, ne1)                                                                      \
+        do {                                                                                                 \
+                snprintf(n, sizeof(n), "blk.%d." suffix ".weight", l);                                       \
+                if ((r = find(g, n, ne0, ne1, &L->field, why, why_len)) < 0)                                 \
+                        return r;                                                                            \
+        } while (0)
+                TENSOR(wq, "attn_q", dim, dim);
+                TENSOR(wk, "attn_k", dim, kv);
+                TENSOR(wv, "attn_v", dim, kv);
+                TENSOR(wo, "attn_output", dim, dim);
+                TENSOR(gate, "ffn_gate", dim, hid);
+                TENSOR(up, "ffn_up", dim, hid);
+                TENSOR(down, "ffn_down", hid, dim);
+#undef TENSOR
+                snprintf(n, sizeof(n), "blk.%d.attn_norm.weight", l);
+                if ((r = find_vector(g, n, dim, &L->attn_norm, why, why_len)) < 0)
+                        return r;
+                snprintf(n, sizeof(n), "blk.%d.ffn_norm.weight", l);
+                if ((r = find_vector(g, n, dim, &L->ffn_norm, why, why_len)) < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int alloc_state(struct llama *m) {
+        size_t dim = (size_t)m->cfg.dim, hid = (size_t)m->cfg.hidden_dim, kv = (size_t)m->kv_dim,
+               half = (size_t)m->head_dim / 2;
+        size_t n = 4 * dim + 2 * kv + 2 * hid + 2 * half + (size_t)m->cfg.vocab_size;
+        float *p = m->floats = calloc(n, sizeof(float));
+        if (!p)
+                return -ENOMEM;
+        m->x = p, p += dim;
+        m->xb = p, p += dim;
+        m->xb2 = p, p += dim;
+        m->q = p, p += dim;
+        m->k = p, p += kv;
+        m->v = p, p += kv;
+        m->hb = p, p += hid;
+        m->hb2 = p, p += hid;
+        m->rope_cos = p, p += half;
+        m->rope_sin = p, p += half;
+        m->logits = p;
+        return 0;
+}
+
+int llama_new(struct gguf **g, const struct llama_options *o, struct llama **ret, char *why, size_t why_len) {
+        struct llama_options opt = o ? *o : (struct llama_options){ 0 };
+        struct llama *m = calloc(1, sizeof(*m));
+        if (!m) {
+                *g = gguf_free(*g);
+                return -ENOMEM;
+        }
+        m->g = *g;
+        *g = NULL;
+        m->exact = opt.exact;
+        int r = read_config(m, why, why_len);
+        if (r == 0)
+                r = read_tensors(m, why, why_len);
+        if (r == 0)
+                r = alloc_state(m);
+        if (r == 0)
+                r = threads_new(opt.threads ? opt.threads : threads_default(), &m->pool);
+        if (r < 0) {
+                llama_free(m);
+                return r;
+        }
+        *ret = m;
+        return 0;
+}
+
+struct llama *llama_free(struct llama *m) {
+        if (!m)
+                return NULL;
+        for (int l = 0; m->layers && l < m->cfg.n_layers; l++) {
+                free(m->layers[l].attn_norm);
+                free(m->layers[l].ffn_norm);
+        }
+        free(m->layers);
+        free(m->out_norm);
+        free(m->inv_freq);
+        free(m->floats);
+        threads_free(m->pool);
+        gguf_free(m->g);
+        free(m);
+        return NULL;
+}
+
+const struct model_config *llama_config(const struct llama *m) {
+        return &m->cfg;
+}
+
+/* Rotates every head of vec (n_heads heads of head_dim) by the current position's angles. */
+static void rope(const struct llama *m, float *vec, int n_heads) {
+        for (int h = 0; h < n_heads; h++) {
+                float *v = vec + (size_t)h * (size_t)m->head_dim;
+                for (int i = 0; i < m->head_dim / 2; i++) {
+                        float c = m->rope_cos[i], s = m->rope_sin[i], v0 = v[2 * i], v1 = v[2 * i + 1];
+                        v[2 * i] = v0 * c - v1 * s;
+                        v[2 * i + 1] = v0 * s + v1 * c;
+                }
+        }
+}
+
+int llama_forward(struct llama *m, int token, int pos, const struct model_cache_ops *cache, void *ctx,
+                  float **ret_logits) {
+        if (!m || !cache || !cache->store || !cache->attend || !ret_logits)
+                return -EINVAL;
+        const struct model_config *c = &m->cfg;
+        if (token < 0 || token >= c->vocab_size || pos < 0)
+                return -EINVAL;
+        int dim = c->dim, hid = c->hidden_dim;
+        const struct qtype *et = qtype_of(m->embd->type);
+        et->dequantize(m->embd->data + (size_t)token * qtype_row_bytes(et, (uint64_t)dim), m->x, (size_t)dim);
+        for (int i = 0; i < m->head_dim / 2; i++) {
+                float a = (float)pos * m->inv_freq[i];
+                m->rope_cos[i] = cosf(a);
+                m->rope_sin[i] = sinf(a);
+        }
+        for (int l = 0; l < c->n_layers; l++) {
+                const struct llama_layer *L = &m->layers[l];
+                rmsnorm(m->xb, m->x, L->attn_norm, dim, m->eps);
+                matmul(m, L->wq, m->xb, m->q);
+                matmul(m, L->wk, m->xb, m->k);
+                matmul(m, L->wv, m->xb, m->v);
+                rope(m, m->q, c->n_heads);
+                rope(m, m->k, c->n_kv_heads);
+                int r = cache->store(ctx, l, pos, m->k, m->v);
+                if (r < 0 || (r = cache->attend(ctx, l, pos, m->q, m->xb)) < 0)
+                        return r;
+                matmul(m, L->wo, m->xb, m->xb2);
+                for (int i = 0; i < dim; i++)
+                        m->x[i] += m->xb2[i];
+                rmsnorm(m->xb, m->x, L->ffn_norm, dim, m->eps);
+                matmul(m, L->gate, m->xb, m->hb);
+                matmul(m, L->up, m->xb, m->hb2);
+                for (int i = 0; i < hid; i++) {
+                        float gv = m->hb[i];
+                        m->hb[i] = gv / (1.0f + expf(-gv)) * m->hb2[i];
+                }
+                matmul(m, L->down, m->hb, m->xb);
+                for (int i = 0; i < dim; i++)
+                        m->x[i] += m->xb[i];
+        }
+        rmsnorm(m->x, m->x, m->out_norm, dim, m->eps);
+        matmul(m, m->out, m->x, m->logits);
+        *ret_logits = m->logits;
+        return 0;
+}
