@@ -4,7 +4,7 @@
  * byte for byte), the loaders' rejection of malformed files, the tokenizer's agreement with a
  * literal transcription of llama2.c's quadratic encoder, and the sampler's determinism.
  *
- * The model directory is $KVC_MODEL_DIR, or ../shared/models/stories260K relative to the current
+ * The model directory is $KVC_STORIES_DIR, or ../shared/models/stories260K relative to the current
  * directory (tests run from the project root).
  */
 #include <errno.h>
@@ -69,7 +69,7 @@ static void fixture_path(char *buf, size_t cap, const char *name) {
 }
 
 static int group_setup(void **state) {
-        const char *dir = getenv("KVC_MODEL_DIR");
+        const char *dir = getenv("KVC_STORIES_DIR");
         char path[4200];
 
         (void)state;
@@ -86,7 +86,7 @@ static int group_setup(void **state) {
                 goto fail;
         return 0;
 fail:
-        fprintf(stderr, "test_model: cannot load %s (set KVC_MODEL_DIR or run from the project root)\n",
+        fprintf(stderr, "test_model: cannot load %s (set KVC_STORIES_DIR or run from the project root)\n",
                 path);
         return -1;
 }
