@@ -22,6 +22,7 @@
 #include "prefix.h"
 #include "idmap.h"
 #include "metrics.h"
+#include "plan.h"
 #include "policy/policy.h"
 #include "pool.h"
 #include "wire.h"
@@ -203,21 +204,6 @@ struct session {
         uint32_t n_moves;
 };
 
-/* Plan-building scratch, shared by all sessions (one thread builds one plan at a time), grown
- * when a session opens to fit its largest layer: n_kv_heads * max_layer_blocks * block_tokens. */
-struct plan_scratch {
-        size_t cap; /* entries per array */
-        int32_t *pos;
-        float *sum, *ema, *last, *logw;
-        uint32_t *keep;
-        uint32_t *work; /* 6 * cap */
-        float *logw_delta;
-        uint32_t *slot_of; /* a shared prefix's view: the slot of each token the policy sees */
-        uint32_t *keep2;   /* the keep-set rewritten for a shared prefix */
-        struct policy_target targets[WIRE_MAX_LAYERS];
-        bool forced[WIRE_MAX_LAYERS]; /* the arbiter's cap, not the policy, asked for this layer's plan */
-};
-
 struct kvcd {
         struct kvcd_config cfg;
         const struct backend_ops *backend;
@@ -316,7 +302,6 @@ uint32_t client_held_chunks(const struct kvcd *d);
 uint64_t session_pool_owner(const struct session *s);
 /* The pool unit of one block: full precision, or INT8 with q8. */
 uint32_t session_unit_bytes(const struct session *s, bool q8);
-void plan_scratch_done(struct plan_scratch *sc);
 /* Admits and opens a session. 1: opened, but it waits for its plan buffer (session.wait) while
  * the arbiter reclaims memory: the reply comes when session_retry_open() succeeds. */
 int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret, char *why,
@@ -349,6 +334,16 @@ uint64_t session_bytes(const struct session *s);
 uint32_t session_tokens(const struct session *s);
 uint32_t session_blocks(const struct session *s);
 void session_fill_stats(const struct session *s, Kvc__SessionStats *ret);
+/* Slots of every layer that hold its shared prefix (the first n_shared_blocks blocks). */
+uint32_t session_shared_tokens(const struct session *s);
+/* A grant's entry for one table of layer l (q8: the INT8 one), room for max_blocks blocks, added
+ * to g (arena memory); NULL when the arena is full. */
+Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, bool q8,
+                                      uint32_t max_blocks);
+/* Grows one table of layer l to n_blocks blocks from the pool (under the budget), recording the
+ * new ones in out (arena memory). A failure leaves the blocks it added in the table and in out. */
+int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, uint32_t n_blocks,
+                       Kvc__LayerBlocks *out);
 
 /* handlers.c */
 enum channel {
