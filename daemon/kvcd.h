@@ -10,6 +10,12 @@
  *
  * Every block a session holds is recorded in exactly one place, its layer's block table, and was
  * allocated from the pool under the session's client id: the audit recomputes one from the other.
+ *
+ * After the objects come the declarations of the files without a header of their own (client.c,
+ * session.c, restart.c, handoff.c, relocate.c, server.c). The rest have their own, and none of
+ * those includes this one: a file that needs only the time (clock.h), only to send (handlers.h),
+ * or only a module's interface (pool.h, prefix.h, budget.h, plan.h, events.h, admin.h, ...)
+ * includes just that.
  */
 #pragma once
 
@@ -19,13 +25,16 @@
 
 #include "block.h"
 #include "budget.h"
-#include "prefix.h"
 #include "idmap.h"
 #include "metrics.h"
 #include "plan.h"
-#include "policy/policy.h"
-#include "pool.h"
 #include "wire.h"
+
+struct backend_ops;
+struct policy;
+struct pool;
+struct prefix_block;
+struct restart;
 
 #define KVCD_VERSION                 "0.1.0"
 #define KVCD_MAX_CLIENTS             256u
@@ -267,8 +276,6 @@ struct kvcd {
         uint64_t stop_deadline_usec; /* a graceful stop is under way until then */
 };
 
-uint64_t now_usec(void);
-
 /* client.c */
 /* Accepts one pending connection: 1 when one was taken (or refused), 0 when none waited. */
 int client_accept(struct kvcd *d);
@@ -344,17 +351,6 @@ Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l,
  * new ones in out (arena memory). A failure leaves the blocks it added in the table and in out. */
 int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, uint32_t n_blocks,
                        Kvc__LayerBlocks *out);
-
-/* handlers.c */
-enum channel {
-        CHANNEL_CLIENT = 1,
-        CHANNEL_ADMIN = 2,
-};
-/* Handles one frame from peer rid on the channel and sends the reply. */
-void handle_frame(struct kvcd *d, enum channel ch, void *zsock, const uint8_t *rid, size_t rid_len,
-                  const uint8_t *data, size_t len);
-/* Tries the requests waiting for memory again; answers them, or refuses them at their deadline. */
-void handlers_retry_waits(struct kvcd *d, uint64_t now);
 
 /* restart.c: the fd store (chunks and the state record) across a restart */
 /* Keeps a passed fd named `name` (chunk-N, state) for restore; -ENOENT when it is not one. */

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "clock.h"
 #include "compact.h"
 #include "kvcd.h"
 #include "log.h"

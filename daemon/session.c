@@ -31,6 +31,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "clock.h"
 #include "events.h"
 #include "kvcd.h"
 #include "log.h"
