@@ -8,7 +8,12 @@
 #include <zmq.h>
 
 #include "admin.h"
+#include "clock.h"
+#include "handlers.h"
+#include "kvcd.h"
 #include "log.h"
+#include "pool.h"
+#include "prefix.h"
 
 /* Recomputes the accounting from the sessions' block tables and the pool's bitmaps. */
 int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uint64_t *ret_blocks) {

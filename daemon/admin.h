@@ -6,11 +6,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvcd.h"
+#include "kvc.pb-c.h"
 
-/* Sends an envelope to a peer of a ROUTER (handlers.c); -errno when it was dropped (the peer left,
- * or stopped reading). */
-int send_envelope(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_len, const Kvc__Envelope *env);
+struct kvcd;
 
 /* The accounting recomputed from the sessions' tables and the pool's bitmaps: 0 when it agrees
  * (report: a summary), -EUCLEAN otherwise (report: what differs). Never aborts anything. */

@@ -8,6 +8,7 @@
 #include "budget.h"
 #include "kvcd.h"
 #include "log.h"
+#include "pool.h"
 
 static uint64_t unmet(const struct session *s) {
         return s->min_bytes > s->bytes ? s->min_bytes - s->bytes : 0;

@@ -31,9 +31,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "backend.h"
+#include "clock.h"
 #include "fdwire.h"
 #include "kvcd.h"
 #include "log.h"
+#include "pool.h"
 
 static int random_bytes(uint8_t *buf, size_t n) {
         while (n > 0) {

@@ -9,6 +9,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "backend.h"
+#include "kvcd.h"
 #include "log.h"
 
 #define EVENTS_TOPIC "kv-events"

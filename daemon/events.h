@@ -9,9 +9,11 @@
  */
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
-#include "kvcd.h"
+struct kvcd;
+struct session;
 
 int events_open(struct kvcd *d);
 void events_close(struct kvcd *d);

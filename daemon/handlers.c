@@ -15,9 +15,14 @@
 #include <zmq.h>
 
 #include "admin.h"
+#include "backend.h"
+#include "clock.h"
+#include "handlers.h"
 #include "kvcd.h"
 #include "log.h"
 #include "policy/policy.h"
+#include "pool.h"
+#include "prefix.h"
 
 struct request {
         struct kvcd *d;

@@ -18,8 +18,10 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "clock.h"
 #include "kvcd.h"
 #include "log.h"
+#include "pool.h"
 
 #define HANDOFF_USEC (30u * 1000000u)
 

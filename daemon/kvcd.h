@@ -10,6 +10,12 @@
  *
  * Every block a session holds is recorded in exactly one place, its layer's block table, and was
  * allocated from the pool under the session's client id: the audit recomputes one from the other.
+ *
+ * After the objects come the declarations of the files without a header of their own (client.c,
+ * session.c, restart.c, handoff.c, relocate.c, server.c). The rest have their own, and none of
+ * those includes this one: a file that needs only the time (clock.h), only to send (handlers.h),
+ * or only a module's interface (pool.h, prefix.h, budget.h, plan.h, events.h, admin.h, ...)
+ * includes just that.
  */
 #pragma once
 
@@ -19,12 +25,16 @@
 
 #include "block.h"
 #include "budget.h"
-#include "prefix.h"
 #include "idmap.h"
 #include "metrics.h"
-#include "policy/policy.h"
-#include "pool.h"
+#include "plan.h"
 #include "wire.h"
+
+struct backend_ops;
+struct policy;
+struct pool;
+struct prefix_block;
+struct restart;
 
 #define KVCD_VERSION                 "0.1.0"
 #define KVCD_MAX_CLIENTS             256u
@@ -203,21 +213,6 @@ struct session {
         uint32_t n_moves;
 };
 
-/* Plan-building scratch, shared by all sessions (one thread builds one plan at a time), grown
- * when a session opens to fit its largest layer: n_kv_heads * max_layer_blocks * block_tokens. */
-struct plan_scratch {
-        size_t cap; /* entries per array */
-        int32_t *pos;
-        float *sum, *ema, *last, *logw;
-        uint32_t *keep;
-        uint32_t *work; /* 6 * cap */
-        float *logw_delta;
-        uint32_t *slot_of; /* a shared prefix's view: the slot of each token the policy sees */
-        uint32_t *keep2;   /* the keep-set rewritten for a shared prefix */
-        struct policy_target targets[WIRE_MAX_LAYERS];
-        bool forced[WIRE_MAX_LAYERS]; /* the arbiter's cap, not the policy, asked for this layer's plan */
-};
-
 struct kvcd {
         struct kvcd_config cfg;
         const struct backend_ops *backend;
@@ -281,8 +276,6 @@ struct kvcd {
         uint64_t stop_deadline_usec; /* a graceful stop is under way until then */
 };
 
-uint64_t now_usec(void);
-
 /* client.c */
 /* Accepts one pending connection: 1 when one was taken (or refused), 0 when none waited. */
 int client_accept(struct kvcd *d);
@@ -316,7 +309,6 @@ uint32_t client_held_chunks(const struct kvcd *d);
 uint64_t session_pool_owner(const struct session *s);
 /* The pool unit of one block: full precision, or INT8 with q8. */
 uint32_t session_unit_bytes(const struct session *s, bool q8);
-void plan_scratch_done(struct plan_scratch *sc);
 /* Admits and opens a session. 1: opened, but it waits for its plan buffer (session.wait) while
  * the arbiter reclaims memory: the reply comes when session_retry_open() succeeds. */
 int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret, char *why,
@@ -349,17 +341,16 @@ uint64_t session_bytes(const struct session *s);
 uint32_t session_tokens(const struct session *s);
 uint32_t session_blocks(const struct session *s);
 void session_fill_stats(const struct session *s, Kvc__SessionStats *ret);
-
-/* handlers.c */
-enum channel {
-        CHANNEL_CLIENT = 1,
-        CHANNEL_ADMIN = 2,
-};
-/* Handles one frame from peer rid on the channel and sends the reply. */
-void handle_frame(struct kvcd *d, enum channel ch, void *zsock, const uint8_t *rid, size_t rid_len,
-                  const uint8_t *data, size_t len);
-/* Tries the requests waiting for memory again; answers them, or refuses them at their deadline. */
-void handlers_retry_waits(struct kvcd *d, uint64_t now);
+/* Slots of every layer that hold its shared prefix (the first n_shared_blocks blocks). */
+uint32_t session_shared_tokens(const struct session *s);
+/* A grant's entry for one table of layer l (q8: the INT8 one), room for max_blocks blocks, added
+ * to g (arena memory); NULL when the arena is full. */
+Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, bool q8,
+                                      uint32_t max_blocks);
+/* Grows one table of layer l to n_blocks blocks from the pool (under the budget), recording the
+ * new ones in out (arena memory). A failure leaves the blocks it added in the table and in out. */
+int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, uint32_t n_blocks,
+                       Kvc__LayerBlocks *out);
 
 /* restart.c: the fd store (chunks and the state record) across a restart */
 /* Keeps a passed fd named `name` (chunk-N, state) for restore; -ENOENT when it is not one. */

@@ -10,6 +10,7 @@
 
 #include "kvcd.h"
 #include "log.h"
+#include "pool.h"
 
 static void usage(FILE *f) {
         fprintf(f,

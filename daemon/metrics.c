@@ -9,7 +9,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "clock.h"
 #include "kvcd.h"
+#include "pool.h"
 
 void histogram_init(struct histogram *h, const double *bounds, uint32_t n_bounds) {
         *h = (struct histogram){ .bounds = bounds,

@@ -7,6 +7,8 @@
 
 #include "kvcd.h"
 #include "log.h"
+#include "pool.h"
+#include "prefix.h"
 
 static uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
         x ^= x >> 30;

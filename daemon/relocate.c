@@ -22,9 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "admin.h"
+#include "clock.h"
+#include "handlers.h"
 #include "kvcd.h"
 #include "log.h"
+#include "pool.h"
 
 #define RELOCATE_DEADLINE_USEC (10u * 1000000u)
 #define RELOCATE_RETRY_USEC    (100u * 1000u)

@@ -31,8 +31,10 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "kvcd.h"
 #include "log.h"
+#include "pool.h"
 
 #define STATE_MAGIC      0x5453564bu /* "KVST" */
 #define STATE_VERSION    1u

@@ -25,27 +25,25 @@
 #include <sys/un.h>
 #include <stddef.h>
 #include <systemd/sd-daemon.h>
-#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "admin.h"
+#include "backend.h"
+#include "clock.h"
 #include "events.h"
+#include "handlers.h"
 #include "http.h"
 #include "kvcd.h"
 #include "log.h"
-#include "policy/policy.h"
+#include "plan.h"
+#include "pool.h"
+#include "prefix.h"
 
 /* Frames above this make ZeroMQ drop the connection; frames between WIRE_REQUEST_MAX_BYTES and
  * this get an EMSGSIZE reply. */
 #define KVCD_ZMQ_MAXMSGSIZE     (1 << 20)
 #define KVCD_MESSAGES_PER_ROUND 1024
-
-uint64_t now_usec(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 static int path_in(char *dst, size_t cap, const char *dir, const char *name) {
         int n = snprintf(dst, cap, "%s/%s", dir, name);

@@ -1,8 +1,9 @@
-/* session.c: sessions: their blocks, their steps, and their plans.
+/* session.c: sessions: their lifecycle (open, restore, close, hand-over), their blocks, their
+ * steps, and the acknowledgement of their plans. Building a plan is plan.c's.
  *
  * Block accounting is driven by two messages. Grants add blocks at the end of a layer's table
  * (a Reserve, or kvcd keeping room for the next token after a step). Plans shrink it: kvcd
- * writes the keep-set of each layer into the session's plan buffer; the client compacts and
+ * writes the keep-set of each layer into the session's plan buffer (plan.c); the client compacts and
  * answers PlanApplied with its new lengths and the tail blocks it no longer needs; only then are
  * those blocks free in the pool. At most one plan is outstanding per session, so a plan is
  * always built on the layout the client has.
@@ -25,55 +26,19 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
-#include "compact.h"
+#include "clock.h"
 #include "events.h"
-#include "summarize.h"
 #include "kvcd.h"
 #include "log.h"
-
-void plan_scratch_done(struct plan_scratch *sc) {
-        free(sc->pos);
-        free(sc->sum);
-        free(sc->ema);
-        free(sc->last);
-        free(sc->logw);
-        free(sc->keep);
-        free(sc->work);
-        free(sc->logw_delta);
-        free(sc->slot_of);
-        free(sc->keep2);
-        memset(sc, 0, sizeof(*sc));
-}
-
-static int plan_scratch_reserve(struct plan_scratch *sc, size_t entries) {
-        if (entries <= sc->cap)
-                return 0;
-        struct plan_scratch n = { .cap = entries };
-        n.pos = malloc(entries * sizeof(int32_t));
-        n.sum = malloc(entries * sizeof(float));
-        n.ema = malloc(entries * sizeof(float));
-        n.last = malloc(entries * sizeof(float));
-        n.logw = malloc(entries * sizeof(float));
-        n.keep = malloc(entries * sizeof(uint32_t));
-        n.work = malloc(6 * entries * sizeof(uint32_t));
-        n.logw_delta = malloc(entries * sizeof(float));
-        n.slot_of = malloc(entries * sizeof(uint32_t));
-        n.keep2 = malloc(entries * sizeof(uint32_t));
-        if (!n.pos || !n.sum || !n.ema || !n.last || !n.logw || !n.keep || !n.work || !n.logw_delta ||
-            !n.slot_of || !n.keep2) {
-                plan_scratch_done(&n);
-                return -ENOMEM;
-        }
-        plan_scratch_done(sc);
-        *sc = n;
-        return 0;
-}
+#include "plan.h"
+#include "policy/policy.h"
+#include "pool.h"
+#include "prefix.h"
 
 uint64_t session_pool_owner(const struct session *s) {
         return s->domain ? s->domain : s->owner->id;
@@ -96,6 +61,10 @@ uint32_t session_blocks(const struct session *s) {
         for (uint32_t l = 0; l < s->n_layers; l++)
                 n += s->layers[l].fp.n + s->layers[l].q8.n;
         return n;
+}
+
+uint32_t session_shared_tokens(const struct session *s) {
+        return s->n_shared_blocks * s->layout.block_tokens;
 }
 
 void session_fill_stats(const struct session *s, Kvc__SessionStats *ret) {
@@ -159,20 +128,6 @@ static void free_units(struct kvcd *d, struct session *s, bool q8, uint64_t off,
                           (unsigned long long)off, strerror(-r));
         budget_charge(d, s, -(int64_t)n * unit);
         d->freed = true;
-}
-
-/* Where slot i of layer L lives: its block (a pool offset), its layout and its slot there. */
-static uint64_t slot_block(const struct session *s, const struct session_layer *L, uint32_t i,
-                           const struct block_layout **lay, uint32_t *in_block) {
-        uint32_t T = s->layout.block_tokens;
-        if (i < L->n_q8) {
-                *lay = &s->q8_layout;
-                *in_block = i % T;
-                return L->q8.blocks[i / T];
-        }
-        *lay = &s->layout;
-        *in_block = (i - L->n_q8) % T;
-        return L->fp.blocks[(i - L->n_q8) / T];
 }
 
 static enum block_dtype dtype_of(Kvc__Dtype t) {
@@ -369,16 +324,6 @@ static int session_register(struct kvcd *d, struct session *s, uint64_t id) {
         return 0;
 }
 
-/* Blocks of the plan buffer: one keep-set entry (4 bytes) per layer, head and token kept. */
-static uint64_t plan_units_of(struct session *s) {
-        if (!s->max_keep)
-                return 0;
-        uint64_t entries = (uint64_t)s->n_layers * s->keep_cap * (s->per_head ? s->n_kv_heads : 1);
-        s->mask_offset = (entries * 4 + 7) / 8 * 8; /* then the masks of shared slots, per layer and head */
-        uint64_t bytes = s->mask_offset + (uint64_t)s->n_layers * s->n_kv_heads * s->mask_stride;
-        return (bytes + s->layout.block_bytes - 1) / s->layout.block_bytes;
-}
-
 /* Whether a request refused for lack of memory is worth waiting for: it was not the session's
  * own cap, and memory is being taken back: by the arbiter from other sessions, or chunks from
  * other clients (asked for now, when every chunk is owned: an empty one, or one emptied by
@@ -415,7 +360,7 @@ void session_wait_done(struct kvcd *d, struct session *s) {
 
 /* The plan buffer: 0 when there, -EINPROGRESS when the session waits for it. */
 static int alloc_plan_buffer(struct kvcd *d, struct session *s, char *why, size_t why_len) {
-        uint64_t units = plan_units_of(s);
+        uint64_t units = plan_buffer_units(s);
         if (!units || s->plan_units)
                 return 0;
         int r = alloc_units(d, s, false, (uint32_t)units, &s->plan_offset);
@@ -434,7 +379,7 @@ int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, st
         int r = session_create(d, c, m, &s, why, why_len);
         if (r < 0)
                 return r;
-        uint64_t units = plan_units_of(s);
+        uint64_t units = plan_buffer_units(s);
         if (units > UINT32_MAX) {
                 snprintf(why, why_len, "a plan buffer of %llu blocks", (unsigned long long)units);
                 session_free(s);
@@ -580,8 +525,8 @@ int session_lookup(struct kvcd *d, struct client *c, uint64_t id, struct session
 }
 
 /* Grows one table of layer l to n_blocks blocks, recording the new ones in out (arena memory). */
-static int grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, uint32_t n_blocks,
-                      Kvc__LayerBlocks *out) {
+int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, uint32_t n_blocks,
+                       Kvc__LayerBlocks *out) {
         struct session_layer *L = &s->layers[l];
         struct block_table *t = q8 ? &L->q8 : &L->fp;
         if (n_blocks > s->max_layer_blocks)
@@ -613,8 +558,8 @@ static Kvc__Grant *grant_new(struct kvcd *d, struct session *s) {
         return g;
 }
 
-static Kvc__LayerBlocks *grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, bool q8,
-                                     uint32_t max_blocks) {
+Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, bool q8,
+                                      uint32_t max_blocks) {
         Kvc__LayerBlocks *lb = wire_arena_alloc(d->out, sizeof(*lb));
         uint64_t *blocks = wire_arena_alloc(d->out, max_blocks * sizeof(uint64_t));
         if (!lb || !blocks)
@@ -695,8 +640,8 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
                 uint32_t want = n_tokens > L->n_q8 ? (n_tokens - L->n_q8 + T - 1) / T : 0;
                 if (L->fp.n >= want)
                         continue;
-                Kvc__LayerBlocks *lb = grant_layer(d, g, l, false, want - L->fp.n);
-                int r = lb ? grow_table(d, s, l, false, want, lb) : -ENOMEM;
+                Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, false, want - L->fp.n);
+                int r = lb ? session_grow_table(d, s, l, false, want, lb) : -ENOMEM;
                 if (r < 0) { /* all or nothing: undo this request's blocks */
                         for (size_t i = 0; i < g->n_layers; i++) {
                                 struct block_table *t = &s->layers[g->layers[i]->layer].fp;
@@ -710,371 +655,6 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
         }
         *ret_g = g;
         return 0;
-}
-
-/* Copies layer l's side arrays out of the pool into the scratch, [head][slot]. Runs of slots in
- * one block are copied at once. */
-/* A shared prefix's slots this session has evicted (masked) in layer l, as applied. */
-static uint32_t shared_tokens(const struct session *s) {
-        return s->n_shared_blocks * s->layout.block_tokens;
-}
-
-static bool is_masked(const uint8_t *mask, uint32_t j) {
-        return mask[j / 8] >> (j % 8) & 1;
-}
-
-static uint32_t masked_count(const struct session *s, uint32_t l) {
-        uint32_t n = 0, S = shared_tokens(s);
-        const uint8_t *m = s->mask + (size_t)l * s->mask_stride;
-        for (uint32_t i = 0; i < S / 8; i++)
-                n += (uint32_t)__builtin_popcount(m[i]);
-        return n;
-}
-
-/* The tokens a policy sees in layer l: all but the shared slots the session masked. */
-static uint32_t live_tokens(const struct session *s, uint32_t l) {
-        return s->layers[l].n_tokens - (s->n_shared_blocks ? masked_count(s, l) : 0);
-}
-
-/* A device pool: slots [at, at + cnt) of block blk, which are slots [i, i + cnt) of an n-slot
- * layer, in one read of the block's side arrays (pos to the block's end: five [head][slot] arrays)
- * staged in the scratch's work area (free until the policy selects). false when they do not fit
- * there: the caller reads them array by array. */
-static bool gather_block(struct kvcd *d, const struct session *s, const struct block_layout *lay,
-                         uint64_t blk, uint32_t at, uint32_t cnt, uint32_t i, uint32_t n) {
-        struct plan_scratch *sc = &d->scratch;
-        uint64_t bytes = lay->block_bytes - lay->pos_offset;
-        if (bytes > 6 * sc->cap * sizeof(uint32_t))
-                return false;
-        uint8_t *stage = (uint8_t *)sc->work;
-        if (pool_read(d->pool, blk + lay->pos_offset, stage, bytes) < 0)
-                memset(stage, 0, bytes); /* plans on zeros, as a failed pool_read leaves its target */
-        const struct {
-                void *to;
-                uint64_t offset;
-        } arrays[5] = { { sc->pos, lay->pos_offset },
-                        { sc->sum, lay->sum_offset },
-                        { sc->ema, lay->ema_offset },
-                        { sc->last, lay->last_offset },
-                        { sc->logw, lay->logw_offset } };
-        for (int a = 0; a < 5; a++)
-                for (uint32_t h = 0; h < s->n_kv_heads; h++)
-                        memcpy((uint32_t *)arrays[a].to + (size_t)h * n + i,
-                               stage + (arrays[a].offset - lay->pos_offset) +
-                                       ((uint64_t)h * lay->block_tokens + at) * 4u,
-                               cnt * 4u);
-        return true;
-}
-
-static void gather_layer(struct kvcd *d, const struct session *s, uint32_t l, struct policy_layer *out) {
-        const struct session_layer *L = &s->layers[l];
-        struct plan_scratch *sc = &d->scratch;
-        uint32_t n = L->n_tokens, T = s->layout.block_tokens;
-
-        for (uint32_t i = 0; i < n;) {
-                const struct block_layout *lay;
-                uint32_t at;
-                uint64_t blk = slot_block(s, L, i, &lay, &at);
-                uint32_t cnt = T - at < n - i ? T - at : n - i;
-                if (i < L->n_q8 && cnt > L->n_q8 - i)
-                        cnt = L->n_q8 - i; /* the INT8 part ends inside this block */
-                if (d->backend->device && gather_block(d, s, lay, blk, at, cnt, i, n)) {
-                        i += cnt; /* one copy off the GPU per block, not 5 per KV head */
-                        continue;
-                }
-                for (uint32_t h = 0; h < s->n_kv_heads; h++) {
-                        size_t to = (size_t)h * n + i;
-                        uint64_t at_head = ((uint64_t)h * T + at) * 4u;
-                        pool_read(d->pool, blk + lay->pos_offset + at_head, sc->pos + to, cnt * 4u);
-                        pool_read(d->pool, blk + lay->sum_offset + at_head, sc->sum + to, cnt * 4u);
-                        pool_read(d->pool, blk + lay->ema_offset + at_head, sc->ema + to, cnt * 4u);
-                        pool_read(d->pool, blk + lay->last_offset + at_head, sc->last + to, cnt * 4u);
-                        pool_read(d->pool, blk + lay->logw_offset + at_head, sc->logw + to, cnt * 4u);
-                }
-                i += cnt;
-        }
-        /* a shared prefix: the masked slots leave the view, the rest close up (stable, in place:
-         * every token moves down or stays); slot_of maps the view back */
-        uint32_t w = n;
-        if (s->n_shared_blocks && masked_count(s, l)) {
-                const uint8_t *m = s->mask + (size_t)l * s->mask_stride;
-                uint32_t S = shared_tokens(s);
-                w = 0;
-                for (uint32_t j = 0; j < n; j++)
-                        if (j >= S || !is_masked(m, j))
-                                sc->slot_of[w++] = j;
-                for (uint32_t h = 0; h < s->n_kv_heads; h++)
-                        for (uint32_t v = 0; v < w; v++) {
-                                size_t to = (size_t)h * w + v, from = (size_t)h * n + sc->slot_of[v];
-                                sc->pos[to] = sc->pos[from];
-                                sc->sum[to] = sc->sum[from];
-                                sc->ema[to] = sc->ema[from];
-                                sc->last[to] = sc->last[from];
-                                sc->logw[to] = sc->logw[from];
-                        }
-        } else {
-                for (uint32_t j = 0; j < n; j++)
-                        sc->slot_of[j] = j;
-        }
-        *out = (struct policy_layer){ .layer = l,
-                                      .n_tokens = w,
-                                      .n_kv_heads = s->n_kv_heads,
-                                      .n_q8 = L->n_q8,
-                                      .pos = sc->pos,
-                                      .sum = sc->sum,
-                                      .ema = sc->ema,
-                                      .last = sc->last,
-                                      .logw = sc->logw };
-}
-
-static bool adds_logw(const float *delta, uint32_t slot, uint32_t shared) {
-        return *delta != 0.0f && isfinite(*delta) && slot >= shared;
-}
-
-/* Adds the policy's log-weight increments into the pool, at the kept slots (every head when the
- * plan is per layer): one read and one write per block and head, of the run from its first to its
- * last slot with an increment (a device pool pays per copy). kvcd writes only slots below the
- * length it planned on: the client appends beyond them, so the two never write the same word. */
-static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const uint32_t *keep, uint32_t k,
-                     const float *delta) {
-        const struct session_layer *L = &s->layers[l];
-        uint32_t S = shared_tokens(s); /* shared slots are other sessions' too: never written */
-        float run[WIRE_MAX_BLOCK_TOKENS];
-        for (uint32_t h = 0; h < s->n_kv_heads; h++) {
-                const uint32_t *kh = keep + (size_t)(s->per_head ? h : 0) * k;
-                const float *dh = delta + (size_t)(s->per_head ? h : 0) * k;
-                for (uint32_t i = 0; i < k;) {
-                        if (!adds_logw(&dh[i], kh[i], S)) {
-                                i++;
-                                continue;
-                        }
-                        const struct block_layout *lay, *lay_j;
-                        uint32_t first, at;
-                        uint64_t blk = slot_block(s, L, kh[i], &lay, &first), last_i = i;
-                        for (uint32_t j = i + 1; j < k && slot_block(s, L, kh[j], &lay_j, &at) == blk; j++)
-                                if (adds_logw(&dh[j], kh[j], S))
-                                        last_i = j;
-                        slot_block(s, L, kh[last_i], &lay_j, &at);
-                        uint32_t len = at - first + 1;
-                        uint64_t where =
-                                blk + lay->logw_offset + ((uint64_t)h * lay->block_tokens + first) * 4u;
-                        if (pool_read(d->pool, where, run, len * sizeof(float)) == 0) {
-                                for (uint32_t j = i; j <= last_i; j++)
-                                        if (adds_logw(&dh[j], kh[j], S))
-                                                run[kh[j] - kh[i]] += dh[j];
-                                pool_write(d->pool, where, run, len * sizeof(float));
-                        }
-                        i = (uint32_t)last_i + 1;
-                }
-        }
-}
-
-/* The INT8 slots a plan leaves: what the policy asked (only if the session keeps INT8), never
- * fewer than the INT8 tokens the keep-set retains (INT8 tokens never return to full precision). */
-static uint32_t plan_q8(const struct session *s, const struct session_layer *L, const uint32_t *keep,
-                        uint32_t k, uint32_t asked) {
-        uint32_t q8 = s->int8 ? (asked < k ? asked : k) : 0;
-        for (uint32_t h = 0; h < (s->per_head ? s->n_kv_heads : 1u); h++) {
-                uint32_t kept = 0;
-                while (kept < k && keep[(size_t)h * k + kept] < L->n_q8)
-                        kept++;
-                q8 = kept > q8 ? kept : q8;
-        }
-        return q8;
-}
-
-/* Puts the summary slot into a keep-set of k - 1 slots (ascending, of n): the slot already marked
- * as the summary (position -1 in head 0), else the first slot the keep-set drops, which becomes
- * the summary. Returns the new count; *ret_slot is the summary's slot. */
-static uint32_t keep_summary(const struct policy_layer *view, uint32_t *keep, uint32_t k,
-                             uint32_t *ret_slot) {
-        uint32_t slot = UINT32_MAX;
-        for (uint32_t i = 0; i < view->n_tokens && slot == UINT32_MAX; i++)
-                if (view->pos[i] == SUMMARY_POS)
-                        slot = i;
-        if (slot == UINT32_MAX) /* the first dropped slot carries the summary from now on */
-                for (uint32_t i = 0, j = 0; i < view->n_tokens && slot == UINT32_MAX; i++, j++)
-                        if (j >= k || keep[j] != i)
-                                slot = i;
-        *ret_slot = slot;
-        uint32_t at = 0;
-        while (at < k && keep[at] < slot)
-                at++;
-        if (at < k && keep[at] == slot)
-                return k;
-        memmove(keep + at + 1, keep + at, (k - at) * sizeof(uint32_t));
-        keep[at] = slot;
-        return k + 1;
-}
-
-/* Builds the plan for the layers with a target below their length; NULL when none has. INT8
- * blocks the plan needs are granted into g. */
-/* A keep-set of the policy's view (k per head, view indices) rewritten for a shared prefix of S
- * slots: the slots it keeps, every shared slot first and in place (keep2, k2 per head), with the
- * shared slots no head keeps added to the layer's mask (mask, updated). Heads keep equally many:
- * one that kept fewer private slots keeps its newest others too. */
-static uint32_t keep_with_prefix(struct kvcd *d, const struct session *s, uint32_t n, uint32_t S,
-                                 uint32_t heads, const uint32_t *keep, uint32_t k, uint8_t *mask,
-                                 uint32_t *keep2) {
-        const uint32_t *slot_of = d->scratch.slot_of;
-        uint8_t *in = (uint8_t *)d->scratch.work; /* one byte per slot: this head keeps it */
-        uint32_t p_max = 0;
-        for (uint32_t h = 0; h < heads; h++) {
-                uint32_t p = 0;
-                for (uint32_t i = 0; i < k; i++)
-                        p += slot_of[keep[(size_t)h * k + i]] >= S;
-                p_max = p > p_max ? p : p_max;
-        }
-        for (uint32_t j = 0; j < S; j++) { /* masked unless some head keeps it */
-                bool kept = false;
-                for (uint32_t h = 0; h < heads && !kept; h++)
-                        for (uint32_t i = 0; i < k && !kept; i++)
-                                kept = slot_of[keep[(size_t)h * k + i]] == j;
-                if (!kept)
-                        mask[j / 8] |= (uint8_t)(1u << (j % 8));
-        }
-        uint32_t k2 = S + p_max;
-        for (uint32_t h = 0; h < heads; h++) {
-                memset(in, 0, n);
-                uint32_t p = 0;
-                for (uint32_t i = 0; i < k; i++) {
-                        uint32_t j = slot_of[keep[(size_t)h * k + i]];
-                        if (j >= S) {
-                                in[j] = 1;
-                                p++;
-                        }
-                }
-                for (uint32_t j = n; j-- > S && p < p_max;) /* even the heads out: the newest */
-                        if (!in[j]) {
-                                in[j] = 1;
-                                p++;
-                        }
-                uint32_t *out = keep2 + (size_t)h * k2, w = 0;
-                for (uint32_t j = 0; j < S; j++)
-                        out[w++] = j;
-                for (uint32_t j = S; j < n; j++)
-                        if (in[j])
-                                out[w++] = j;
-        }
-        (void)s;
-        return k2;
-}
-
-static Kvc__Plan *build_plan(struct kvcd *d, struct session *s, const struct policy_step *ps, Kvc__Grant *g) {
-        struct policy_target *targets = d->scratch.targets;
-        uint32_t heads = s->per_head ? s->n_kv_heads : 1, S = shared_tokens(s);
-        uint64_t per_layer = (uint64_t)s->keep_cap * heads;
-        Kvc__Plan *p = NULL;
-        s->plan_intact = s->prompt_alive;
-        if (s->mask)
-                memcpy(s->mask_next, s->mask, (size_t)s->n_layers * s->mask_stride);
-
-        for (uint32_t l = 0; l < s->n_layers; l++) {
-                uint32_t n = s->layers[l].n_tokens, live = live_tokens(s, l), k = targets[l].keep;
-                if (k == POLICY_NO_PLAN || k >= live || k > s->max_keep)
-                        continue;
-                struct policy_layer view;
-                gather_layer(d, s, l, &view);
-                uint32_t *keep = d->scratch.keep, summary = UINT32_MAX;
-                struct policy_target t = targets[l];
-                if (s->summarize && k >= 2)
-                        t.keep = k - 1; /* one slot for the summary */
-                int r = s->policy->ops->select(s->policy->state, ps, &view, &t, keep, d->scratch.logw_delta,
-                                               d->scratch.work);
-                if (r < 0 &&
-                    d->scratch.forced[l]) { /* a policy that cannot shrink on demand: the newest stay */
-                        for (uint32_t h = 0; h < heads; h++)
-                                for (uint32_t i = 0; i < t.keep; i++)
-                                        keep[(size_t)h * t.keep + i] = live - t.keep + i;
-                        r = 0;
-                }
-                bool deltas = r == 1;
-                if (r >= 0 && s->summarize && k >= 2)
-                        k = keep_summary(&view, keep, t.keep, &summary);
-                for (uint32_t h = 0; r >= 0 && h < heads; h++)
-                        r = compact_check_keep(keep + (size_t)h * k, k, live);
-                if (r < 0) {
-                        log_error("session %llu: policy %s gave no valid keep-set for layer %u",
-                                  (unsigned long long)s->id, s->policy_name, l);
-                        continue;
-                }
-                if (S) {              /* a shared prefix: slots kept in place, the evicted ones masked */
-                        if (deltas) { /* the increments go with the policy's own keep-set, as slots */
-                                for (size_t i = 0; i < (size_t)k * heads; i++)
-                                        d->scratch.keep2[i] = d->scratch.slot_of[keep[i]];
-                                add_logw(d, s, l, d->scratch.keep2, k, d->scratch.logw_delta);
-                                deltas = false;
-                        }
-                        uint8_t *mask = s->mask_next + (size_t)l * s->mask_stride;
-                        k = keep_with_prefix(d, s, n, S, heads, keep, k, mask, d->scratch.keep2);
-                        keep = d->scratch.keep2;
-                        /* all private slots kept: a plan that only masks (the compaction moves nothing) */
-                        if (k > s->keep_cap || (k >= n && memcmp(mask, s->mask + (size_t)l * s->mask_stride,
-                                                                 s->mask_stride) == 0))
-                                continue;
-                        for (uint32_t h = 0; h < s->n_kv_heads; h++)
-                                pool_write(d->pool,
-                                           s->plan_offset + s->mask_offset +
-                                                   ((uint64_t)l * s->n_kv_heads + h) * s->mask_stride,
-                                           mask, s->mask_stride);
-                }
-                struct session_layer *L = &s->layers[l];
-                uint32_t q8 = plan_q8(s, L, keep, k, targets[l].q8), T = s->layout.block_tokens;
-                if ((q8 + T - 1) / T > L->q8.n) {
-                        Kvc__LayerBlocks *lb = grant_layer(d, g, l, true, (q8 + T - 1) / T - L->q8.n);
-                        if (!lb || grow_table(d, s, l, true, (q8 + T - 1) / T, lb) < 0) {
-                                if (lb) /* no room for INT8 blocks now: quantize nothing new */
-                                        g->n_layers--;
-                                q8 = plan_q8(s, L, keep, k, 0);
-                                if ((q8 + T - 1) / T > L->q8.n)
-                                        continue;
-                        }
-                }
-                L->planned_q8 = q8;
-                for (uint32_t h = 0; h < heads && s->prompt_alive; h++) { /* prompt blocks left whole */
-                        uint32_t same = 0;
-                        while (same < k && keep[(size_t)h * k + same] == same)
-                                same++;
-                        if (same / 16 < s->plan_intact)
-                                s->plan_intact = same / 16;
-                }
-                if (deltas)
-                        add_logw(d, s, l, keep, k, d->scratch.logw_delta);
-                pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep,
-                           (size_t)k * heads * sizeof(uint32_t));
-
-                if (!p) {
-                        p = wire_arena_alloc(d->out, sizeof(*p));
-                        Kvc__LayerPlan **layers = wire_arena_alloc(d->out, s->n_layers * sizeof(*layers));
-                        if (!p || !layers)
-                                return NULL;
-                        kvc__plan__init(p);
-                        p->layers = layers;
-                }
-                Kvc__LayerPlan *lp = wire_arena_alloc(d->out, sizeof(*lp));
-                if (!lp)
-                        return NULL;
-                kvc__layer_plan__init(lp);
-                lp->layer = l;
-                lp->base_tokens = n;
-                lp->keep_offset = (uint32_t)(l * per_layer);
-                lp->keep_count = k;
-                lp->per_head = s->per_head;
-                lp->q8_tokens = q8;
-                lp->summary_slot = summary == UINT32_MAX ? 0 : summary + 1;
-                lp->shared_tokens = S;
-                p->layers[p->n_layers++] = lp;
-        }
-        if (p) {
-                p->session_id = s->id;
-                p->plan_id = ++s->next_plan_id;
-                p->base_step = ps->step;
-                s->pending_plan_id = p->plan_id;
-                s->pending_since_usec = now_usec();
-                s->stats.plans++;
-                d->n.plans++;
-        }
-        return p;
 }
 
 int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Plan **ret_plan,
@@ -1098,9 +678,9 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                                  l, st->layer_tokens[l], L->n_q8, L->fp.n * T);
                         return -EPROTO;
                 }
-                if (st->layer_tokens[l] < shared_tokens(s)) {
+                if (st->layer_tokens[l] < session_shared_tokens(s)) {
                         snprintf(why, why_len, "layer %u: %u tokens, fewer than its shared prefix of %u", l,
-                                 st->layer_tokens[l], shared_tokens(s));
+                                 st->layer_tokens[l], session_shared_tokens(s));
                         return -EPROTO;
                 }
         }
@@ -1131,7 +711,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                 prefix_publish(d, s);
         uint32_t live[WIRE_MAX_LAYERS]; /* a shared prefix: the policy counts only unmasked tokens */
         for (uint32_t l = 0; l < s->n_layers; l++)
-                live[l] = live_tokens(s, l);
+                live[l] = plan_live_tokens(s, l);
         if (s->pending_plan_id == 0) {
                 struct policy_step ps = {
                         .step = st->step,
@@ -1147,7 +727,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                 if (ops->observes && ops->observes(s->policy->state, &ps)) {
                         for (uint32_t l = 0; l < s->n_layers; l++) {
                                 struct policy_layer view;
-                                gather_layer(d, s, l, &view);
+                                plan_gather(d, s, l, &view);
                                 ops->observe(s->policy->state, &ps, &view);
                         }
                 }
@@ -1156,7 +736,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                 budget_demand(d, s, want);
                 budget_arbitrate(d);
                 apply_cap(d, s, targets, want);
-                *ret_plan = build_plan(d, s, &ps, g);
+                *ret_plan = plan_build(d, s, &ps, g);
         }
 
         /* keep room for the next token in the layers no plan is about to shrink */
@@ -1166,8 +746,8 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                 uint32_t fp_tokens = L->n_tokens - L->n_q8;
                 if (planned || L->n_tokens + 1 > s->max_layer_tokens || fp_tokens + 1 <= L->fp.n * T)
                         continue;
-                Kvc__LayerBlocks *lb = grant_layer(d, g, l, false, 1);
-                if (!lb || grow_table(d, s, l, false, L->fp.n + 1, lb) < 0) {
+                Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, false, 1);
+                if (!lb || session_grow_table(d, s, l, false, L->fp.n + 1, lb) < 0) {
                         if (lb)
                                 g->n_layers--; /* no room now: the client will ask, and hear why */
                         break;
@@ -1211,7 +791,7 @@ static int check_applied(const struct session *s, const Kvc__PlanApplied *m,
                 const struct session_layer *L = &s->layers[l];
                 uint32_t q8 = m->n_layer_q8_tokens ? m->layer_q8_tokens[l] : 0, n = m->layer_tokens[l];
                 if (q8 != L->planned_q8 || n < q8 || n - q8 > (L->fp.n - release[0][l]) * T ||
-                    q8 > (L->q8.n - release[1][l]) * T || n < shared_tokens(s) ||
+                    q8 > (L->q8.n - release[1][l]) * T || n < session_shared_tokens(s) ||
                     L->fp.n - release[0][l] < s->n_shared_blocks) {
                         snprintf(why, why_len,
                                  "layer %u: %u tokens (%u INT8) do not fit the blocks kept, or the "

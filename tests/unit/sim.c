@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "pool.h"
 #include "sim.h"
 
 struct sim *sim_new(uint64_t capacity) {

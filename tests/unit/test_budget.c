@@ -30,6 +30,7 @@
 #include "admin.h"
 #include "log.h"
 #include "kvcd.h"
+#include "pool.h"
 
 #include "sim.h"
 

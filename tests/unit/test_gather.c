@@ -27,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "pool.h"
 #include "sim.h"
 
 /* Where slot j of layer l lies, in kvcd's mapping of the pool: its block, layout and slot there. */

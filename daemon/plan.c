@@ -1,0 +1,466 @@
+/* plan.c: plan building: what turns a session's state and its policy's targets into a plan in
+ * the session's plan buffer. Owns the plan buffer's layout, the plan scratch all sessions share
+ * (kvcd.scratch), and the policy's view of a layer.
+ *
+ * For each layer whose target is below what the policy sees: the layer's side arrays (pos, sum,
+ * ema, last, logw) are gathered from the pool into the scratch, the policy selects a keep-set (a
+ * policy that cannot shrink when the arbiter's cap forces it keeps the newest tokens), the summary
+ * slot goes in, and the keep-set is checked (compact_check_keep) before anything of it is written:
+ * a layer without a valid keep-set is left out of the plan. Then the layer's INT8 boundary is set
+ * (its new INT8 blocks granted with the plan, through session.c), the policy's log-weight
+ * increments are added in the pool, the keep-set is written at the layer's offset, and the layer
+ * joins the Plan, which becomes the session's outstanding one (session.c takes its PlanApplied).
+ *
+ * The plan buffer: n_layers keep-sets of keep_cap entries (per KV head when the policy plans per
+ * head), 4 bytes each; then, 8-byte aligned at mask_offset, per layer and KV head the mask of the
+ * shared slots the session evicted. kvcd writes it only while no plan is outstanding (the client
+ * reads it while it applies one), and writes log-weights only into slots below the length the plan
+ * was built on (the client appends beyond them): kvcd and the client never write the same word.
+ *
+ * A shared prefix (prefix.c) is other sessions' too: the policy sees the layer without the shared
+ * slots the session masked (scratch.slot_of maps its view back to slots), a keep-set keeps every
+ * shared slot in place and the mask says which of them the session dropped, and nothing is ever
+ * written into a shared slot.
+ *
+ * Apart from session.c because it is the one part of a step that reads the pool's side arrays and
+ * writes the plan buffer, and the largest; the session's lifecycle, its grants, the arbiter's caps
+ * and the acknowledgement of a plan stay with the session.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "clock.h"
+#include "compact.h"
+#include "kvcd.h"
+#include "log.h"
+#include "plan.h"
+#include "policy/policy.h"
+#include "pool.h"
+#include "summarize.h"
+
+void plan_scratch_done(struct plan_scratch *sc) {
+        free(sc->pos);
+        free(sc->sum);
+        free(sc->ema);
+        free(sc->last);
+        free(sc->logw);
+        free(sc->keep);
+        free(sc->work);
+        free(sc->logw_delta);
+        free(sc->slot_of);
+        free(sc->keep2);
+        memset(sc, 0, sizeof(*sc));
+}
+
+int plan_scratch_reserve(struct plan_scratch *sc, size_t entries) {
+        if (entries <= sc->cap)
+                return 0;
+        struct plan_scratch n = { .cap = entries };
+        n.pos = malloc(entries * sizeof(int32_t));
+        n.sum = malloc(entries * sizeof(float));
+        n.ema = malloc(entries * sizeof(float));
+        n.last = malloc(entries * sizeof(float));
+        n.logw = malloc(entries * sizeof(float));
+        n.keep = malloc(entries * sizeof(uint32_t));
+        n.work = malloc(6 * entries * sizeof(uint32_t));
+        n.logw_delta = malloc(entries * sizeof(float));
+        n.slot_of = malloc(entries * sizeof(uint32_t));
+        n.keep2 = malloc(entries * sizeof(uint32_t));
+        if (!n.pos || !n.sum || !n.ema || !n.last || !n.logw || !n.keep || !n.work || !n.logw_delta ||
+            !n.slot_of || !n.keep2) {
+                plan_scratch_done(&n);
+                return -ENOMEM;
+        }
+        plan_scratch_done(sc);
+        *sc = n;
+        return 0;
+}
+
+/* Blocks of the plan buffer: one keep-set entry (4 bytes) per layer, head and token kept. */
+uint64_t plan_buffer_units(struct session *s) {
+        if (!s->max_keep)
+                return 0;
+        uint64_t entries = (uint64_t)s->n_layers * s->keep_cap * (s->per_head ? s->n_kv_heads : 1);
+        s->mask_offset = (entries * 4 + 7) / 8 * 8; /* then the masks of shared slots, per layer and head */
+        uint64_t bytes = s->mask_offset + (uint64_t)s->n_layers * s->n_kv_heads * s->mask_stride;
+        return (bytes + s->layout.block_bytes - 1) / s->layout.block_bytes;
+}
+
+/* Where slot i of layer L lives: its block (a pool offset), its layout and its slot there. */
+static uint64_t slot_block(const struct session *s, const struct session_layer *L, uint32_t i,
+                           const struct block_layout **lay, uint32_t *in_block) {
+        uint32_t T = s->layout.block_tokens;
+        if (i < L->n_q8) {
+                *lay = &s->q8_layout;
+                *in_block = i % T;
+                return L->q8.blocks[i / T];
+        }
+        *lay = &s->layout;
+        *in_block = (i - L->n_q8) % T;
+        return L->fp.blocks[(i - L->n_q8) / T];
+}
+
+static bool is_masked(const uint8_t *mask, uint32_t j) {
+        return mask[j / 8] >> (j % 8) & 1;
+}
+
+/* A shared prefix's slots this session has evicted (masked) in layer l, as applied. */
+static uint32_t masked_count(const struct session *s, uint32_t l) {
+        uint32_t n = 0, S = session_shared_tokens(s);
+        const uint8_t *m = s->mask + (size_t)l * s->mask_stride;
+        for (uint32_t i = 0; i < S / 8; i++)
+                n += (uint32_t)__builtin_popcount(m[i]);
+        return n;
+}
+
+/* The tokens a policy sees in layer l: all but the shared slots the session masked. */
+uint32_t plan_live_tokens(const struct session *s, uint32_t l) {
+        return s->layers[l].n_tokens - (s->n_shared_blocks ? masked_count(s, l) : 0);
+}
+
+/* A device pool: slots [at, at + cnt) of block blk, which are slots [i, i + cnt) of an n-slot
+ * layer, in one read of the block's side arrays (pos to the block's end: five [head][slot] arrays)
+ * staged in the scratch's work area (free until the policy selects). false when they do not fit
+ * there: the caller reads them array by array. */
+static bool gather_block(struct kvcd *d, const struct session *s, const struct block_layout *lay,
+                         uint64_t blk, uint32_t at, uint32_t cnt, uint32_t i, uint32_t n) {
+        struct plan_scratch *sc = &d->scratch;
+        uint64_t bytes = lay->block_bytes - lay->pos_offset;
+        if (bytes > 6 * sc->cap * sizeof(uint32_t))
+                return false;
+        uint8_t *stage = (uint8_t *)sc->work;
+        if (pool_read(d->pool, blk + lay->pos_offset, stage, bytes) < 0)
+                memset(stage, 0, bytes); /* plans on zeros, as a failed pool_read leaves its target */
+        const struct {
+                void *to;
+                uint64_t offset;
+        } arrays[5] = { { sc->pos, lay->pos_offset },
+                        { sc->sum, lay->sum_offset },
+                        { sc->ema, lay->ema_offset },
+                        { sc->last, lay->last_offset },
+                        { sc->logw, lay->logw_offset } };
+        for (int a = 0; a < 5; a++)
+                for (uint32_t h = 0; h < s->n_kv_heads; h++)
+                        memcpy((uint32_t *)arrays[a].to + (size_t)h * n + i,
+                               stage + (arrays[a].offset - lay->pos_offset) +
+                                       ((uint64_t)h * lay->block_tokens + at) * 4u,
+                               cnt * 4u);
+        return true;
+}
+
+/* Copies layer l's side arrays out of the pool into the scratch, [head][slot]. Runs of slots in
+ * one block are copied at once. */
+void plan_gather(struct kvcd *d, const struct session *s, uint32_t l, struct policy_layer *out) {
+        const struct session_layer *L = &s->layers[l];
+        struct plan_scratch *sc = &d->scratch;
+        uint32_t n = L->n_tokens, T = s->layout.block_tokens;
+
+        for (uint32_t i = 0; i < n;) {
+                const struct block_layout *lay;
+                uint32_t at;
+                uint64_t blk = slot_block(s, L, i, &lay, &at);
+                uint32_t cnt = T - at < n - i ? T - at : n - i;
+                if (i < L->n_q8 && cnt > L->n_q8 - i)
+                        cnt = L->n_q8 - i; /* the INT8 part ends inside this block */
+                if (d->backend->device && gather_block(d, s, lay, blk, at, cnt, i, n)) {
+                        i += cnt; /* one copy off the GPU per block, not 5 per KV head */
+                        continue;
+                }
+                for (uint32_t h = 0; h < s->n_kv_heads; h++) {
+                        size_t to = (size_t)h * n + i;
+                        uint64_t at_head = ((uint64_t)h * T + at) * 4u;
+                        pool_read(d->pool, blk + lay->pos_offset + at_head, sc->pos + to, cnt * 4u);
+                        pool_read(d->pool, blk + lay->sum_offset + at_head, sc->sum + to, cnt * 4u);
+                        pool_read(d->pool, blk + lay->ema_offset + at_head, sc->ema + to, cnt * 4u);
+                        pool_read(d->pool, blk + lay->last_offset + at_head, sc->last + to, cnt * 4u);
+                        pool_read(d->pool, blk + lay->logw_offset + at_head, sc->logw + to, cnt * 4u);
+                }
+                i += cnt;
+        }
+        /* a shared prefix: the masked slots leave the view, the rest close up (stable, in place:
+         * every token moves down or stays); slot_of maps the view back */
+        uint32_t w = n;
+        if (s->n_shared_blocks && masked_count(s, l)) {
+                const uint8_t *m = s->mask + (size_t)l * s->mask_stride;
+                uint32_t S = session_shared_tokens(s);
+                w = 0;
+                for (uint32_t j = 0; j < n; j++)
+                        if (j >= S || !is_masked(m, j))
+                                sc->slot_of[w++] = j;
+                for (uint32_t h = 0; h < s->n_kv_heads; h++)
+                        for (uint32_t v = 0; v < w; v++) {
+                                size_t to = (size_t)h * w + v, from = (size_t)h * n + sc->slot_of[v];
+                                sc->pos[to] = sc->pos[from];
+                                sc->sum[to] = sc->sum[from];
+                                sc->ema[to] = sc->ema[from];
+                                sc->last[to] = sc->last[from];
+                                sc->logw[to] = sc->logw[from];
+                        }
+        } else {
+                for (uint32_t j = 0; j < n; j++)
+                        sc->slot_of[j] = j;
+        }
+        *out = (struct policy_layer){ .layer = l,
+                                      .n_tokens = w,
+                                      .n_kv_heads = s->n_kv_heads,
+                                      .n_q8 = L->n_q8,
+                                      .pos = sc->pos,
+                                      .sum = sc->sum,
+                                      .ema = sc->ema,
+                                      .last = sc->last,
+                                      .logw = sc->logw };
+}
+
+static bool adds_logw(const float *delta, uint32_t slot, uint32_t shared) {
+        return *delta != 0.0f && isfinite(*delta) && slot >= shared;
+}
+
+/* Adds the policy's log-weight increments into the pool, at the kept slots (every head when the
+ * plan is per layer): one read and one write per block and head, of the run from its first to its
+ * last slot with an increment (a device pool pays per copy). kvcd writes only slots below the
+ * length it planned on: the client appends beyond them, so the two never write the same word. */
+static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const uint32_t *keep, uint32_t k,
+                     const float *delta) {
+        const struct session_layer *L = &s->layers[l];
+        uint32_t S = session_shared_tokens(s); /* shared slots are other sessions' too: never written */
+        float run[WIRE_MAX_BLOCK_TOKENS];
+        for (uint32_t h = 0; h < s->n_kv_heads; h++) {
+                const uint32_t *kh = keep + (size_t)(s->per_head ? h : 0) * k;
+                const float *dh = delta + (size_t)(s->per_head ? h : 0) * k;
+                for (uint32_t i = 0; i < k;) {
+                        if (!adds_logw(&dh[i], kh[i], S)) {
+                                i++;
+                                continue;
+                        }
+                        const struct block_layout *lay, *lay_j;
+                        uint32_t first, at;
+                        uint64_t blk = slot_block(s, L, kh[i], &lay, &first), last_i = i;
+                        for (uint32_t j = i + 1; j < k && slot_block(s, L, kh[j], &lay_j, &at) == blk; j++)
+                                if (adds_logw(&dh[j], kh[j], S))
+                                        last_i = j;
+                        slot_block(s, L, kh[last_i], &lay_j, &at);
+                        uint32_t len = at - first + 1;
+                        uint64_t where =
+                                blk + lay->logw_offset + ((uint64_t)h * lay->block_tokens + first) * 4u;
+                        if (pool_read(d->pool, where, run, len * sizeof(float)) == 0) {
+                                for (uint32_t j = i; j <= last_i; j++)
+                                        if (adds_logw(&dh[j], kh[j], S))
+                                                run[kh[j] - kh[i]] += dh[j];
+                                pool_write(d->pool, where, run, len * sizeof(float));
+                        }
+                        i = (uint32_t)last_i + 1;
+                }
+        }
+}
+
+/* The INT8 slots a plan leaves: what the policy asked (only if the session keeps INT8), never
+ * fewer than the INT8 tokens the keep-set retains (INT8 tokens never return to full precision). */
+static uint32_t plan_q8(const struct session *s, const struct session_layer *L, const uint32_t *keep,
+                        uint32_t k, uint32_t asked) {
+        uint32_t q8 = s->int8 ? (asked < k ? asked : k) : 0;
+        for (uint32_t h = 0; h < (s->per_head ? s->n_kv_heads : 1u); h++) {
+                uint32_t kept = 0;
+                while (kept < k && keep[(size_t)h * k + kept] < L->n_q8)
+                        kept++;
+                q8 = kept > q8 ? kept : q8;
+        }
+        return q8;
+}
+
+/* Puts the summary slot into a keep-set of k - 1 slots (ascending, of n): the slot already marked
+ * as the summary (position -1 in head 0), else the first slot the keep-set drops, which becomes
+ * the summary. Returns the new count; *ret_slot is the summary's slot. */
+static uint32_t keep_summary(const struct policy_layer *view, uint32_t *keep, uint32_t k,
+                             uint32_t *ret_slot) {
+        uint32_t slot = UINT32_MAX;
+        for (uint32_t i = 0; i < view->n_tokens && slot == UINT32_MAX; i++)
+                if (view->pos[i] == SUMMARY_POS)
+                        slot = i;
+        if (slot == UINT32_MAX) /* the first dropped slot carries the summary from now on */
+                for (uint32_t i = 0, j = 0; i < view->n_tokens && slot == UINT32_MAX; i++, j++)
+                        if (j >= k || keep[j] != i)
+                                slot = i;
+        *ret_slot = slot;
+        uint32_t at = 0;
+        while (at < k && keep[at] < slot)
+                at++;
+        if (at < k && keep[at] == slot)
+                return k;
+        memmove(keep + at + 1, keep + at, (k - at) * sizeof(uint32_t));
+        keep[at] = slot;
+        return k + 1;
+}
+
+/* A keep-set of the policy's view (k per head, view indices) rewritten for a shared prefix of S
+ * slots: the slots it keeps, every shared slot first and in place (keep2, k2 per head), with the
+ * shared slots no head keeps added to the layer's mask (mask, updated). Heads keep equally many:
+ * one that kept fewer private slots keeps its newest others too. */
+static uint32_t keep_with_prefix(struct kvcd *d, const struct session *s, uint32_t n, uint32_t S,
+                                 uint32_t heads, const uint32_t *keep, uint32_t k, uint8_t *mask,
+                                 uint32_t *keep2) {
+        const uint32_t *slot_of = d->scratch.slot_of;
+        uint8_t *in = (uint8_t *)d->scratch.work; /* one byte per slot: this head keeps it */
+        uint32_t p_max = 0;
+        for (uint32_t h = 0; h < heads; h++) {
+                uint32_t p = 0;
+                for (uint32_t i = 0; i < k; i++)
+                        p += slot_of[keep[(size_t)h * k + i]] >= S;
+                p_max = p > p_max ? p : p_max;
+        }
+        for (uint32_t j = 0; j < S; j++) { /* masked unless some head keeps it */
+                bool kept = false;
+                for (uint32_t h = 0; h < heads && !kept; h++)
+                        for (uint32_t i = 0; i < k && !kept; i++)
+                                kept = slot_of[keep[(size_t)h * k + i]] == j;
+                if (!kept)
+                        mask[j / 8] |= (uint8_t)(1u << (j % 8));
+        }
+        uint32_t k2 = S + p_max;
+        for (uint32_t h = 0; h < heads; h++) {
+                memset(in, 0, n);
+                uint32_t p = 0;
+                for (uint32_t i = 0; i < k; i++) {
+                        uint32_t j = slot_of[keep[(size_t)h * k + i]];
+                        if (j >= S) {
+                                in[j] = 1;
+                                p++;
+                        }
+                }
+                for (uint32_t j = n; j-- > S && p < p_max;) /* even the heads out: the newest */
+                        if (!in[j]) {
+                                in[j] = 1;
+                                p++;
+                        }
+                uint32_t *out = keep2 + (size_t)h * k2, w = 0;
+                for (uint32_t j = 0; j < S; j++)
+                        out[w++] = j;
+                for (uint32_t j = S; j < n; j++)
+                        if (in[j])
+                                out[w++] = j;
+        }
+        (void)s;
+        return k2;
+}
+
+/* Builds the plan for the layers with a target below their length; NULL when none has. INT8
+ * blocks the plan needs are granted into g. */
+Kvc__Plan *plan_build(struct kvcd *d, struct session *s, const struct policy_step *ps, Kvc__Grant *g) {
+        struct policy_target *targets = d->scratch.targets;
+        uint32_t heads = s->per_head ? s->n_kv_heads : 1, S = session_shared_tokens(s);
+        uint64_t per_layer = (uint64_t)s->keep_cap * heads;
+        Kvc__Plan *p = NULL;
+        s->plan_intact = s->prompt_alive;
+        if (s->mask)
+                memcpy(s->mask_next, s->mask, (size_t)s->n_layers * s->mask_stride);
+
+        for (uint32_t l = 0; l < s->n_layers; l++) {
+                uint32_t n = s->layers[l].n_tokens, live = plan_live_tokens(s, l), k = targets[l].keep;
+                if (k == POLICY_NO_PLAN || k >= live || k > s->max_keep)
+                        continue;
+                struct policy_layer view;
+                plan_gather(d, s, l, &view);
+                uint32_t *keep = d->scratch.keep, summary = UINT32_MAX;
+                struct policy_target t = targets[l];
+                if (s->summarize && k >= 2)
+                        t.keep = k - 1; /* one slot for the summary */
+                int r = s->policy->ops->select(s->policy->state, ps, &view, &t, keep, d->scratch.logw_delta,
+                                               d->scratch.work);
+                if (r < 0 &&
+                    d->scratch.forced[l]) { /* a policy that cannot shrink on demand: the newest stay */
+                        for (uint32_t h = 0; h < heads; h++)
+                                for (uint32_t i = 0; i < t.keep; i++)
+                                        keep[(size_t)h * t.keep + i] = live - t.keep + i;
+                        r = 0;
+                }
+                bool deltas = r == 1;
+                if (r >= 0 && s->summarize && k >= 2)
+                        k = keep_summary(&view, keep, t.keep, &summary);
+                for (uint32_t h = 0; r >= 0 && h < heads; h++)
+                        r = compact_check_keep(keep + (size_t)h * k, k, live);
+                if (r < 0) {
+                        log_error("session %llu: policy %s gave no valid keep-set for layer %u",
+                                  (unsigned long long)s->id, s->policy_name, l);
+                        continue;
+                }
+                if (S) {              /* a shared prefix: slots kept in place, the evicted ones masked */
+                        if (deltas) { /* the increments go with the policy's own keep-set, as slots */
+                                for (size_t i = 0; i < (size_t)k * heads; i++)
+                                        d->scratch.keep2[i] = d->scratch.slot_of[keep[i]];
+                                add_logw(d, s, l, d->scratch.keep2, k, d->scratch.logw_delta);
+                                deltas = false;
+                        }
+                        uint8_t *mask = s->mask_next + (size_t)l * s->mask_stride;
+                        k = keep_with_prefix(d, s, n, S, heads, keep, k, mask, d->scratch.keep2);
+                        keep = d->scratch.keep2;
+                        /* all private slots kept: a plan that only masks (the compaction moves nothing) */
+                        if (k > s->keep_cap || (k >= n && memcmp(mask, s->mask + (size_t)l * s->mask_stride,
+                                                                 s->mask_stride) == 0))
+                                continue;
+                        for (uint32_t h = 0; h < s->n_kv_heads; h++)
+                                pool_write(d->pool,
+                                           s->plan_offset + s->mask_offset +
+                                                   ((uint64_t)l * s->n_kv_heads + h) * s->mask_stride,
+                                           mask, s->mask_stride);
+                }
+                struct session_layer *L = &s->layers[l];
+                uint32_t q8 = plan_q8(s, L, keep, k, targets[l].q8), T = s->layout.block_tokens;
+                if ((q8 + T - 1) / T > L->q8.n) {
+                        Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, true, (q8 + T - 1) / T - L->q8.n);
+                        if (!lb || session_grow_table(d, s, l, true, (q8 + T - 1) / T, lb) < 0) {
+                                if (lb) /* no room for INT8 blocks now: quantize nothing new */
+                                        g->n_layers--;
+                                q8 = plan_q8(s, L, keep, k, 0);
+                                if ((q8 + T - 1) / T > L->q8.n)
+                                        continue;
+                        }
+                }
+                L->planned_q8 = q8;
+                for (uint32_t h = 0; h < heads && s->prompt_alive; h++) { /* prompt blocks left whole */
+                        uint32_t same = 0;
+                        while (same < k && keep[(size_t)h * k + same] == same)
+                                same++;
+                        if (same / 16 < s->plan_intact)
+                                s->plan_intact = same / 16;
+                }
+                if (deltas)
+                        add_logw(d, s, l, keep, k, d->scratch.logw_delta);
+                pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep,
+                           (size_t)k * heads * sizeof(uint32_t));
+
+                if (!p) {
+                        p = wire_arena_alloc(d->out, sizeof(*p));
+                        Kvc__LayerPlan **layers = wire_arena_alloc(d->out, s->n_layers * sizeof(*layers));
+                        if (!p || !layers)
+                                return NULL;
+                        kvc__plan__init(p);
+                        p->layers = layers;
+                }
+                Kvc__LayerPlan *lp = wire_arena_alloc(d->out, sizeof(*lp));
+                if (!lp)
+                        return NULL;
+                kvc__layer_plan__init(lp);
+                lp->layer = l;
+                lp->base_tokens = n;
+                lp->keep_offset = (uint32_t)(l * per_layer);
+                lp->keep_count = k;
+                lp->per_head = s->per_head;
+                lp->q8_tokens = q8;
+                lp->summary_slot = summary == UINT32_MAX ? 0 : summary + 1;
+                lp->shared_tokens = S;
+                p->layers[p->n_layers++] = lp;
+        }
+        if (p) {
+                p->session_id = s->id;
+                p->plan_id = ++s->next_plan_id;
+                p->base_step = ps->step;
+                s->pending_plan_id = p->plan_id;
+                s->pending_since_usec = now_usec();
+                s->stats.plans++;
+                d->n.plans++;
+        }
+        return p;
+}
