@@ -432,9 +432,9 @@ int bpe_new(const struct bpe_vocab *v, struct bpe **ret, char *why, size_t why_l
 
         if (!v || !ret || !v->tokens || (!v->merges && v->n_merges))
                 return -EINVAL;
-        if (v->n_tokens < 256 || v->n_tokens > BPE_MAX_VOCAB || v->n_merges > UINT32_MAX ||
+        if (!v->n_tokens || v->n_tokens > BPE_MAX_VOCAB || v->n_merges > UINT32_MAX ||
             (v->pre != BPE_PRE_GPT2 && v->pre != BPE_PRE_SMOLLM)) {
-                bpe_why(why, why_len, "vocabulary of %zu tokens, %zu merges (256..%d tokens)", v->n_tokens,
+                bpe_why(why, why_len, "vocabulary of %zu tokens, %zu merges (1..%d tokens)", v->n_tokens,
                         v->n_merges, BPE_MAX_VOCAB);
                 return -EINVAL;
         }
