@@ -30,6 +30,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "bpe.h"
 
+#include "gguf.h"
 #include "unicode_tables.h"
 
 #include <errno.h>
@@ -895,4 +896,140 @@ size_t bpe_utf8_incomplete_tail(const char *buf, size_t len) {
                 return need > back ? back : 0;
         }
         return 0;
+}
+
+/* ---- GGUF ---- */
+
+struct bpe_pre_row {
+        const char *name;
+        enum bpe_pre pre;
+};
+
+/* tokenizer.ggml.pre values with a row here; llama.cpp maps more names to these two regexes. */
+static const struct bpe_pre_row bpe_pre_rows[] = {
+        { "gpt-2", BPE_PRE_GPT2 },
+        { "smollm", BPE_PRE_SMOLLM },
+};
+
+static int bpe_gguf_id(const struct gguf *g, const char *key, int32_t *ret, char *why, size_t why_len) {
+        uint32_t v;
+        int r = gguf_get_u32(g, key, &v);
+
+        if (r == -ENOENT) {
+                *ret = -1;
+                return 0;
+        }
+        if (r || v > INT32_MAX) {
+                bpe_why(why, why_len, "%s is not a token id", key);
+                return -EINVAL;
+        }
+        *ret = (int32_t)v;
+        return 0;
+}
+
+static int bpe_gguf_array(const struct gguf *g, const char *key, enum gguf_type elem,
+                          const struct gguf_value **ret, char *why, size_t why_len) {
+        int r = gguf_get_array(g, key, ret);
+
+        if (r == -ENOENT) {
+                bpe_why(why, why_len, "no %s", key);
+                return r;
+        }
+        if (r || (*ret)->arr.elem_type != elem) {
+                bpe_why(why, why_len, "%s is not an array of %s", key, gguf_type_name(elem));
+                return -EINVAL;
+        }
+        return 0;
+}
+
+int bpe_from_gguf(const struct gguf *g, struct bpe **ret, char *why, size_t why_len) {
+        struct bpe_vocab v = { 0 };
+        const struct gguf_value *tokens, *types = NULL, *merges;
+        struct gguf_str model, pre;
+        struct bpe_str *toks = NULL, *mrg = NULL;
+        int32_t *typ = NULL;
+        size_t row;
+        int r;
+
+        if (!g || !ret)
+                return -EINVAL;
+        if ((r = gguf_get_str(g, "tokenizer.ggml.model", &model))) {
+                bpe_why(why, why_len, "tokenizer.ggml.model: %s", r == -ENOENT ? "absent" : "not a string");
+                return r;
+        }
+        if (!gguf_str_eq(model, "gpt2")) {
+                bpe_why(why, why_len, "tokenizer.ggml.model is \"%.*s\", not gpt2 (byte-level BPE)",
+                        (int)(model.len < 64 ? model.len : 64), model.s);
+                return -ENOTSUP;
+        }
+        if ((r = gguf_get_str(g, "tokenizer.ggml.pre", &pre))) {
+                bpe_why(why, why_len, "tokenizer.ggml.pre: %s", r == -ENOENT ? "absent" : "not a string");
+                return r;
+        }
+        for (row = 0; row < sizeof(bpe_pre_rows) / sizeof(bpe_pre_rows[0]); row++)
+                if (gguf_str_eq(pre, bpe_pre_rows[row].name))
+                        break;
+        if (row == sizeof(bpe_pre_rows) / sizeof(bpe_pre_rows[0])) {
+                bpe_why(why, why_len, "tokenizer.ggml.pre \"%.*s\" has no pre-tokenizer here",
+                        (int)(pre.len < 64 ? pre.len : 64), pre.s);
+                return -ENOTSUP;
+        }
+        v.pre = bpe_pre_rows[row].pre;
+        if ((r = bpe_gguf_array(g, "tokenizer.ggml.tokens", GGUF_TYPE_STRING, &tokens, why, why_len)) ||
+            (r = bpe_gguf_array(g, "tokenizer.ggml.merges", GGUF_TYPE_STRING, &merges, why, why_len)))
+                return r;
+        if (gguf_find(g, "tokenizer.ggml.token_type") &&
+            (r = bpe_gguf_array(g, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, &types, why, why_len)))
+                return r;
+        if (types && types->arr.n != tokens->arr.n) {
+                bpe_why(why, why_len, "%llu token types for %llu tokens", (unsigned long long)types->arr.n,
+                        (unsigned long long)tokens->arr.n);
+                return -EINVAL;
+        }
+        if (tokens->arr.n > BPE_MAX_VOCAB || merges->arr.n > UINT32_MAX) {
+                bpe_why(why, why_len, "vocabulary of %llu tokens, %llu merges",
+                        (unsigned long long)tokens->arr.n, (unsigned long long)merges->arr.n);
+                return -EINVAL;
+        }
+        if ((r = bpe_gguf_id(g, "tokenizer.ggml.bos_token_id", &v.bos_id, why, why_len)) ||
+            (r = bpe_gguf_id(g, "tokenizer.ggml.eos_token_id", &v.eos_id, why, why_len)) ||
+            (r = bpe_gguf_id(g, "tokenizer.ggml.unknown_token_id", &v.unk_id, why, why_len)) ||
+            (r = bpe_gguf_id(g, "tokenizer.ggml.padding_token_id", &v.pad_id, why, why_len)))
+                return r;
+        r = gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &v.add_bos);
+        if (r && r != -ENOENT) {
+                bpe_why(why, why_len, "tokenizer.ggml.add_bos_token is not a bool");
+                return r;
+        }
+        toks = malloc((tokens->arr.n ? tokens->arr.n : 1) * sizeof(*toks));
+        mrg = malloc((merges->arr.n ? merges->arr.n : 1) * sizeof(*mrg));
+        typ = types ? malloc(tokens->arr.n ? tokens->arr.n * sizeof(*typ) : 1) : NULL;
+        if (!toks || !mrg || (types && !typ)) {
+                r = -ENOMEM;
+                bpe_why(why, why_len, "out of memory");
+                goto out;
+        }
+        for (uint64_t i = 0; i < tokens->arr.n; i++) {
+                struct gguf_str s = gguf_array_str(tokens, i);
+
+                toks[i] = (struct bpe_str){ s.s, s.len };
+                if (typ)
+                        typ[i] = gguf_array_i32(types, i);
+        }
+        for (uint64_t i = 0; i < merges->arr.n; i++) {
+                struct gguf_str s = gguf_array_str(merges, i);
+
+                mrg[i] = (struct bpe_str){ s.s, s.len };
+        }
+        v.tokens = toks;
+        v.n_tokens = tokens->arr.n;
+        v.types = typ;
+        v.merges = mrg;
+        v.n_merges = merges->arr.n;
+        r = bpe_new(&v, ret, why, why_len);
+out:
+        free(toks);
+        free(mrg);
+        free(typ);
+        return r;
 }

@@ -34,6 +34,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct gguf;
+
 #define BPE_MAX_VOCAB       (1 << 24)
 #define BPE_MAX_TOKEN_BYTES (1u << 16)        /* bytes of one token's text */
 #define BPE_MAX_TEXT_BYTES  ((size_t)1 << 30) /* one bpe_encode call */
@@ -78,6 +80,10 @@ struct bpe;
 /* 0, -EINVAL (malformed vocabulary: why says which token or merge), -ENOMEM. *ret untouched on
  * failure. A duplicated token text maps to its first id; a duplicated merge keeps its first rank. */
 int bpe_new(const struct bpe_vocab *v, struct bpe **ret, char *why, size_t why_len);
+/* Reads tokenizer.ggml.{model, pre, tokens, token_type, merges, bos/eos/unknown/padding_token_id,
+ * add_bos_token} and calls bpe_new. -ENOENT (a required key absent), -ENOTSUP (model not "gpt2",
+ * or a pre-tokenizer without a row here), -EINVAL (a key of the wrong type, or bpe_new's), -ENOMEM. */
+int bpe_from_gguf(const struct gguf *g, struct bpe **ret, char *why, size_t why_len);
 struct bpe *bpe_free(struct bpe *b);
 
 int32_t bpe_n_vocab(const struct bpe *b);

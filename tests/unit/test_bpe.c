@@ -23,6 +23,7 @@
 
 #include "bpe.h"
 #include "chat.h"
+#include "gguf.h"
 #include "testutil.h"
 
 /* ---- a hand-made vocabulary ---- */
@@ -679,6 +680,211 @@ static void chat_refuses_small_buffer_and_bad_roles(void **state) {
         assert_int_equal(chat_render(NULL, 1, true, buf, sizeof(buf), &len), -EINVAL);
 }
 
+/* ---- the real vocabulary ---- */
+
+struct smollm {
+        struct gguf *g;
+        struct bpe *b;
+        char dir[4096];
+};
+
+static int smollm_setup(void **state) {
+        static struct smollm s;
+        const char *path = getenv("KVC_SMOLLM2"), *dir = getenv("KVC_SMOLLM2_DIR");
+        char why[256] = "";
+        int r;
+
+        snprintf(s.dir, sizeof(s.dir), "%s", dir ? dir : "../shared/models/smollm2");
+        *state = &s;
+        if (!path || !*path)
+                return 0; /* the tests skip */
+        if ((r = gguf_open(path, &s.g, why, sizeof(why)))) {
+                print_error("gguf_open %s: %d %s\n", path, r, why);
+                return -1;
+        }
+        if ((r = bpe_from_gguf(s.g, &s.b, why, sizeof(why)))) {
+                print_error("bpe_from_gguf: %d %s\n", r, why);
+                return -1;
+        }
+        return 0;
+}
+
+static int smollm_teardown(void **state) {
+        struct smollm *s = *state;
+
+        s->b = bpe_free(s->b);
+        s->g = gguf_free(s->g);
+        return 0;
+}
+
+/* The "text" string of one JSON line as bytes (\uXXXX and surrogate pairs to UTF-8); the ids of
+ * its "ids" array. Enough JSON for tokenizer-cases.jsonl, which Python's json.dumps wrote. */
+static size_t json_text(const char *line, char *out) {
+        const char *p = strstr(line, "\"text\": \"");
+        size_t o = 0;
+
+        assert_non_null(p);
+        for (p += 9; *p != '"'; p++) {
+                unsigned cp;
+
+                if (*p != '\\') {
+                        out[o++] = *p;
+                        continue;
+                }
+                switch (*++p) {
+                case 'n': out[o++] = '\n'; break;
+                case 't': out[o++] = '\t'; break;
+                case 'r': out[o++] = '\r'; break;
+                case 'b': out[o++] = '\b'; break;
+                case 'f': out[o++] = '\f'; break;
+                case 'u':
+                        assert_int_equal(sscanf(p + 1, "%4x", &cp), 1);
+                        p += 4;
+                        if (cp >= 0xD800 && cp < 0xDC00) {
+                                unsigned lo;
+
+                                assert_int_equal(sscanf(p + 1, "\\u%4x", &lo), 1);
+                                p += 6;
+                                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                        }
+                        if (cp < 0x80) {
+                                out[o++] = (char)cp;
+                        } else if (cp < 0x800) {
+                                out[o++] = (char)(0xC0 | cp >> 6);
+                                out[o++] = (char)(0x80 | (cp & 0x3F));
+                        } else if (cp < 0x10000) {
+                                out[o++] = (char)(0xE0 | cp >> 12);
+                                out[o++] = (char)(0x80 | (cp >> 6 & 0x3F));
+                                out[o++] = (char)(0x80 | (cp & 0x3F));
+                        } else {
+                                out[o++] = (char)(0xF0 | cp >> 18);
+                                out[o++] = (char)(0x80 | (cp >> 12 & 0x3F));
+                                out[o++] = (char)(0x80 | (cp >> 6 & 0x3F));
+                                out[o++] = (char)(0x80 | (cp & 0x3F));
+                        }
+                        break;
+                default: out[o++] = *p; break; /* \" \\ \/ */
+                }
+        }
+        return o;
+}
+
+static size_t parse_ids(const char *p, int32_t *ids, size_t cap) {
+        size_t n = 0;
+        char *end;
+
+        for (;;) {
+                while (*p && !(*p >= '0' && *p <= '9'))
+                        p++;
+                if (!*p)
+                        return n;
+                assert_true(n < cap);
+                ids[n++] = (int32_t)strtol(p, &end, 10);
+                p = end;
+        }
+}
+
+static void expect_encoding(const struct bpe *b, const char *text, size_t len, const int32_t *want,
+                            size_t n_want, const char *what) {
+        int32_t *got = malloc((len + 1) * sizeof(*got));
+        char *back = malloc(len + 1);
+        size_t n = 0, back_len = 0;
+
+        assert_int_equal(bpe_encode(b, text, len, false, true, got, len + 1, &n), 0);
+        if (n != n_want || memcmp(got, want, n * sizeof(*got)))
+                print_error("%s: %zu ids, %zu expected\n", what, n, n_want);
+        assert_int_equal(n, n_want);
+        assert_memory_equal(got, want, n * sizeof(*got));
+        assert_int_equal(bpe_decode(b, got, n, back, len + 1, &back_len), 0);
+        assert_int_equal(back_len, len);
+        assert_memory_equal(back, text, len);
+        free(got);
+        free(back);
+}
+
+static void smollm_encodes_the_36_reference_cases(void **state) {
+        struct smollm *s = *state;
+        char path[4200], line[8192], text[8192], what[64];
+        int32_t want[1024];
+        int cases = 0;
+        FILE *f;
+
+        if (!s->b)
+                skip();
+        snprintf(path, sizeof(path), "%s/tokenizer-cases.jsonl", s->dir);
+        f = fopen(path, "r");
+        assert_non_null(f);
+        while (fgets(line, sizeof(line), f)) {
+                size_t len = json_text(line, text), n = parse_ids(strstr(line, "\"ids\""), want, 1024);
+
+                snprintf(what, sizeof(what), "case %d", cases);
+                expect_encoding(s->b, text, len, want, n, what);
+                cases++;
+        }
+        fclose(f);
+        assert_int_equal(cases, 36);
+}
+
+/* The rendered prompt must be line 3 of the golden file and encode to its prompt_ids. */
+static void smollm_chat_prompt_matches_golden(const struct smollm *s, const char *name, const char *user) {
+        struct chat_msg m[] = { { "user", user } };
+        char path[4200], line[16384], prompt[4096], quoted[4096 + 64];
+        int32_t want[256];
+        size_t len, n = 0;
+        FILE *f;
+
+        snprintf(path, sizeof(path), "%s/golden-%s.txt", s->dir, name);
+        f = fopen(path, "r");
+        assert_non_null(f);
+        assert_int_equal(chat_render(m, 1, true, prompt, sizeof(prompt), &len), 0);
+        while (fgets(line, sizeof(line), f)) {
+                if (!strncmp(line, "# prompt (chat): ", 17)) { /* the prompt JSON-escaped: \n only */
+                        size_t q = 0;
+
+                        for (size_t i = 0; i < len; i++) {
+                                if (prompt[i] == '\n') {
+                                        quoted[q++] = '\\';
+                                        quoted[q++] = 'n';
+                                } else {
+                                        quoted[q++] = prompt[i];
+                                }
+                        }
+                        quoted[q] = '\0';
+                        assert_int_equal(strncmp(line + 18, quoted, q), 0);
+                        assert_string_equal(line + 18 + q, "\"\n");
+                }
+                if (!strncmp(line, "prompt_ids: ", 12))
+                        n = parse_ids(line + 12, want, 256);
+        }
+        fclose(f);
+        assert_true(n > 0);
+        expect_encoding(s->b, prompt, len, want, n, name);
+}
+
+static void smollm_encodes_both_golden_chat_prompts(void **state) {
+        struct smollm *s = *state;
+
+        if (!s->b)
+                skip();
+        smollm_chat_prompt_matches_golden(s, "chat-capital", "What is the capital of France?");
+        smollm_chat_prompt_matches_golden(s, "chat-poem", "Write a short poem about the sea.");
+}
+
+static void smollm_vocabulary_has_the_documented_specials(void **state) {
+        struct smollm *s = *state;
+
+        if (!s->b)
+                skip();
+        assert_int_equal(bpe_n_vocab(s->b), 49152);
+        assert_int_equal(bpe_bos_id(s->b), 1);
+        assert_int_equal(bpe_eos_id(s->b), 2);
+        assert_int_equal(bpe_unk_id(s->b), 0);
+        assert_int_equal(bpe_pad_id(s->b), 2);
+        assert_false(bpe_add_bos(s->b));
+        assert_int_equal(bpe_find(s->b, "<|im_start|>", 12), 1);
+        assert_int_equal(bpe_token_type(s->b, 2), BPE_TOKEN_CONTROL);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(bpe_merges_lowest_rank_first),
@@ -707,5 +913,12 @@ int main(void) {
                 cmocka_unit_test(chat_refuses_small_buffer_and_bad_roles),
         };
 
-        return cmocka_run_group_tests(tests, NULL, NULL);
+        const struct CMUnitTest real[] = {
+                cmocka_unit_test(smollm_vocabulary_has_the_documented_specials),
+                cmocka_unit_test(smollm_encodes_the_36_reference_cases),
+                cmocka_unit_test(smollm_encodes_both_golden_chat_prompts),
+        };
+        int failed = cmocka_run_group_tests(tests, NULL, NULL);
+
+        return failed + cmocka_run_group_tests_name("smollm2", real, smollm_setup, smollm_teardown);
 }
