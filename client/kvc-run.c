@@ -1,7 +1,8 @@
-/* kvc-run: the reference model runner. Runs a llama2.c checkpoint (by default the project's
- * stories260K) one token at a time, keeping its KV cache in kvcd's pool through libkvc and
- * stepping the session's eviction policy after every token, exactly as an inference server would.
- * With --local it keeps the cache in process instead (no kvcd, no eviction): the baseline.
+/* kvc-run: the reference model runner. Runs a GGUF model (SmolLM2 and other llama-family models)
+ * or a llama2.c checkpoint (by default the project's stories260K) one token at a time, keeping its KV cache
+ * in kvcd's pool through libkvc and stepping the session's eviction policy after every token, exactly as an
+ * inference server would. With --local it keeps the cache in process instead (no kvcd, no eviction): the
+ * baseline.
  *
  * Output: the generated text on stdout as it is produced (llama2.c's loop and decoding, so
  * greedy decoding from BOS prints the model's known story), or with --json one JSON object at the
@@ -19,7 +20,8 @@
 #include "kvc.h"
 #include "model.h"
 #include "sampler.h"
-#include "tokenizer.h"
+#include "text.h"
+#include "threads.h"
 #include "wire.h"
 
 #define DEFAULT_MODEL     "../shared/models/stories260K/stories260K.bin"
@@ -28,6 +30,9 @@
 
 struct run_opts {
         const char *model, *tokenizer, *prompt, *policy, *socket, *tenant;
+        const char *chat, *system; /* a chat turn (GGUF models with a chat template) */
+        unsigned threads;
+        bool exact;
         int steps;
         float temperature;
         unsigned long long seed;
@@ -48,39 +53,44 @@ struct run_opts {
 };
 
 static void usage(FILE *f) {
-        fprintf(f, "Usage: kvc-run [OPTIONS]\n"
-                   "Runs a llama2.c model with its KV cache managed by kvcd.\n\n"
-                   "  --model FILE        checkpoint (default " DEFAULT_MODEL ")\n"
-                   "  --tokenizer FILE    tokenizer (default " DEFAULT_TOKENIZER ")\n"
-                   "  -n STEPS            positions to run, prompt included (default 256, at most the "
-                   "model's context)\n"
-                   "  -t TEMPERATURE      0 = greedy (default 0)\n"
-                   "  -s SEED             sampling seed (default 42)\n"
-                   "  -i PROMPT           prompt text (default: start from BOS alone)\n"
-                   "  --policy NAME       eviction policy (default full)\n"
-                   "  --budget TOKENS     the policy's budget per layer (default: the policy's)\n"
-                   "  --param KEY=VALUE   a policy parameter (repeatable)\n"
-                   "  --tenant NAME       the tenant to charge\n"
-                   "  --min-bytes BYTES   memory kvcd must guarantee the session (default: the least it runs "
-                   "with)\n"
-                   "  --max-bytes BYTES   the most it may hold (default: no limit of its own)\n"
-                   "  --priority N        higher keeps its memory longer when memory is short (default 0)\n"
-                   "  --export-at N       after N positions, hand the session off (ticket and place in the\n"
-                   "                      sequence written to --handoff-file) and stop; greedy only\n"
-                   "  --import            carry on a session handed off (read from --handoff-file)\n"
-                   "  --handoff-file FILE the hand-off's ticket and place in the sequence\n"
-                   "  --share             share the prompt's prefix: attach what another run of this model\n"
-                   "                      published (nothing recomputed), publish the rest\n"
-                   "  --stop-at N         stop (SIGSTOP) after N positions, until continued (for tests)\n"
-                   "  --dtype f32|f16|bf16  storage type of keys and values (default f32)\n"
-                   "  --plan-lag N        steps the runner may run ahead of kvcd (default 0: deterministic)\n"
-                   "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
-                   "  --local             keep the cache in process (no kvcd)\n"
-                   "  --no-stop           keep going past the end-of-story token\n"
-                   "  --trace N           print the cache size and the confidence every N steps on stderr\n"
-                   "  --json              print one JSON object with the text and the figures\n"
-                   "  -h, --help          this text\n"
-                   "  -V, --version       the version\n");
+        fprintf(f,
+                "Usage: kvc-run [OPTIONS]\n"
+                "Runs a GGUF or llama2.c model with its KV cache managed by kvcd.\n\n"
+                "  --model FILE        a GGUF model, or a llama2.c checkpoint (default " DEFAULT_MODEL ")\n"
+                "  --tokenizer FILE    a llama2.c checkpoint's tokenizer (default " DEFAULT_TOKENIZER ")\n"
+                "  --chat MESSAGE      one user turn in the model's chat template (GGUF), answered\n"
+                "  --system TEXT       the chat's system prompt (default: the template's)\n"
+                "  --threads N         threads for the matrix products (default: every CPU)\n"
+                "  --exact             f32-accurate matrix products (no 8-bit activations)\n"
+                "  -n STEPS            positions to run, prompt included (default 256, at most the "
+                "model's context)\n"
+                "  -t TEMPERATURE      0 = greedy (default 0)\n"
+                "  -s SEED             sampling seed (default 42)\n"
+                "  -i PROMPT           prompt text (default: start from BOS alone)\n"
+                "  --policy NAME       eviction policy (default full)\n"
+                "  --budget TOKENS     the policy's budget per layer (default: the policy's)\n"
+                "  --param KEY=VALUE   a policy parameter (repeatable)\n"
+                "  --tenant NAME       the tenant to charge\n"
+                "  --min-bytes BYTES   memory kvcd must guarantee the session (default: the least it runs "
+                "with)\n"
+                "  --max-bytes BYTES   the most it may hold (default: no limit of its own)\n"
+                "  --priority N        higher keeps its memory longer when memory is short (default 0)\n"
+                "  --export-at N       after N positions, hand the session off (ticket and place in the\n"
+                "                      sequence written to --handoff-file) and stop; greedy only\n"
+                "  --import            carry on a session handed off (read from --handoff-file)\n"
+                "  --handoff-file FILE the hand-off's ticket and place in the sequence\n"
+                "  --share             share the prompt's prefix: attach what another run of this model\n"
+                "                      published (nothing recomputed), publish the rest\n"
+                "  --stop-at N         stop (SIGSTOP) after N positions, until continued (for tests)\n"
+                "  --dtype f32|f16|bf16  storage type of keys and values (default f32)\n"
+                "  --plan-lag N        steps the runner may run ahead of kvcd (default 0: deterministic)\n"
+                "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
+                "  --local             keep the cache in process (no kvcd)\n"
+                "  --no-stop           keep going past the end-of-story token\n"
+                "  --trace N           print the cache size and the confidence every N steps on stderr\n"
+                "  --json              print one JSON object with the text and the figures\n"
+                "  -h, --help          this text\n"
+                "  -V, --version       the version\n");
 }
 
 static int parse_args(int argc, char **argv, struct run_opts *o) {
@@ -108,6 +118,10 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 { "share", no_argument, NULL, 'Z' },
                 { "stop-at", required_argument, NULL, 'Y' },
                 { "version", no_argument, NULL, 'V' },
+                { "chat", required_argument, NULL, 'C' },
+                { "system", required_argument, NULL, 'y' },
+                { "threads", required_argument, NULL, 'W' },
+                { "exact", no_argument, NULL, 'E' },
                 {},
         };
         int c;
@@ -156,6 +170,16 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                                 return -EINVAL;
                         break;
                 case 'H': o->handoff_file = optarg; break;
+                case 'C': o->chat = optarg; break;
+                case 'y': o->system = optarg; break;
+                case 'E': o->exact = true; break;
+                case 'W': {
+                        unsigned long t = strtoul(optarg, &end, 10);
+                        if (*end || t == 0 || t > THREADS_MAX)
+                                return -EINVAL;
+                        o->threads = (unsigned)t;
+                        break;
+                }
                 case 'A':
                 case 'B':
                         if (wire_parse_bytes(optarg, c == 'A' ? &o->min_bytes : &o->max_bytes) < 0)
@@ -201,6 +225,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 default: return -EINVAL;
                 }
         }
+        if ((o->chat && o->prompt) || (o->system && !o->chat))
+                return -EINVAL; /* a chat turn is the prompt */
         if ((o->export_at || o->import) &&
             (!o->handoff_file || o->local || o->temperature != 0 || (o->export_at && o->import) || o->share))
                 return -EINVAL; /* a hand-off needs the file, kvcd, and greedy decoding */
@@ -243,7 +269,7 @@ static double seconds(void) {
 struct runner {
         struct run_opts o;
         struct model *model;
-        struct tokenizer *tok;
+        struct text *tok;
         struct sampler *sampler;
         struct plain_cache *plain;
         struct kvc_client *client;
@@ -318,19 +344,32 @@ static int open_session(struct runner *r) {
         return e;
 }
 
-/* Encodes the prompt (BOS alone when there is none). */
+/* Encodes the prompt or the chat turn (the model's start token alone when there is neither). */
 static int encode_prompt(struct runner *r) {
         const struct model_config *mc = model_get_config(r->model);
         r->prompt = calloc((size_t)mc->seq_len + 3, sizeof(int));
         if (!r->prompt)
                 return -ENOMEM;
-        r->prompt[0] = TOKENIZER_BOS;
+        r->prompt[0] = text_start_token(r->tok);
         r->n_prompt = 1;
-        if (!r->o.prompt)
-                return 0;
+        if (!r->o.prompt && !r->o.chat) {
+                if (r->prompt[0] >= 0)
+                        return 0;
+                fprintf(stderr, "kvc-run: this model starts from a prompt: give one with -i or --chat\n");
+                return -EINVAL;
+        }
         size_t n;
-        int e = tokenizer_encode(r->tok, r->o.prompt, strlen(r->o.prompt), true, false, r->prompt,
-                                 (size_t)mc->seq_len, &n);
+        int e = r->o.chat
+                        ? text_encode_chat(r->tok, r->o.system, r->o.chat, r->prompt, (size_t)mc->seq_len, &n)
+                        : text_encode(r->tok, r->o.prompt, r->prompt, (size_t)mc->seq_len, &n);
+        if (e == -ENOTSUP) {
+                fprintf(stderr, "kvc-run: --chat needs a model with a chat template (a GGUF)\n");
+                return e;
+        }
+        if (e == 0 && n == 0) {
+                fprintf(stderr, "kvc-run: the prompt encodes to no token\n");
+                return -EINVAL;
+        }
         if (e < 0) {
                 fprintf(stderr, "kvc-run: the prompt does not fit the model's %d positions\n", mc->seq_len);
                 return e;
@@ -426,8 +465,7 @@ static int generate(struct runner *r, int *ret_steps) {
         uint32_t shared = r->session && !r->o.import ? kvc_session_shared_tokens(r->session) : 0;
         for (; pos < (int)shared && pos < n_prompt - 1; pos++) {
                 size_t len = 1;
-                if (tokenizer_piece_safe(r->tok, prompt[pos], prompt[pos + 1], piece, sizeof(piece), &len) <
-                    0)
+                if (text_piece(r->tok, prompt[pos], prompt[pos + 1], piece, sizeof(piece), &len) < 0)
                         len = 0;
                 if ((e = emit(r, piece, len)) < 0)
                         return e;
@@ -469,12 +507,13 @@ static int generate(struct runner *r, int *ret_steps) {
                         fprintf(stderr, "step %4d  cache %4u tokens/layer  confidence %.3f\n", pos,
                                 r->o.local ? (unsigned)pos : kvc_layer_tokens(r->session, 0),
                                 (double)kvc_confidence(&sum));
-                if (next == TOKENIZER_BOS && !r->o.no_stop)
+                bool stop = pos >= n_prompt && text_is_stop(r->tok, next);
+                if (stop && !r->o.no_stop)
                         break;
                 size_t len = 1;
-                if (next == TOKENIZER_BOS) /* a new story begins: a line break, not "<s>" */
+                if (stop) /* past the end: a line break, not "<s>" or "<|im_end|>" */
                         piece[0] = '\n';
-                else if (tokenizer_piece_safe(r->tok, token, next, piece, sizeof(piece), &len) < 0)
+                else if (text_piece(r->tok, token, next, piece, sizeof(piece), &len) < 0)
                         len = 0;
                 if ((e = emit(r, piece, len)) < 0)
                         break;
@@ -501,13 +540,23 @@ int main(int argc, char **argv) {
                 usage(stderr);
                 return 2;
         }
-        if ((e = model_load(r.o.model, &r.model)) < 0) {
-                fprintf(stderr, "kvc-run: cannot load the model %s: %s\n", r.o.model, strerror(-e));
+        char why[512] = "";
+        struct model_options mo = { .threads = r.o.threads, .exact = r.o.exact };
+        if ((e = model_open(r.o.model, &mo, &r.model, why, sizeof(why))) < 0) {
+                fprintf(stderr, "kvc-run: cannot load the model %s: %s%s%s\n", r.o.model, strerror(-e),
+                        why[0] ? ": " : "", why);
+                if (e == -ENOENT)
+                        fprintf(stderr,
+                                "kvc-run: `make model` fetches SmolLM2 into the model cache (README)\n");
                 return 1;
         }
         const struct model_config *mc = model_get_config(r.model);
-        if ((e = tokenizer_load(r.o.tokenizer, mc->vocab_size, &r.tok)) < 0) {
-                fprintf(stderr, "kvc-run: cannot load the tokenizer %s: %s\n", r.o.tokenizer, strerror(-e));
+        e = model_is_gguf(r.model) ? text_open_gguf(r.o.model, &r.tok, why, sizeof(why))
+                                   : text_open_llama2c(r.o.tokenizer, mc->vocab_size, &r.tok);
+        if (e < 0) {
+                fprintf(stderr, "kvc-run: cannot load the tokenizer of %s: %s%s%s\n",
+                        model_is_gguf(r.model) ? r.o.model : r.o.tokenizer, strerror(-e), why[0] ? ": " : "",
+                        why);
                 goto out;
         }
         if ((e = sampler_new(mc->vocab_size, r.o.temperature, r.o.seed, &r.sampler)) < 0 ||
@@ -570,7 +619,7 @@ out:
         kvc_disconnect(r.client);
         plain_cache_free(r.plain);
         sampler_free(r.sampler);
-        tokenizer_free(r.tok);
+        text_free(r.tok);
         model_free(r.model);
         free(r.text);
         free(r.prompt);

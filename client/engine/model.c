@@ -258,8 +258,12 @@ static int model_read_exact(FILE *f, void *buf, size_t len) {
         return 0;
 }
 
+bool model_is_gguf(const struct model *m) {
+        return m && m->gguf;
+}
+
 /* Whether path starts with the GGUF magic. */
-static bool model_is_gguf(const char *path) {
+static bool path_is_gguf(const char *path) {
         uint32_t magic = 0;
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         bool yes = fd >= 0 && read(fd, &magic, 4) == 4 && magic == GGUF_MAGIC;
@@ -268,12 +272,13 @@ static bool model_is_gguf(const char *path) {
         return yes;
 }
 
-int model_open(const char *path, const struct model_options *o, struct model **ret, char *why, size_t why_len) {
+int model_open(const char *path, const struct model_options *o, struct model **ret, char *why,
+               size_t why_len) {
         if (!path || !ret)
                 return -EINVAL;
         if (why && why_len)
                 why[0] = 0;
-        if (!model_is_gguf(path))
+        if (!path_is_gguf(path))
                 return model_load(path, ret);
         struct model_options opt = o ? *o : (struct model_options){ 0 };
         struct gguf *g;
@@ -282,8 +287,8 @@ int model_open(const char *path, const struct model_options *o, struct model **r
                 return -ENOMEM;
         int r = gguf_open(path, &g, why, why_len);
         if (r == 0)
-                r = llama_new(&g, &(struct llama_options){ .threads = opt.threads, .exact = opt.exact }, &m->gguf,
-                              why, why_len);
+                r = llama_new(&g, &(struct llama_options){ .threads = opt.threads, .exact = opt.exact },
+                              &m->gguf, why, why_len);
         if (r < 0) {
                 free(m);
                 return r;

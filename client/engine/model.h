@@ -45,6 +45,8 @@ int model_open(const char *path, const struct model_options *o, struct model **r
 /* The same checks on a checkpoint held in memory; data is copied and not kept. */
 int model_load_buffer(const void *data, size_t len, struct model **ret);
 struct model *model_free(struct model *m);
+/* Whether m came from a GGUF file. */
+bool model_is_gguf(const struct model *m);
 /* vocab_size here is always the positive number of tokens. */
 const struct model_config *model_get_config(const struct model *m);
 
