@@ -276,9 +276,9 @@ static void handle_signals(struct kvcd *d) {
         }
 }
 
-/* Receives and handles up to KVCD_MESSAGES_PER_ROUND frames from a ROUTER. */
-static void drain_router(struct kvcd *d, void *zsock, enum channel ch) {
-        for (int i = 0; i < KVCD_MESSAGES_PER_ROUND; i++) {
+/* Receives and handles up to max frames from a ROUTER. */
+static void drain_router(struct kvcd *d, void *zsock, enum channel ch, int max) {
+        for (int i = 0; i < max; i++) {
                 zmq_msg_t rid, body;
                 zmq_msg_init(&rid);
                 if (zmq_msg_recv(&rid, zsock, ZMQ_DONTWAIT) < 0) {
@@ -367,9 +367,12 @@ int server_run(struct kvcd *d) {
                         if (client_accept(d) <= 0)
                                 break;
                 if (items[0].revents)
-                        drain_router(d, d->zclient, CHANNEL_CLIENT);
+                        drain_router(d, d->zclient, CHANNEL_CLIENT, KVCD_MESSAGES_PER_ROUND);
+                /* one admin request a round: one that arrived while this round ran waits for the
+                 * next poll, which hands kvcd the side channels' hang-ups first, so an operator
+                 * never sees a client that had gone before the request was sent */
                 if (items[1].revents)
-                        drain_router(d, d->zadmin, CHANNEL_ADMIN);
+                        drain_router(d, d->zadmin, CHANNEL_ADMIN, 1);
                 if (items[4].revents)
                         http_run(d);
                 if (pool_short_of_chunks(d->pool) || pool_over_capacity(d->pool))
