@@ -35,3 +35,6 @@ $(VENV_STAMP): tests/python/requirements.txt | deps
 
 test: pydeps
 test: export KVC_SMOLLM2 := $(SMOLLM2_GGUF)
+
+# test_qtype: the unit tests of qtype.c and matmul.c.
+$(BUILD)/tests/test_qtype: $(MODEL_OBJ)
