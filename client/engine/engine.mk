@@ -38,3 +38,9 @@ test: export KVC_SMOLLM2 := $(SMOLLM2_GGUF)
 
 # test_qtype: the unit tests of qtype.c and matmul.c.
 $(BUILD)/tests/test_qtype: $(MODEL_OBJ)
+
+# dequant-dump: the C side of tests/engine/dequant.sh, built with the tests.
+tests: $(BUILD)/tests/dequant-dump
+$(BUILD)/tests/dequant-dump: $(call obj,tests/engine/dequant-dump.c) $(MODEL_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
