@@ -9,10 +9,10 @@
  * activation block give an exact int32 sum (at most 32 * 128 * 127 in magnitude), whatever order
  * the lanes add it in; only then does f32 arithmetic start, in block_term, which every
  * implementation inlines (no FMA: the build has -ffp-contract=off and the AVX2 functions do not
- * enable "fma"). The AVX2 kernels therefore reduce each block's int32 vector to a scalar before
- * the f32 step instead of keeping f32 vector lanes across blocks as llama.cpp does; that costs a
- * horizontal add per block and vector, and buys a plain-C reference that is exact, not within a
- * tolerance.
+ * enable "fma"). The AVX2 kernels therefore reduce each block's int32 vector to a scalar (eight
+ * blocks at a time) before the f32 step, instead of keeping f32 vector lanes across blocks as
+ * llama.cpp does; that keeps one scalar f32 chain per row and vector, and buys a plain-C reference
+ * that is exact, not within a tolerance.
  *
  * AVX2 is compiled with function target attributes, not -mavx2 for the file, so the rest of the
  * file (and the plain path) stay baseline x86-64; matmul_isa_supported asks the CPU at run time.
