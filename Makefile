@@ -131,9 +131,9 @@ $(BUILD)/tests/test_%: $(BUILD)/obj/tests/integration/test_%.o $(HARNESS_OBJ) $(
 tests: all $(UNIT_TESTS) $(INTEGRATION_TESTS) $(if $(filter 1,$(CUDA)),cuda) cuda-emu
 
 # The CUDA kernels run on the CPU under tests/gpu/emu as one more test program (any machine).
-test: deps
+test: deps model
 	@$(MAKE) --no-print-directory tests
-	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/gpu/emulate.sh tests/gpu/ipc_fake.sh tests/systemd/verify.sh tests/systemd/man.sh \
+	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/engine/dequant.sh tests/gpu/emulate.sh tests/gpu/ipc_fake.sh tests/systemd/verify.sh tests/systemd/man.sh \
 		$(FUZZ_REPLAY_TESTS)
 
 check: deps
@@ -142,7 +142,7 @@ check: deps
 		tests/run.sh build/san $(patsubst $(BUILD)/%,build/san/%,$(UNIT_TESTS) $(INTEGRATION_TESTS)) \
 		$(FUZZ_REPLAY_TESTS)
 
-demo: deps
+demo: deps model
 	@$(MAKE) --no-print-directory all
 	@client/demo.sh $(BUILD)
 
@@ -158,6 +158,7 @@ quality: quality-deps
 include kernels/cuda.mk
 include tests/fuzz/fuzz.mk
 include bench/bench.mk
+include client/engine/engine.mk
 ifneq ($(CUDA),1)
 cuda:
 	@echo "CUDA=0: nvcc not found, the CUDA kernels are not built"

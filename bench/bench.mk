@@ -15,13 +15,14 @@
 #   $(BUILD)/bench/bench-footprint  kvcd's RSS: idle, per session, steady state
 #   $(BUILD)/bench/bench-attn       libkvc's attention kernel vs kvc-run --local's (item 5's why)
 #   $(BUILD)/bench/bench-relocate   a chunk taken back from a client: block moves vs round trip, memcpy
+#   $(BUILD)/bench/bench-matmul     the engine's q4_1 matrix-vectors product: fast path vs exact, memcpy
 
 LOAD_ARGS ?= -p 16 -S 16 -t 20
 BENCH_DIR := $(BUILD)/bench
 BENCH_COMMON := $(call obj,bench/common.c)
 POLICY_OBJ := $(filter $(BUILD)/obj/daemon/policy/%,$(DAEMON_OBJ))
 BENCH_PROGRAMS := $(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-select $(BENCH_DIR)/bench-compact \
-	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-relocate
+	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-relocate $(BENCH_DIR)/bench-matmul
 
 .PHONY: load bench bench-programs
 all: $(BUILD)/bin/kvc-load
@@ -45,7 +46,8 @@ $(BENCH_DIR)/bench-compact: $(call obj,bench/bench-compact.c) $(BENCH_COMMON) $(
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BENCH_DIR)/bench-attn: $(call obj,bench/bench-attn.c) $(BENCH_COMMON) $(KERNEL_OBJ) $(MODEL_OBJ)
+$(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-matmul: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) $(KERNEL_OBJ) \
+	$(MODEL_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 

@@ -1,20 +1,133 @@
 /* qtype.c - the table of tensor types (qtype.h): sizes for every type ggml defines, and the
- * dequantize and dot functions of the ones the engine computes with.
+ * dequantize and dot functions of the ones the engine computes with: f32, f16, bf16, q8_0, q4_0 and
+ * q4_1.
  *
- * Sizes are ggml's (ggml-common.h's block structs): a block's bytes include its scales.
+ * Sizes are ggml's (ggml-common.h's block structs): a block's bytes include its scales. Blocks are
+ * read byte by byte (memcpy for the f16 scales): tensor data in a mapped file has no alignment
+ * that a row of 18 or 20-byte blocks could keep.
+ *
+ * dequantize is ggml's dequantize_row_* (ggml-quants.c) element for element, and dot is
+ * dequantize-then-multiply through qtype_dot_lanes: one generic loop over 32-element spans, so a
+ * new row needs only its dequantize function.
  */
 #include "qtype.h"
 
 #include <stddef.h>
+#include <string.h>
+
+#define SPAN 32 /* elements per dot step: a multiple of every block size below 256 */
+
+static uint16_t load_u16(const uint8_t *p) {
+        uint16_t v;
+
+        memcpy(&v, p, sizeof(v));
+        return v;
+}
+
+void qtype_dot_lanes(float lanes[QTYPE_LANES], const float *w, const float *x, size_t n) {
+        size_t i = 0;
+
+        for (; i + QTYPE_LANES <= n; i += QTYPE_LANES)
+                for (size_t l = 0; l < QTYPE_LANES; l++)
+                        lanes[l] += w[i + l] * x[i + l];
+        for (size_t l = 0; i < n; i++, l++)
+                lanes[l] += w[i] * x[i];
+}
+
+float qtype_lanes_sum(const float lanes[QTYPE_LANES]) {
+        return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+               ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+static void dequantize_f32(const void *src, float *dst, size_t n) {
+        memcpy(dst, src, n * sizeof(float));
+}
+
+static void dequantize_f16(const void *src, float *dst, size_t n) {
+        const uint8_t *p = src;
+
+        for (size_t i = 0; i < n; i++)
+                dst[i] = qtype_f16_to_f32(load_u16(p + 2 * i));
+}
+
+static void dequantize_bf16(const void *src, float *dst, size_t n) {
+        const uint8_t *p = src;
+
+        for (size_t i = 0; i < n; i++)
+                dst[i] = qtype_bf16_to_f32(load_u16(p + 2 * i));
+}
+
+/* q8_0: f16 d, 32 int8 q; x = q * d */
+static void dequantize_q8_0(const void *src, float *dst, size_t n) {
+        const uint8_t *b = src;
+
+        for (size_t i = 0; i < n / 32; i++, b += 34) {
+                float d = qtype_f16_to_f32(load_u16(b));
+                for (int j = 0; j < 32; j++)
+                        dst[i * 32 + j] = (float)(int8_t)b[2 + j] * d;
+        }
+}
+
+/* q4_0: f16 d, 16 bytes of nibbles; element j < 16 is the low nibble of byte j, element j + 16 its
+ * high nibble; x = (q - 8) * d */
+static void dequantize_q4_0(const void *src, float *dst, size_t n) {
+        const uint8_t *b = src;
+
+        for (size_t i = 0; i < n / 32; i++, b += 18) {
+                float d = qtype_f16_to_f32(load_u16(b));
+                for (int j = 0; j < 16; j++) {
+                        dst[i * 32 + j] = (float)((b[2 + j] & 0x0f) - 8) * d;
+                        dst[i * 32 + j + 16] = (float)((b[2 + j] >> 4) - 8) * d;
+                }
+        }
+}
+
+/* q4_1: f16 d, f16 m, 16 bytes of nibbles as q4_0; x = q * d + m */
+static void dequantize_q4_1(const void *src, float *dst, size_t n) {
+        const uint8_t *b = src;
+
+        for (size_t i = 0; i < n / 32; i++, b += 20) {
+                float d = qtype_f16_to_f32(load_u16(b)), m = qtype_f16_to_f32(load_u16(b + 2));
+                for (int j = 0; j < 16; j++) {
+                        dst[i * 32 + j] = (float)(b[4 + j] & 0x0f) * d + m;
+                        dst[i * 32 + j + 16] = (float)(b[4 + j] >> 4) * d + m;
+                }
+        }
+}
+
+/* The exact dot of every row: dequantize a span of SPAN elements (span_bytes bytes), multiply. */
+static float dot_spans(void (*dequantize)(const void *, float *, size_t), size_t span_bytes, const void *w,
+                       const float *x, size_t n) {
+        float lanes[QTYPE_LANES] = { 0 }, tmp[SPAN];
+        const uint8_t *p = w;
+
+        for (size_t i = 0; i < n; i += SPAN, p += span_bytes) {
+                size_t len = n - i < SPAN ? n - i : SPAN;
+                dequantize(p, tmp, len);
+                qtype_dot_lanes(lanes, tmp, x + i, len);
+        }
+        return qtype_lanes_sum(lanes);
+}
+
+#define DOT(name, span_bytes)                                                                                \
+        static float dot_##name(const void *w, const float *x, size_t n) {                                   \
+                return dot_spans(dequantize_##name, span_bytes, w, x, n);                                    \
+        }
+DOT(f32, SPAN * 4)
+DOT(f16, SPAN * 2)
+DOT(bf16, SPAN * 2)
+DOT(q8_0, 34)
+DOT(q4_0, 18)
+DOT(q4_1, 20)
 
 static const struct qtype qtypes[] = {
-        { QTYPE_F32, "f32", 1, 4, NULL, NULL },
-        { QTYPE_F16, "f16", 1, 2, NULL, NULL },
-        { QTYPE_Q4_0, "q4_0", 32, 18, NULL, NULL },
-        { QTYPE_Q4_1, "q4_1", 32, 20, NULL, NULL },
+        { QTYPE_F32, "f32", 1, 4, dequantize_f32, dot_f32 },
+        { QTYPE_F16, "f16", 1, 2, dequantize_f16, dot_f16 },
+        { QTYPE_Q4_0, "q4_0", 32, 18, dequantize_q4_0, dot_q4_0 },
+        { QTYPE_Q4_1, "q4_1", 32, 20, dequantize_q4_1, dot_q4_1 },
         { QTYPE_Q5_0, "q5_0", 32, 22, NULL, NULL },
         { QTYPE_Q5_1, "q5_1", 32, 24, NULL, NULL },
-        { QTYPE_Q8_0, "q8_0", 32, 34, NULL, NULL },
+        { QTYPE_Q8_0, "q8_0", 32, 34, dequantize_q8_0, dot_q8_0 },
         { QTYPE_Q8_1, "q8_1", 32, 36, NULL, NULL },
         { QTYPE_Q2_K, "q2_K", 256, 84, NULL, NULL },
         { QTYPE_Q3_K, "q3_K", 256, 110, NULL, NULL },
@@ -36,7 +149,7 @@ static const struct qtype qtypes[] = {
         { 27, "i64", 1, 8, NULL, NULL },
         { 28, "f64", 1, 8, NULL, NULL },
         { 29, "iq1_m", 256, 56, NULL, NULL },
-        { QTYPE_BF16, "bf16", 1, 2, NULL, NULL },
+        { QTYPE_BF16, "bf16", 1, 2, dequantize_bf16, dot_bf16 },
         { 34, "tq1_0", 256, 54, NULL, NULL },
         { 35, "tq2_0", 256, 66, NULL, NULL },
         { 39, "mxfp4", 32, 17, NULL, NULL },

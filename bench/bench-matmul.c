@@ -1,0 +1,152 @@
+/* bench-matmul: the engine's matrix-vectors product (client/engine/matmul.c), exact path against
+ * fast path, on SmolLM2-135M's ffn_down shape: 576 rows of 1536 q4_1 columns (552,960 bytes), and
+ * its transpose, ffn_up's 1536 x 576.
+ *
+ * For B = 1, 4 and 16 vectors: the exact path (dequantize, f32 products in qtype.h's order), the
+ * fast path's plain C kernel and its AVX2 kernel (where the CPU has it), with the activations'
+ * quantization (matmul_quantize, once per product) timed in. Each figure is the median of 7
+ * measurements of at least --min-ms, interleaved with memcpy of the weight bytes; it prints the
+ * time per product, fast / exact (speed-up), and the weights' effective GB/s (bytes read once per
+ * product, whatever B) against memcpy's. Single thread. The matrix fits in L2, so memcpy's
+ * figure is a cache bandwidth, not DRAM's: the ratio says how far from streaming the weights each
+ * kernel is.
+ */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "matmul.h"
+#include "qtype.h"
+
+#define MEASUREMENTS 7
+
+struct setup {
+        const struct qtype *t;
+        uint32_t rows, cols, n_x;
+        uint8_t *w, *copy;
+        size_t w_bytes;
+        float *x, *y;
+        struct matmul_q8 *xq;
+};
+
+enum what { WHAT_MEMCPY, WHAT_EXACT, WHAT_PLAIN, WHAT_AVX2, WHAT_COUNT };
+static const char *const what_names[] = { "memcpy", "exact", "fast plain", "fast avx2" };
+
+static int run_once(struct setup *s, enum what what) {
+        if (what == WHAT_MEMCPY) {
+                memcpy(s->copy, s->w, s->w_bytes);
+                __asm__ volatile("" : : "r"(s->copy) : "memory");
+                return 0;
+        }
+        struct matmul m = {
+                .t = s->t,
+                .w = s->w,
+                .row_bytes = qtype_row_bytes(s->t, s->cols),
+                .cols = s->cols,
+                .x = s->x,
+                .x_stride = s->cols,
+                .n_x = s->n_x,
+                .y = s->y,
+                .y_stride = s->rows,
+                .isa = what == WHAT_AVX2 ? MATMUL_ISA_AVX2 : MATMUL_ISA_PLAIN,
+        };
+        if (what != WHAT_EXACT) {
+                if (matmul_quantize(s->x, s->cols, s->n_x, s->cols, s->xq) < 0)
+                        return -1;
+                m.xq = s->xq;
+        }
+        return matmul_rows(&m, 0, s->rows);
+}
+
+/* Seconds per product: repeats until min_ms have passed. */
+static double measure(struct setup *s, enum what what, double min_ms) {
+        uint64_t t0 = bench_now_ns(), t;
+        long n = 0;
+
+        do {
+                if (run_once(s, what) < 0) {
+                        fprintf(stderr, "bench-matmul: %s failed\n", what_names[what]);
+                        exit(1);
+                }
+                n++;
+                t = bench_now_ns();
+        } while ((double)(t - t0) < min_ms * 1e6);
+        return (double)(t - t0) * 1e-9 / (double)n;
+}
+
+static void bench_shape(uint32_t rows, uint32_t cols, uint32_t n_x, double min_ms) {
+        struct setup s = { .t = qtype_of(QTYPE_Q4_1), .rows = rows, .cols = cols, .n_x = n_x };
+        uint64_t rng = 0x6d61746d756cull;
+        int avx2 = matmul_isa_supported(MATMUL_ISA_AVX2);
+        double samples[WHAT_COUNT][MEASUREMENTS], med[WHAT_COUNT];
+
+        s.w_bytes = qtype_row_bytes(s.t, cols) * rows;
+        s.w = malloc(s.w_bytes);
+        s.copy = malloc(s.w_bytes);
+        s.x = malloc(sizeof(float) * cols * n_x);
+        s.y = malloc(sizeof(float) * rows * n_x);
+        s.xq = malloc(sizeof(*s.xq) * matmul_q8_count(cols, n_x));
+        if (!s.w || !s.copy || !s.x || !s.y || !s.xq) {
+                fprintf(stderr, "bench-matmul: out of memory\n");
+                exit(1);
+        }
+        for (size_t i = 0; i < s.w_bytes; i++)
+                s.w[i] = (uint8_t)bench_rng(&rng);
+        for (size_t b = 0; b < s.w_bytes; b += s.t->bytes) { /* scales 2^-6 .. 2^-4, any sign */
+                uint16_t d = (uint16_t)(0x2400 + bench_rng(&rng) % 0x800), m = (uint16_t)(d | 0x8000);
+                memcpy(s.w + b, &d, 2);
+                memcpy(s.w + b + 2, &m, 2);
+        }
+        for (size_t i = 0; i < (size_t)cols * n_x; i++)
+                s.x[i] = (float)((double)(bench_rng(&rng) >> 11) / 9007199254740992.0 * 2 - 1);
+        for (int k = 0; k < MEASUREMENTS; k++)
+                for (int w = 0; w < WHAT_COUNT; w++)
+                        samples[w][k] = w == WHAT_AVX2 && !avx2 ? 0 : measure(&s, (enum what)w, min_ms);
+        for (int w = 0; w < WHAT_COUNT; w++)
+                med[w] = bench_quantile(samples[w], MEASUREMENTS, 0.5);
+        for (int w = 0; w < WHAT_COUNT; w++) {
+                if (w == WHAT_AVX2 && !avx2) {
+                        printf("%5u x %-5u B %-3u %-11s (this CPU has no AVX2)\n", rows, cols, n_x,
+                               what_names[w]);
+                        continue;
+                }
+                double gbs = (double)s.w_bytes / med[w] * 1e-9;
+                printf("%5u x %-5u B %-3u %-11s %9.1f us  %6.2f GB/s  %5.3f of memcpy", rows, cols, n_x,
+                       what_names[w], med[w] * 1e6, gbs, med[WHAT_MEMCPY] / med[w]);
+                if (w != WHAT_MEMCPY && w != WHAT_EXACT)
+                        printf("  fast/exact speed-up %5.2f", med[WHAT_EXACT] / med[w]);
+                if (w != WHAT_MEMCPY)
+                        printf("  %6.2f us per vector", med[w] * 1e6 / n_x);
+                printf("\n");
+        }
+        free(s.w);
+        free(s.copy);
+        free(s.x);
+        free(s.y);
+        free(s.xq);
+}
+
+int main(int argc, char **argv) {
+        static const struct option opts[] = { { "min-ms", required_argument, NULL, 'm' }, { 0 } };
+        static const uint32_t batches[] = { 1, 4, 16 };
+        double min_ms = 20;
+        int c;
+
+        while ((c = getopt_long(argc, argv, "m:", opts, NULL)) != -1) {
+                if (c != 'm') {
+                        fprintf(stderr, "usage: bench-matmul [--min-ms MS]\n");
+                        return 2;
+                }
+                min_ms = atof(optarg);
+        }
+        printf("q4_1 weights, one thread, median of %d measurements of at least %.0f ms\n", MEASUREMENTS,
+               min_ms);
+        for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++)
+                bench_shape(576, 1536, batches[i], min_ms);
+        for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++)
+                bench_shape(1536, 576, batches[i], min_ms);
+        return 0;
+}
