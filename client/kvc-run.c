@@ -463,9 +463,10 @@ static int generate(struct runner *r, int *ret_steps) {
                 return e;
         /* a shared prefix attached: its tokens are in the cache already; only their text is printed */
         uint32_t shared = r->session && !r->o.import ? kvc_session_shared_tokens(r->session) : 0;
+        bool echo = !r->o.chat; /* a chat prints the answer, not the template around the question */
         for (; pos < (int)shared && pos < n_prompt - 1; pos++) {
                 size_t len = 1;
-                if (text_piece(r->tok, prompt[pos], prompt[pos + 1], piece, sizeof(piece), &len) < 0)
+                if (!echo || text_piece(r->tok, prompt[pos], prompt[pos + 1], piece, sizeof(piece), &len) < 0)
                         len = 0;
                 if ((e = emit(r, piece, len)) < 0)
                         return e;
@@ -513,7 +514,8 @@ static int generate(struct runner *r, int *ret_steps) {
                 size_t len = 1;
                 if (stop) /* past the end: a line break, not "<s>" or "<|im_end|>" */
                         piece[0] = '\n';
-                else if (text_piece(r->tok, token, next, piece, sizeof(piece), &len) < 0)
+                else if ((pos < n_prompt && !echo) ||
+                         text_piece(r->tok, token, next, piece, sizeof(piece), &len) < 0)
                         len = 0;
                 if ((e = emit(r, piece, len)) < 0)
                         break;

@@ -4,9 +4,10 @@
  * with the expected shape and a type qtype.c computes with; after llama_new nothing is checked
  * again and nothing is allocated (llama_forward does no allocation and no I/O).
  *
- * Products: every weight matrix W [rows][cols] (GGUF ne = {cols, rows}) multiplies one vector;
- * its rows are split into one contiguous range per thread, and each row's dot product is one
- * call of its type's `dot` in a fixed order, so the result does not depend on the thread count.
+ * Products: every weight matrix W [rows][cols] (GGUF ne = {cols, rows}) multiplies one vector
+ * (matmul.h: the exact path, or 8-bit activations quantized once per product); its rows are split
+ * into one contiguous range per thread, and a row's result depends on the row and the vector
+ * alone, so the output does not depend on the thread count.
  *
  * Arithmetic follows the float32 reference (transformers): RMSNorm x / sqrt(mean(x^2) + eps) *
  * weight, RoPE with inv_freq = 1 / base^(2i / head_dim) in float, SwiGLU silu(gate) * up, tied
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "matmul.h"
 #include "qtype.h"
 #include "threads.h"
 
@@ -48,28 +50,37 @@ struct llama {
         float *rope_cos, *rope_sin;      /* [head_dim / 2] for the current pos */
         float *x, *xb, *xb2, *q, *k, *v; /* activations */
         float *hb, *hb2, *logits;
-        float *floats; /* one allocation behind all of the above */
+        float *floats;        /* one allocation behind all of the above */
+        struct matmul_q8 *xq; /* the fast path's activations, for the longest row */
 };
 
 struct product {
-        const struct gguf_tensor *w;
-        const struct qtype *t;
-        const float *x;
-        float *y;
+        struct matmul mm;
+        uint64_t rows;
 };
 
 static void product_rows(void *ctx, uint32_t idx, uint32_t n) {
-        const struct product *p = ctx;
-        uint64_t rows = p->w->ne[1], cols = p->w->ne[0];
-        uint64_t begin = rows * idx / n, end = rows * (idx + 1) / n;
-        size_t row_bytes = qtype_row_bytes(p->t, cols);
-        for (uint64_t r = begin; r < end; r++)
-                p->y[r] = p->t->dot(p->w->data + r * row_bytes, p->x, cols);
+        struct product *p = ctx;
+        /* cannot fail: llama_new checked every tensor's type and shape, and the buffers fit */
+        (void)matmul_rows(&p->mm, (uint32_t)(p->rows * idx / n), (uint32_t)(p->rows * (idx + 1) / n));
 }
 
-/* y[rows] = W x[cols] */
+/* y[rows] = W x[cols]; the fast path quantizes x once for every row (matmul.h). */
 static void matmul(struct llama *m, const struct gguf_tensor *w, const float *x, float *y) {
-        struct product p = { .w = w, .t = qtype_of(w->type), .x = x, .y = y };
+        const struct qtype *t = qtype_of(w->type);
+        uint32_t cols = (uint32_t)w->ne[0];
+        struct product p = { .mm = { .t = t,
+                                     .w = w->data,
+                                     .row_bytes = qtype_row_bytes(t, cols),
+                                     .cols = cols,
+                                     .x = x,
+                                     .x_stride = cols,
+                                     .n_x = 1,
+                                     .y = y,
+                                     .y_stride = w->ne[1] },
+                             .rows = w->ne[1] };
+        if (!m->exact && cols % MATMUL_BLOCK == 0 && matmul_quantize(x, cols, 1, cols, m->xq) == 0)
+                p.mm.xq = m->xq;
         threads_run(m->pool, product_rows, &p);
 }
 
@@ -254,7 +265,11 @@ static int alloc_state(struct llama *m) {
         m->rope_cos = p, p += half;
         m->rope_sin = p, p += half;
         m->logits = p;
-        return 0;
+        m->xq = calloc(matmul_q8_count((uint32_t)(dim > hid ? dim : hid) / MATMUL_BLOCK * MATMUL_BLOCK +
+                                               MATMUL_BLOCK,
+                                       1),
+                       sizeof(*m->xq));
+        return m->xq ? 0 : -ENOMEM;
 }
 
 int llama_new(struct gguf **g, const struct llama_options *o, struct llama **ret, char *why, size_t why_len) {
@@ -293,6 +308,7 @@ struct llama *llama_free(struct llama *m) {
         free(m->out_norm);
         free(m->inv_freq);
         free(m->floats);
+        free(m->xq);
         threads_free(m->pool);
         gguf_free(m->g);
         free(m);
