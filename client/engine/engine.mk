@@ -44,3 +44,7 @@ tests: $(BUILD)/tests/dequant-dump
 $(BUILD)/tests/dequant-dump: $(call obj,tests/engine/dequant-dump.c) $(MODEL_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+# make check runs the same programs under the sanitizers: the model and its path too.
+check: model
+check: export KVC_SMOLLM2 := $(SMOLLM2_GGUF)
