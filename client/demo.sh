@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # client/demo.sh BUILD: the main job, end to end on the host backend. Starts kvcd in a temporary
-# runtime directory, runs the reference model (stories260K) through it with the window policy,
-# shows the story, how the cache size moved, and kvcd's status, then stops kvcd with SIGTERM.
+# runtime directory; two kvc-run processes chat with SmolLM2 ($KVC_SMOLLM2) through it under the
+# same system prompt (the second attaches the first's published prompt blocks), one with the full
+# cache, one with CONF-KV under a budget, with kvcctl status and sessions while they run; then the
+# tiny stories260K with the window and conf policies, how the cache size moved, and kvcd's status;
+# then stops kvcd with SIGTERM.
 set -euo pipefail
 build=${1:-build}
 bin=$build/bin
@@ -13,10 +16,50 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$bin/kvcd" --runtime-dir "$dir/run" --capacity 64M --log-level info 2>"$dir/kvcd.log" &
+model=${KVC_SMOLLM2:?the SmolLM2 GGUF (make demo runs make model and sets KVC_SMOLLM2)}
+ctl() { "$bin/kvcctl" --socket "$dir/run" "$@"; }
+# waits (at most 60 s) until `kvcctl --json VERB` shows FIELD at VALUE or more
+wait_for() {
+        local verb=$1 field=$2 value=$3
+        for _ in $(seq 600); do
+                ctl --json "$verb" | grep -o "\"$field\":[0-9]*" | awk -F: -v v="$value" '$2 >= v { ok = 1 } END { exit !ok }' &&
+                        return 0
+                sleep 0.1
+        done
+        echo "demo: kvcd never showed $field >= $value" >&2
+        return 1
+}
+
+"$bin/kvcd" --runtime-dir "$dir/run" --capacity 512M --log-level info 2>"$dir/kvcd.log" &
 pid=$!
 # kvcctl's connection waits for the socket to appear: this returns once kvcd answers
-"$bin/kvcctl" --socket "$dir/run" --timeout 10000 status >/dev/null
+ctl --timeout 10000 status >/dev/null
+
+echo "== SmolLM2-135M-Instruct (GGUF, Q4_1) through kvcd: two chats under the same system prompt"
+echo
+echo "   A: full cache, exact products: \"What is the capital of France?\""
+"$bin/kvc-run" --socket "$dir/run" --model "$model" --threads 1 --share --exact \
+        --chat "What is the capital of France?" -n 80 >"$dir/a.txt" 2>"$dir/a.err" &
+a=$!
+wait_for status shared_blocks 1 # A published its prompt's blocks: B attaches them, nothing recomputed
+echo "   B: policy conf (CONF-KV), budget 64 tokens per layer: \"Write a short poem about the sea.\""
+"$bin/kvc-run" --socket "$dir/run" --model "$model" --threads 1 --share --policy conf --budget 64 \
+        --chat "Write a short poem about the sea." -n 160 --trace 40 >"$dir/b.txt" 2>"$dir/b.err" &
+b=$!
+wait_for status sessions 2 # both are running now
+echo
+echo "== kvcctl status and sessions while they run (the shared prompt blocks are held once)"
+ctl status | sed 's/^/  /'
+ctl sessions | sed 's/^/  /'
+wait "$a" || { cat "$dir/a.err" >&2; exit 1; }
+wait "$b" || { cat "$dir/b.err" >&2; exit 1; }
+echo
+echo "== A answered:"
+fold -s -w 100 "$dir/a.txt" | sed 's/^/  /'
+echo "== B answered (the cache size per layer every 40 steps, and what kvcd charged, below):"
+fold -s -w 100 "$dir/b.txt" | sed 's/^/  /'
+sed 's/^/  /' "$dir/b.err"
+echo
 
 budget=64
 echo "== kvc-run: stories260K, greedy, 512 positions, policy window (budget $budget tokens per layer)"
@@ -47,7 +90,7 @@ awk '/^step/ { s = $2; n = $4; c = $7; row = int((s - 1) / 8); sum[row] += c; cn
         "$dir/conf.txt"
 echo
 echo "== kvcctl status"
-"$bin/kvcctl" --socket "$dir/run" status
+ctl status
 kill -TERM "$pid"
 wait "$pid"
 pid=

@@ -45,6 +45,8 @@ $(BUILD)/tests/dequant-dump: $(call obj,tests/engine/dequant-dump.c) $(MODEL_OBJ
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-# make check runs the same programs under the sanitizers: the model and its path too.
+# make check runs the same programs under the sanitizers, and make demo runs SmolLM2: the model
+# and its path for both.
 check: model
 check: export KVC_SMOLLM2 := $(SMOLLM2_GGUF)
+demo: export KVC_SMOLLM2 := $(SMOLLM2_GGUF)
