@@ -28,8 +28,10 @@
 #include "qtype.h"
 #include "threads.h"
 
-#define LLAMA_MAX_LAYERS 512
-#define LLAMA_MAX_DIM    (1 << 16)
+#define LLAMA_MAX_LAYERS     512
+#define LLAMA_MAX_DIM        (1 << 16)
+#define LLAMA_MAX_ROWS       MODEL_MAX_ROWS
+#define LLAMA_MAX_LOGIT_ROWS MODEL_MAX_LOGIT_ROWS
 
 struct llama_layer {
         const struct gguf_tensor *wq, *wk, *wv, *wo, *gate, *up, *down;
@@ -47,11 +49,11 @@ struct llama {
         struct threads *pool;
         bool exact;
         float *inv_freq;                 /* [head_dim / 2] */
-        float *rope_cos, *rope_sin;      /* [head_dim / 2] for the current pos */
-        float *x, *xb, *xb2, *q, *k, *v; /* activations */
-        float *hb, *hb2, *logits;
-        float *floats;        /* one allocation behind all of the above */
-        struct matmul_q8 *xq; /* the fast path's activations, for the longest row */
+        float *rope_cos, *rope_sin;      /* [head_dim / 2] for one row's position */
+        float *x, *xb, *xb2, *q, *k, *v; /* activations, LLAMA_MAX_ROWS rows each */
+        float *hb, *hb2, *logits;        /* logits: LLAMA_MAX_LOGIT_ROWS rows */
+        float *floats;                   /* one allocation behind all of the above */
+        struct matmul_q8 *xq;            /* the fast path's activations, every row */
 };
 
 struct product {
@@ -65,8 +67,9 @@ static void product_rows(void *ctx, uint32_t idx, uint32_t n) {
         (void)matmul_rows(&p->mm, (uint32_t)(p->rows * idx / n), (uint32_t)(p->rows * (idx + 1) / n));
 }
 
-/* y[rows] = W x[cols]; the fast path quantizes x once for every row (matmul.h). */
-static void matmul(struct llama *m, const struct gguf_tensor *w, const float *x, float *y) {
+/* y[b][rows] = W x[b][cols] for b < n_x; the fast path quantizes x once for every row of W
+ * (matmul.h). */
+static void matmul(struct llama *m, const struct gguf_tensor *w, const float *x, uint32_t n_x, float *y) {
         const struct qtype *t = qtype_of(w->type);
         uint32_t cols = (uint32_t)w->ne[0];
         struct product p = { .mm = { .t = t,
@@ -75,11 +78,11 @@ static void matmul(struct llama *m, const struct gguf_tensor *w, const float *x,
                                      .cols = cols,
                                      .x = x,
                                      .x_stride = cols,
-                                     .n_x = 1,
+                                     .n_x = n_x,
                                      .y = y,
                                      .y_stride = w->ne[1] },
                              .rows = w->ne[1] };
-        if (!m->exact && cols % MATMUL_BLOCK == 0 && matmul_quantize(x, cols, 1, cols, m->xq) == 0)
+        if (!m->exact && cols % MATMUL_BLOCK == 0 && matmul_quantize(x, cols, n_x, cols, m->xq) == 0)
                 p.mm.xq = m->xq;
         threads_run(m->pool, product_rows, &p);
 }
@@ -249,25 +252,26 @@ static int read_tensors(struct llama *m, char *why, size_t why_len) {
 
 static int alloc_state(struct llama *m) {
         size_t dim = (size_t)m->cfg.dim, hid = (size_t)m->cfg.hidden_dim, kv = (size_t)m->kv_dim,
-               half = (size_t)m->head_dim / 2;
-        size_t n = 4 * dim + 2 * kv + 2 * hid + 2 * half + (size_t)m->cfg.vocab_size;
+               half = (size_t)m->head_dim / 2, R = LLAMA_MAX_ROWS;
+        size_t n = R * (4 * dim + 2 * kv + 2 * hid) + 2 * half +
+                   LLAMA_MAX_LOGIT_ROWS * (size_t)m->cfg.vocab_size;
         float *p = m->floats = calloc(n, sizeof(float));
         if (!p)
                 return -ENOMEM;
-        m->x = p, p += dim;
-        m->xb = p, p += dim;
-        m->xb2 = p, p += dim;
-        m->q = p, p += dim;
-        m->k = p, p += kv;
-        m->v = p, p += kv;
-        m->hb = p, p += hid;
-        m->hb2 = p, p += hid;
+        m->x = p, p += R * dim;
+        m->xb = p, p += R * dim;
+        m->xb2 = p, p += R * dim;
+        m->q = p, p += R * dim;
+        m->k = p, p += R * kv;
+        m->v = p, p += R * kv;
+        m->hb = p, p += R * hid;
+        m->hb2 = p, p += R * hid;
         m->rope_cos = p, p += half;
         m->rope_sin = p, p += half;
         m->logits = p;
-        m->xq = calloc(matmul_q8_count((uint32_t)(dim > hid ? dim : hid) / MATMUL_BLOCK * MATMUL_BLOCK +
-                                               MATMUL_BLOCK,
-                                       1),
+        size_t longest = dim > hid ? dim : hid;
+        m->xq = calloc(matmul_q8_count((uint32_t)((longest + MATMUL_BLOCK - 1) / MATMUL_BLOCK * MATMUL_BLOCK),
+                                       LLAMA_MAX_ROWS),
                        sizeof(*m->xq));
         return m->xq ? 0 : -ENOMEM;
 }
@@ -319,7 +323,7 @@ const struct model_config *llama_config(const struct llama *m) {
         return &m->cfg;
 }
 
-/* Rotates every head of vec (n_heads heads of head_dim) by the current position's angles. */
+/* Rotates every head of vec (n_heads heads of head_dim) by the angles in rope_cos/rope_sin. */
 static void rope(const struct llama *m, float *vec, int n_heads) {
         for (int h = 0; h < n_heads; h++) {
                 float *v = vec + (size_t)h * (size_t)m->head_dim;
@@ -331,48 +335,79 @@ static void rope(const struct llama *m, float *vec, int n_heads) {
         }
 }
 
-int llama_forward(struct llama *m, int token, int pos, const struct model_cache_ops *cache, void *ctx,
-                  float **ret_logits) {
-        if (!m || !cache || !cache->store || !cache->attend || !ret_logits)
-                return -EINVAL;
-        const struct model_config *c = &m->cfg;
-        if (token < 0 || token >= c->vocab_size || pos < 0)
-                return -EINVAL;
-        int dim = c->dim, hid = c->hidden_dim;
-        const struct qtype *et = qtype_of(m->embd->type);
-        et->dequantize(m->embd->data + (size_t)token * qtype_row_bytes(et, (uint64_t)dim), m->x, (size_t)dim);
+static void rope_at(struct llama *m, int pos) {
         for (int i = 0; i < m->head_dim / 2; i++) {
                 float a = (float)pos * m->inv_freq[i];
                 m->rope_cos[i] = cosf(a);
                 m->rope_sin[i] = sinf(a);
         }
+}
+
+int llama_forward_rows(struct llama *m, const struct model_row *rows, uint32_t n,
+                       const struct model_cache_ops *cache, float **ret_logits) {
+        if (!m || !rows || !cache || !cache->store || !cache->attend || !ret_logits || n == 0 ||
+            n > LLAMA_MAX_ROWS)
+                return -EINVAL;
+        const struct model_config *c = &m->cfg;
+        uint32_t n_logits = 0;
+        for (uint32_t i = 0; i < n; i++) {
+                if (rows[i].token < 0 || rows[i].token >= c->vocab_size || rows[i].pos < 0)
+                        return -EINVAL;
+                n_logits += rows[i].logits;
+        }
+        if (n_logits > LLAMA_MAX_LOGIT_ROWS)
+                return -EINVAL;
+        size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim, kv = (size_t)m->kv_dim;
+        const struct qtype *et = qtype_of(m->embd->type);
+        for (uint32_t i = 0; i < n; i++)
+                et->dequantize(m->embd->data + (size_t)rows[i].token * qtype_row_bytes(et, dim),
+                               m->x + i * dim, dim);
         for (int l = 0; l < c->n_layers; l++) {
                 const struct llama_layer *L = &m->layers[l];
-                rmsnorm(m->xb, m->x, L->attn_norm, dim, m->eps);
-                matmul(m, L->wq, m->xb, m->q);
-                matmul(m, L->wk, m->xb, m->k);
-                matmul(m, L->wv, m->xb, m->v);
-                rope(m, m->q, c->n_heads);
-                rope(m, m->k, c->n_kv_heads);
-                int r = cache->store(ctx, l, pos, m->k, m->v);
-                if (r < 0 || (r = cache->attend(ctx, l, pos, m->q, m->xb)) < 0)
-                        return r;
-                matmul(m, L->wo, m->xb, m->xb2);
-                for (int i = 0; i < dim; i++)
+                for (uint32_t i = 0; i < n; i++)
+                        rmsnorm(m->xb + i * dim, m->x + i * dim, L->attn_norm, (int)dim, m->eps);
+                matmul(m, L->wq, m->xb, n, m->q);
+                matmul(m, L->wk, m->xb, n, m->k);
+                matmul(m, L->wv, m->xb, n, m->v);
+                /* in row order: a row attends over what the rows before it stored (a prompt's chunk
+                 * is causal), and rows of other sequences have caches of their own */
+                for (uint32_t i = 0; i < n; i++) {
+                        rope_at(m, rows[i].pos);
+                        rope(m, m->q + i * dim, c->n_heads);
+                        rope(m, m->k + i * kv, c->n_kv_heads);
+                        int r = cache->store(rows[i].ctx, l, rows[i].pos, m->k + i * kv, m->v + i * kv);
+                        if (r < 0 || (r = cache->attend(rows[i].ctx, l, rows[i].pos, m->q + i * dim,
+                                                        m->xb + i * dim)) < 0)
+                                return r;
+                }
+                matmul(m, L->wo, m->xb, n, m->xb2);
+                for (size_t i = 0; i < n * dim; i++)
                         m->x[i] += m->xb2[i];
-                rmsnorm(m->xb, m->x, L->ffn_norm, dim, m->eps);
-                matmul(m, L->gate, m->xb, m->hb);
-                matmul(m, L->up, m->xb, m->hb2);
-                for (int i = 0; i < hid; i++) {
+                for (uint32_t i = 0; i < n; i++)
+                        rmsnorm(m->xb + i * dim, m->x + i * dim, L->ffn_norm, (int)dim, m->eps);
+                matmul(m, L->gate, m->xb, n, m->hb);
+                matmul(m, L->up, m->xb, n, m->hb2);
+                for (size_t i = 0; i < n * hid; i++) {
                         float gv = m->hb[i];
                         m->hb[i] = gv / (1.0f + expf(-gv)) * m->hb2[i];
                 }
-                matmul(m, L->down, m->hb, m->xb);
-                for (int i = 0; i < dim; i++)
+                matmul(m, L->down, m->hb, n, m->xb);
+                for (size_t i = 0; i < n * dim; i++)
                         m->x[i] += m->xb[i];
         }
-        rmsnorm(m->x, m->x, m->out_norm, dim, m->eps);
-        matmul(m, m->out, m->x, m->logits);
+        /* the head for the rows that want logits only: it is the largest product of all */
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < n; i++)
+                if (rows[i].logits)
+                        rmsnorm(m->xb + k++ * dim, m->x + i * dim, m->out_norm, (int)dim, m->eps);
+        if (k)
+                matmul(m, m->out, m->xb, k, m->logits);
         *ret_logits = m->logits;
         return 0;
+}
+
+int llama_forward(struct llama *m, int token, int pos, const struct model_cache_ops *cache, void *ctx,
+                  float **ret_logits) {
+        struct model_row row = { .token = token, .pos = pos, .ctx = ctx, .logits = true };
+        return llama_forward_rows(m, &row, 1, cache, ret_logits);
 }

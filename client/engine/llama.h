@@ -19,6 +19,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "model.h"
 
@@ -36,6 +37,9 @@ struct llama_options {
 int llama_new(struct gguf **g, const struct llama_options *o, struct llama **ret, char *why, size_t why_len);
 struct llama *llama_free(struct llama *m);
 const struct model_config *llama_config(const struct llama *m);
+/* Rows of tokens in one pass, exactly as model_forward_rows (model.h). */
+int llama_forward_rows(struct llama *m, const struct model_row *rows, uint32_t n,
+                       const struct model_cache_ops *cache, float **ret_logits);
 /* One token at pos, exactly as model_forward (model.h). */
 int llama_forward(struct llama *m, int token, int pos, const struct model_cache_ops *cache, void *ctx,
                   float **ret_logits);

@@ -457,6 +457,24 @@ int model_forward(struct model *m, int token, int pos, const struct model_cache_
         return 0;
 }
 
+int model_forward_rows(struct model *m, const struct model_row *rows, uint32_t n,
+                       const struct model_cache_ops *cache, float **ret_logits) {
+        if (!m || !rows || !ret_logits || n == 0 || n > MODEL_MAX_ROWS)
+                return -EINVAL;
+        if (m->gguf)
+                return llama_forward_rows(m->gguf, rows, n, cache, ret_logits);
+        /* a llama2.c checkpoint: one row at a time, each overwriting the logits: the last row's only */
+        for (uint32_t i = 0; i + 1 < n; i++)
+                if (rows[i].logits)
+                        return -EINVAL;
+        for (uint32_t i = 0; i < n; i++) {
+                int r = model_forward(m, rows[i].token, rows[i].pos, cache, rows[i].ctx, ret_logits);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
 struct plain_cache {
         int n_layers, n_heads, head_size, kv_dim, kv_mul, max_tokens;
         float *keys;   /* [n_layers][max_tokens][kv_dim] */

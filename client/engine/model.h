@@ -17,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct model_config {
         int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
@@ -41,7 +42,8 @@ struct model_options {
 /* Opens a model in either format, recognised by its magic: a GGUF file (llama.c, weights left
  * quantized in its mapping) or a llama2.c checkpoint (model_load). why (may be NULL) gets the
  * reason a GGUF was refused. */
-int model_open(const char *path, const struct model_options *o, struct model **ret, char *why, size_t why_len);
+int model_open(const char *path, const struct model_options *o, struct model **ret, char *why,
+               size_t why_len);
 /* The same checks on a checkpoint held in memory; data is copied and not kept. */
 int model_load_buffer(const void *data, size_t len, struct model **ret);
 struct model *model_free(struct model *m);
@@ -70,6 +72,27 @@ struct model_cache_ops {
  * argument, or the cache's error. */
 int model_forward(struct model *m, int token, int pos, const struct model_cache_ops *cache, void *ctx,
                   float **ret_logits);
+
+/* Rows of one pass: B sequences' next tokens (each with its own cache context), or a chunk of one
+ * prompt (consecutive positions, one context), or both. The weights are read once for all rows. */
+#define MODEL_MAX_ROWS       256 /* rows of one pass (a prompt chunk) */
+#define MODEL_MAX_LOGIT_ROWS 64  /* rows of one pass that want logits (a batch) */
+
+struct model_row {
+        int token, pos;
+        void *ctx;   /* the cache context this row stores into and attends over */
+        bool logits; /* whether the caller wants this row's logits */
+};
+
+/* Runs rows[0..n) through the model in one pass. Within a layer the rows store and attend in
+ * order, so a row sees what the rows before it stored: a chunk of a prompt is causal, exactly as
+ * feeding its tokens one by one; each row's result is the same as in any other pass (a row's
+ * arithmetic depends on the row alone). *ret_logits points at one vocab_size vector per row that
+ * asked for logits, in row order, owned by the model until the next call. -EINVAL for n outside
+ * 1..MODEL_MAX_ROWS, more than MODEL_MAX_LOGIT_ROWS rows wanting logits (a llama2.c checkpoint:
+ * any row but the last), a bad token or position; or the cache's error. */
+int model_forward_rows(struct model *m, const struct model_row *rows, uint32_t n,
+                       const struct model_cache_ops *cache, float **ret_logits);
 
 /* The plain in-process cache: every position 0..max_tokens-1 of every layer kept in float32, no
  * eviction. Attention is exactly llama2.c's: scores q.k/sqrt(head_dim) over positions 0..pos,
