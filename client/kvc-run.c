@@ -45,6 +45,7 @@ struct run_opts {
         enum kvc_dtype dtype;
         uint64_t min_bytes, max_bytes;
         int32_t priority;
+        int prefill_chunk;        /* prompt positions a pass (0: the model's default) */
         int export_at;            /* hand the session off after this many positions */
         bool import;              /* take a session handed off */
         bool share;               /* share the prompt's prefix with other sessions of this model */
@@ -62,6 +63,8 @@ static void usage(FILE *f) {
                 "  --system TEXT       the chat's system prompt (default: the template's)\n"
                 "  --threads N         threads for the matrix products (default: every CPU)\n"
                 "  --exact             f32-accurate matrix products (no 8-bit activations)\n"
+                "  --prefill-chunk N   prompt positions a pass, one kvcd step each (default 256 for a GGUF,\n"
+                "                      1 for a llama2.c checkpoint; at most 256)\n"
                 "  -n STEPS            positions to run, prompt included (default 256, at most the "
                 "model's context)\n"
                 "  -t TEMPERATURE      0 = greedy (default 0)\n"
@@ -122,6 +125,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 { "system", required_argument, NULL, 'y' },
                 { "threads", required_argument, NULL, 'W' },
                 { "exact", no_argument, NULL, 'E' },
+                { "prefill-chunk", required_argument, NULL, 'c' },
                 {},
         };
         int c;
@@ -173,6 +177,11 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 case 'C': o->chat = optarg; break;
                 case 'y': o->system = optarg; break;
                 case 'E': o->exact = true; break;
+                case 'c':
+                        o->prefill_chunk = (int)strtol(optarg, &end, 10);
+                        if (*end || o->prefill_chunk < 1 || o->prefill_chunk > MODEL_MAX_ROWS)
+                                return -EINVAL;
+                        break;
                 case 'W': {
                         unsigned long t = strtoul(optarg, &end, 10);
                         if (*end || t == 0 || t > THREADS_MAX)
@@ -475,13 +484,45 @@ static int generate(struct runner *r, int *ret_steps) {
         const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvcd_cache_ops;
         void *ctx = r->o.local ? (void *)r->plain : (void *)r->session;
 
+        struct model_row rows[MODEL_MAX_ROWS];
         while (pos < steps) {
                 float *logits;
-                int next;
-                if ((e = model_forward(r->model, token, pos, ops, ctx, &logits)) < 0) {
+                int next, n = 1;
+                /* a prompt goes in chunks, rows of one pass; kvcd sees one step a chunk, and its
+                 * plans apply between chunks */
+                if (pos < n_prompt - 1) {
+                        n = n_prompt - pos < r->o.prefill_chunk ? n_prompt - pos : r->o.prefill_chunk;
+                        n = n < steps - pos ? n : steps - pos;
+                        if (r->o.stop_at > pos && n > r->o.stop_at - pos)
+                                n = r->o.stop_at - pos;
+                        if (r->o.export_at > pos && n > r->o.export_at - pos)
+                                n = r->o.export_at - pos;
+                        if (r->session) { /* within what a layer may hold; at least one */
+                                int room = (int)kvc_session_max_tokens(r->session) -
+                                           (int)kvc_layer_tokens(r->session, 0);
+                                n = n < room ? n : room > 1 ? room : 1;
+                        }
+                }
+                for (int i = 0; i < n; i++)
+                        rows[i] = (struct model_row){ .token = i ? prompt[pos + i] : token,
+                                                      .pos = pos + i,
+                                                      .ctx = ctx,
+                                                      .logits = i == n - 1 };
+                if ((e = model_forward_rows(r->model, rows, (uint32_t)n, ops, &logits)) < 0) {
                         fail(r, "forward pass", e);
                         break;
                 }
+                for (int i = 0; i + 1 < n && e == 0; i++) { /* the chunk's inner tokens: their text */
+                        size_t len = 0;
+                        if (echo && text_piece(r->tok, rows[i].token, rows[i + 1].token, piece, sizeof(piece),
+                                               &len) < 0)
+                                len = 0;
+                        e = emit(r, piece, len);
+                }
+                if (e < 0)
+                        break;
+                token = rows[n - 1].token;
+                pos += n - 1;
                 if (pos < n_prompt - 1)
                         next = prompt[pos + 1];
                 else if ((e = sampler_sample(r->sampler, logits, &next)) < 0)
@@ -553,6 +594,8 @@ int main(int argc, char **argv) {
                 return 1;
         }
         const struct model_config *mc = model_get_config(r.model);
+        if (!r.o.prefill_chunk) /* llama2.c: one position a step, as kvcd has always seen it */
+                r.o.prefill_chunk = model_is_gguf(r.model) ? 256 : 1;
         e = model_is_gguf(r.model) ? text_open_gguf(r.o.model, &r.tok, why, sizeof(why))
                                    : text_open_llama2c(r.o.tokenizer, mc->vocab_size, &r.tok);
         if (e < 0) {

@@ -139,6 +139,10 @@ int kvc_session_close(struct kvc_session *s, struct kvc_session_stats *ret_stats
 uint64_t kvc_session_id(const struct kvc_session *s);
 /* The budget kvcd put in force (tokens per layer). */
 uint32_t kvc_session_budget(const struct kvc_session *s);
+/* The most tokens one layer of the session may hold (the policy's limit, or the session's cap):
+ * a client that appends several tokens before its next step (a prompt in chunks) keeps a layer's
+ * length plus the chunk within it, and lets kvcd's plans make room between chunks. */
+uint32_t kvc_session_max_tokens(const struct kvc_session *s);
 
 /* Hand-off without copying (a prefill worker giving a sequence to a decode worker). The owner
  * waits for every answer and plan, then trades the session for a one-time ticket: the session is

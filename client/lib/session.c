@@ -414,6 +414,10 @@ uint32_t kvc_session_budget(const struct kvc_session *s) {
         return s->budget;
 }
 
+uint32_t kvc_session_max_tokens(const struct kvc_session *s) {
+        return s->max_layer_tokens;
+}
+
 int kvc_session_reserve(struct kvc_session *s, uint32_t n_tokens) {
         struct kvc_client *c = s->c;
         Kvc__Reserve rs = KVC__RESERVE__INIT;
