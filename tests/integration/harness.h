@@ -11,6 +11,10 @@
 
 #define HARNESS_DEADLINE_MS 20000
 
+/* How long harness_finish (and so harness_run, harness_output) waits for a client's output:
+ * HARNESS_DEADLINE_MS unless a test of a real-size model sets more. */
+extern int harness_client_deadline_ms;
+
 struct daemon {
         pid_t pid;
         int notify_fd;

@@ -1,0 +1,113 @@
+/* test_smollm2_kvcd.c: SmolLM2-135M-Instruct (GGUF) through the real kvcd, against the same model
+ * with its cache in process (--local). Every wait is for an event (READY=1, a pipe's EOF, a
+ * process exit), with a deadline.
+ *
+ * The model is $KVC_SMOLLM2 (`make test` sets it after `make model`); the long prompt is the first
+ * 2,600 characters of ../shared/data/tinystories/validation-sample.txt (about 650 tokens: three
+ * chunks of the default 256).
+ */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define LONG_TEXT  "../shared/data/tinystories/validation-sample.txt"
+#define LONG_CHARS 2600
+
+static const char *model(void) {
+        const char *m = getenv("KVC_SMOLLM2");
+        if (!m || !*m)
+                fail_msg("KVC_SMOLLM2 is not set: run through `make test` (after `make model`)");
+        return m;
+}
+
+/* Runs kvc-run on SmolLM2 (against d, or --local when d is NULL) with the extra arguments;
+ * returns its stdout, asserting exit 0. */
+static char *run(const struct daemon *d, const char *first, ...) {
+        const char *argv[48] = { harness_bin("kvc-run"), "--model", model() };
+        int n = 3;
+        if (d) {
+                argv[n++] = "--socket";
+                argv[n++] = d->dir;
+        } else {
+                argv[n++] = "--local";
+        }
+        va_list ap;
+        va_start(ap, first);
+        for (const char *a = first; a && n < 47; a = va_arg(ap, const char *))
+                argv[n++] = a;
+        va_end(ap);
+        argv[n] = NULL;
+        char *out = NULL;
+        int st = -1;
+        assert_int_equal(harness_run(argv, &out, &st), 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                fail_msg("kvc-run%s exited with status %#x", d ? "" : " --local", st);
+        return out;
+}
+
+static char *long_prompt(void) {
+        size_t len;
+        char *t = harness_slurp(LONG_TEXT, &len);
+        assert_non_null(t);
+        if (len > LONG_CHARS)
+                t[LONG_CHARS] = '\0';
+        return t;
+}
+
+static void a_chat_through_kvcd_is_the_local_chat_byte_for_byte(void **state) {
+        struct daemon *d = *state;
+        char *via = run(d, "--exact", "--chat", "What is the capital of France?", NULL);
+        char *local = run(NULL, "--exact", "--chat", "What is the capital of France?", NULL);
+        assert_string_equal(via, "The capital of France is Paris.\n");
+        assert_string_equal(via, local);
+        free(via);
+        free(local);
+}
+
+static void a_prompt_in_chunks_through_kvcd_is_the_prompt_in_one_piece(void **state) {
+        struct daemon *d = *state;
+        char *text = long_prompt();
+        /* kvcd: chunks of 256, one step each; local: one position a pass */
+        char *via = run(d, "-i", text, "-n", "700", NULL);
+        char *local = run(NULL, "-i", text, "-n", "700", "--prefill-chunk", "1", NULL);
+        assert_true(strlen(via) > strlen(text));
+        assert_string_equal(via, local);
+        free(via);
+        free(local);
+        free(text);
+}
+
+static void a_window_under_a_long_prompt_holds_its_limit_between_chunks(void **state) {
+        struct daemon *d = *state;
+        char *text = long_prompt();
+        char *out = run(d, "-i", text, "-n", "680", "--policy", "window", "--budget", "128", "--json", NULL);
+        long long peak = harness_json_int(out, "peak_tokens"), plans = harness_json_int(out, "plans_applied");
+        /* a layer holds the budget plus one block at most, whatever the chunk */
+        assert_true(peak >= 128 && peak <= 128 + 16);
+        assert_true(plans >= 3);
+        free(out);
+        free(text);
+}
+
+static int setup(void **state) {
+        harness_client_deadline_ms = 300000; /* a run of a real model on a loaded 2-core machine */
+        return harness_group_start(state, NULL);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(a_chat_through_kvcd_is_the_local_chat_byte_for_byte),
+                cmocka_unit_test(a_prompt_in_chunks_through_kvcd_is_the_prompt_in_one_piece),
+                cmocka_unit_test(a_window_under_a_long_prompt_holds_its_limit_between_chunks),
+        };
+        return cmocka_run_group_tests(tests, setup, harness_group_stop);
+}
