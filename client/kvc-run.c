@@ -46,6 +46,8 @@ struct run_opts {
         uint64_t min_bytes, max_bytes;
         int32_t priority;
         int prefill_chunk;        /* prompt positions a pass (0: the model's default) */
+        int batch;                /* sequences decoded together (0: one, or one a line of prompts) */
+        const char *prompts;      /* a file of prompts, one a line */
         int export_at;            /* hand the session off after this many positions */
         bool import;              /* take a session handed off */
         bool share;               /* share the prompt's prefix with other sessions of this model */
@@ -65,6 +67,13 @@ static void usage(FILE *f) {
                 "  --exact             f32-accurate matrix products (no 8-bit activations)\n"
                 "  --prefill-chunk N   prompt positions a pass, one kvcd step each (default 256 for a GGUF,\n"
                 "                      1 for a llama2.c checkpoint; at most 256)\n"
+                "  --batch B           decode B sequences in one pass (copies of the prompt, seeds "
+                "SEED..SEED+B-1;\n"
+                "                      with --prompts, the first B lines); their texts are printed at the "
+                "end\n"
+                "  --prompts FILE      one prompt a line, decoded together: a chat turn each for a model "
+                "with a\n"
+                "                      chat template, raw text otherwise\n"
                 "  -n STEPS            positions to run, prompt included (default 256, at most the "
                 "model's context)\n"
                 "  -t TEMPERATURE      0 = greedy (default 0)\n"
@@ -126,6 +135,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 { "threads", required_argument, NULL, 'W' },
                 { "exact", no_argument, NULL, 'E' },
                 { "prefill-chunk", required_argument, NULL, 'c' },
+                { "batch", required_argument, NULL, 'G' },
+                { "prompts", required_argument, NULL, 'F' },
                 {},
         };
         int c;
@@ -177,6 +188,12 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 case 'C': o->chat = optarg; break;
                 case 'y': o->system = optarg; break;
                 case 'E': o->exact = true; break;
+                case 'F': o->prompts = optarg; break;
+                case 'G':
+                        o->batch = (int)strtol(optarg, &end, 10);
+                        if (*end || o->batch < 1 || o->batch > MODEL_MAX_LOGIT_ROWS)
+                                return -EINVAL;
+                        break;
                 case 'c':
                         o->prefill_chunk = (int)strtol(optarg, &end, 10);
                         if (*end || o->prefill_chunk < 1 || o->prefill_chunk > MODEL_MAX_ROWS)
@@ -234,8 +251,11 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 default: return -EINVAL;
                 }
         }
-        if ((o->chat && o->prompt) || (o->system && !o->chat))
-                return -EINVAL; /* a chat turn is the prompt */
+        if ((o->chat && o->prompt) || (o->system && !o->chat && !o->prompts) ||
+            (o->prompts && (o->chat || o->prompt)))
+                return -EINVAL; /* a chat turn, or a file of them, is the prompt */
+        if ((o->batch > 1 || o->prompts) && (o->export_at || o->import || o->stop_at))
+                return -EINVAL; /* a hand-off or a stop is of one sequence */
         if ((o->export_at || o->import) &&
             (!o->handoff_file || o->local || o->temperature != 0 || (o->export_at && o->import) || o->share))
                 return -EINVAL; /* a hand-off needs the file, kvcd, and greedy decoding */
@@ -314,17 +334,18 @@ static int emit(struct runner *r, const char *piece, size_t n) {
         return 0;
 }
 
-static int open_session(struct runner *r) {
-        const struct model_config *mc = model_get_config(r->model);
+static int connect_kvcd(struct runner *r) {
         struct kvc_options ko = { .socket = r->o.socket, .name = "kvc-run", .plan_lag = r->o.plan_lag };
         int e = kvc_connect(&ko, &r->client);
-        if (e < 0) {
+        if (e < 0)
                 fprintf(stderr, "kvc-run: cannot connect to kvcd (%s): %s\n",
                         r->o.socket ? r->o.socket : "default socket", strerror(-e));
-                return e;
-        }
-        if (r->o.import) /* the session comes from the hand-off, in generate() */
-                return 0;
+        return e;
+}
+
+/* A session for one sequence whose prompt is prompt[0..n_prompt). */
+static int open_one(struct runner *r, const int *prompt, int n_prompt, struct kvc_session **ret) {
+        const struct model_config *mc = model_get_config(r->model);
         struct kvc_session_config sc = {
                 .geometry = { .n_layers = (uint32_t)mc->n_layers,
                               .n_heads = (uint32_t)mc->n_heads,
@@ -343,34 +364,41 @@ static int open_session(struct runner *r) {
                 .min_bytes = r->o.min_bytes,
                 .max_bytes = r->o.max_bytes,
                 .priority = r->o.priority,
-                .prompt_tokens = (uint32_t)r->n_prompt,
-                .prompt_token_ids = (const uint32_t *)r->prompt,
-                .n_prompt_token_ids = (size_t)r->n_prompt,
+                .prompt_tokens = (uint32_t)n_prompt,
+                .prompt_token_ids = (const uint32_t *)prompt,
+                .n_prompt_token_ids = (size_t)n_prompt,
         };
-        e = kvc_session_open(r->client, &sc, &r->session);
+        int e = kvc_session_open(r->client, &sc, ret);
         if (e < 0)
                 fail(r, "cannot open a session", e);
         return e;
 }
 
-/* Encodes the prompt or the chat turn (the model's start token alone when there is neither). */
-static int encode_prompt(struct runner *r) {
+static int open_session(struct runner *r) {
+        int e = connect_kvcd(r);
+        if (e < 0 || r->o.import) /* an imported session comes from the hand-off, in generate() */
+                return e;
+        return open_one(r, r->prompt, r->n_prompt, &r->session);
+}
+
+/* Encodes a prompt or a chat turn into a new array (the model's start token alone when there is
+ * neither). */
+static int encode(struct runner *r, const char *prompt, const char *chat, int **ret_ids, int *ret_n) {
         const struct model_config *mc = model_get_config(r->model);
-        r->prompt = calloc((size_t)mc->seq_len + 3, sizeof(int));
-        if (!r->prompt)
+        int *ids = *ret_ids = calloc((size_t)mc->seq_len + 3, sizeof(int));
+        if (!ids)
                 return -ENOMEM;
-        r->prompt[0] = text_start_token(r->tok);
-        r->n_prompt = 1;
-        if (!r->o.prompt && !r->o.chat) {
-                if (r->prompt[0] >= 0)
+        ids[0] = text_start_token(r->tok);
+        *ret_n = 1;
+        if (!prompt && !chat) {
+                if (ids[0] >= 0)
                         return 0;
                 fprintf(stderr, "kvc-run: this model starts from a prompt: give one with -i or --chat\n");
                 return -EINVAL;
         }
         size_t n;
-        int e = r->o.chat
-                        ? text_encode_chat(r->tok, r->o.system, r->o.chat, r->prompt, (size_t)mc->seq_len, &n)
-                        : text_encode(r->tok, r->o.prompt, r->prompt, (size_t)mc->seq_len, &n);
+        int e = chat ? text_encode_chat(r->tok, r->o.system, chat, ids, (size_t)mc->seq_len, &n)
+                     : text_encode(r->tok, prompt, ids, (size_t)mc->seq_len, &n);
         if (e == -ENOTSUP) {
                 fprintf(stderr, "kvc-run: --chat needs a model with a chat template (a GGUF)\n");
                 return e;
@@ -383,7 +411,7 @@ static int encode_prompt(struct runner *r) {
                 fprintf(stderr, "kvc-run: the prompt does not fit the model's %d positions\n", mc->seq_len);
                 return e;
         }
-        r->n_prompt = (int)n;
+        *ret_n = (int)n;
         return 0;
 }
 
@@ -570,6 +598,239 @@ static int generate(struct runner *r, int *ret_steps) {
         return e;
 }
 
+/* One sequence of a batch. */
+struct seq {
+        int *prompt, n_prompt;
+        int pos, token;
+        bool done;
+        struct sampler *sampler;
+        struct kvc_session *session;
+        struct plain_cache *plain;
+        char *text;
+        size_t text_len, text_cap;
+        struct kvc_session_stats stats;
+};
+
+static int seq_emit(struct seq *q, const char *piece, size_t n) {
+        if (q->text_len + n + 1 > q->text_cap) {
+                size_t cap = (q->text_cap + n + 1) * 2;
+                char *t = realloc(q->text, cap);
+                if (!t)
+                        return -ENOMEM;
+                q->text = t;
+                q->text_cap = cap;
+        }
+        memcpy(q->text + q->text_len, piece, n);
+        q->text_len += n;
+        q->text[q->text_len] = '\0';
+        return 0;
+}
+
+/* The prompts of a batch: --prompts FILE's lines (at most --batch of them), else --batch copies of
+ * the one prompt. */
+static int batch_prompts(struct runner *r, struct seq *seqs, int *ret_n) {
+        int n = 0, e = 0;
+        if (!r->o.prompts) {
+                for (; n < r->o.batch && e == 0; n++)
+                        e = encode(r, r->o.prompt, r->o.chat, &seqs[n].prompt, &seqs[n].n_prompt);
+                *ret_n = n;
+                return e;
+        }
+        FILE *f = fopen(r->o.prompts, "r");
+        if (!f) {
+                fprintf(stderr, "kvc-run: %s: %s\n", r->o.prompts, strerror(errno));
+                return -errno;
+        }
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t len;
+        int max = r->o.batch ? r->o.batch : MODEL_MAX_LOGIT_ROWS;
+        bool chat = model_is_gguf(r->model);
+        while (e == 0 && n < max && (len = getline(&line, &cap, f)) >= 0) {
+                while (len && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+                        line[--len] = '\0';
+                if (len == 0)
+                        continue;
+                e = encode(r, chat ? NULL : line, chat ? line : NULL, &seqs[n].prompt, &seqs[n].n_prompt);
+                n++;
+        }
+        free(line);
+        fclose(f);
+        if (e == 0 && n == 0) {
+                fprintf(stderr, "kvc-run: %s has no prompt\n", r->o.prompts);
+                e = -EINVAL;
+        }
+        *ret_n = n;
+        return e;
+}
+
+/* Decodes every sequence together: each pass takes one row of every sequence past its prompt and
+ * a chunk of every prompt still being read (the rows of a pass at most MODEL_MAX_ROWS), the
+ * weights are read once for all of them, and kvcd gets all their steps in one StepBatch. */
+static int generate_batch(struct runner *r, struct seq *seqs, int n_seqs, int *ret_positions) {
+        const struct model_config *mc = model_get_config(r->model);
+        const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvcd_cache_ops;
+        int steps = r->o.steps < mc->seq_len ? r->o.steps : mc->seq_len, positions = 0, e = 0;
+        bool echo = !r->o.chat && !r->o.prompts;
+        struct model_row rows[MODEL_MAX_ROWS];
+        int first[MODEL_MAX_LOGIT_ROWS], count[MODEL_MAX_LOGIT_ROWS];
+        char piece[512];
+        for (int i = 0; i < n_seqs; i++)
+                seqs[i].token = seqs[i].prompt[0];
+        for (;;) {
+                int active = 0, n = 0;
+                for (int i = 0; i < n_seqs; i++)
+                        active += !seqs[i].done;
+                if (active == 0)
+                        break;
+                int share = MODEL_MAX_ROWS / active; /* rows a prompt may take this pass */
+                for (int i = 0; i < n_seqs; i++) {
+                        struct seq *q = &seqs[i];
+                        count[i] = 0;
+                        if (q->done)
+                                continue;
+                        int k = 1;
+                        if (q->pos < q->n_prompt - 1) {
+                                k = q->n_prompt - q->pos;
+                                k = k < r->o.prefill_chunk ? k : r->o.prefill_chunk;
+                                k = k < share ? k : share;
+                                k = k < steps - q->pos ? k : steps - q->pos;
+                                if (q->session) {
+                                        int room = (int)kvc_session_max_tokens(q->session) -
+                                                   (int)kvc_layer_tokens(q->session, 0);
+                                        k = k < room ? k : room > 1 ? room : 1;
+                                }
+                        }
+                        first[i] = n;
+                        count[i] = k;
+                        for (int j = 0; j < k; j++)
+                                rows[n++] = (struct model_row){ .token = j ? q->prompt[q->pos + j] : q->token,
+                                                                .pos = q->pos + j,
+                                                                .ctx = r->o.local ? (void *)q->plain
+                                                                                  : (void *)q->session,
+                                                                .logits = j == k - 1 };
+                }
+                float *logits;
+                if ((e = model_forward_rows(r->model, rows, (uint32_t)n, ops, &logits)) < 0) {
+                        fail(r, "forward pass", e);
+                        return e;
+                }
+                positions += n;
+                int l = 0; /* the logits of each sequence's last row, in row order */
+                for (int i = 0; i < n_seqs && e == 0; i++) {
+                        struct seq *q = &seqs[i];
+                        if (!count[i])
+                                continue;
+                        const float *lg = logits + (size_t)l++ * (size_t)mc->vocab_size;
+                        for (int j = 0; j + 1 < count[i] && e == 0; j++) {
+                                size_t len = 0;
+                                if (echo &&
+                                    text_piece(r->tok, rows[first[i] + j].token, rows[first[i] + j + 1].token,
+                                               piece, sizeof(piece), &len) < 0)
+                                        len = 0;
+                                e = seq_emit(q, piece, len);
+                        }
+                        q->token = rows[first[i] + count[i] - 1].token;
+                        q->pos += count[i] - 1;
+                        int next;
+                        if (q->pos < q->n_prompt - 1)
+                                next = q->prompt[q->pos + 1];
+                        else if ((e = sampler_sample(q->sampler, lg, &next)) < 0)
+                                break;
+                        struct kvc_summary sum;
+                        if ((e = kvc_summarize(lg, (uint32_t)mc->vocab_size, &sum)) < 0)
+                                break;
+                        if (q->session) {
+                                enum kvc_phase ph =
+                                        q->pos < q->n_prompt - 1 ? KVC_PHASE_PREFILL : KVC_PHASE_DECODE;
+                                if ((e = kvc_step(q->session, (uint64_t)q->pos, ph, &sum)) < 0)
+                                        break;
+                        }
+                        q->pos++;
+                        bool stop = q->pos >= q->n_prompt && text_is_stop(r->tok, next);
+                        size_t len = 0;
+                        if (!stop && (q->pos >= q->n_prompt || echo) &&
+                            text_piece(r->tok, q->token, next, piece, sizeof(piece), &len) < 0)
+                                len = 0;
+                        if (e == 0)
+                                e = seq_emit(q, piece, len);
+                        q->token = next;
+                        q->done = (stop && !r->o.no_stop) || q->pos >= steps;
+                }
+                if (e < 0) {
+                        fail(r, "step", e);
+                        return e;
+                }
+                if (!r->o.local && (e = kvc_flush(r->client)) < 0) { /* one StepBatch for all */
+                        fail(r, "step", e);
+                        return e;
+                }
+        }
+        *ret_positions = positions;
+        return 0;
+}
+
+/* --batch and --prompts: the sequences, their sessions or caches, the run and its report. */
+static int run_batch(struct runner *r) {
+        const struct model_config *mc = model_get_config(r->model);
+        struct seq seqs[MODEL_MAX_LOGIT_ROWS] = { 0 };
+        int n = 0, positions = 0;
+        int e = batch_prompts(r, seqs, &n);
+        if (e == 0 && !r->o.local)
+                e = connect_kvcd(r);
+        for (int i = 0; i < n && e == 0; i++) {
+                e = sampler_new(mc->vocab_size, r->o.temperature, r->o.seed + (unsigned long long)i,
+                                &seqs[i].sampler);
+                if (e == 0)
+                        e = r->o.local ? plain_cache_new(mc, mc->seq_len, &seqs[i].plain)
+                                       : open_one(r, seqs[i].prompt, seqs[i].n_prompt, &seqs[i].session);
+        }
+        double t0 = seconds(), dt = 0;
+        if (e == 0) {
+                e = generate_batch(r, seqs, n, &positions);
+                dt = seconds() - t0;
+        }
+        for (int i = 0; i < n; i++) {
+                if (seqs[i].session) {
+                        int ce = kvc_session_close(seqs[i].session, &seqs[i].stats);
+                        if (ce < 0 && e == 0) {
+                                fail(r, "closing a session", ce);
+                                e = ce;
+                        }
+                }
+        }
+        if (e == 0 && r->o.json) {
+                printf("{\"policy\":\"%s\",\"budget\":%u,\"batch\":%d,\"positions\":%d,\"seconds\":%.6f,"
+                       "\"tokens_per_second\":%.1f,\"local\":%s,\"sequences\":[",
+                       r->o.local ? "local" : r->o.policy, r->o.budget, n, positions, dt,
+                       positions / (dt > 0 ? dt : 1e-9), r->o.local ? "true" : "false");
+                for (int i = 0; i < n; i++) {
+                        printf("%s{\"positions\":%d,\"text\":\"", i ? "," : "", seqs[i].pos);
+                        json_escape(stdout, seqs[i].text ? seqs[i].text : "", seqs[i].text_len);
+                        printf("\"");
+                        if (!r->o.local)
+                                printf(",\"kvcd\":{\"steps\":%llu,\"plans_applied\":%llu,\"peak_tokens\":%u,"
+                                       "\"peak_bytes\":%llu}",
+                                       (unsigned long long)seqs[i].stats.steps,
+                                       (unsigned long long)seqs[i].stats.plans_applied,
+                                       seqs[i].stats.peak_tokens,
+                                       (unsigned long long)seqs[i].stats.peak_bytes);
+                        printf("}");
+                }
+                printf("]}\n");
+        } else if (e == 0) {
+                for (int i = 0; i < n; i++)
+                        printf("== sequence %d\n%s\n", i, seqs[i].text ? seqs[i].text : "");
+        }
+        for (int i = 0; i < n; i++) {
+                plain_cache_free(seqs[i].plain);
+                sampler_free(seqs[i].sampler);
+                free(seqs[i].prompt);
+                free(seqs[i].text);
+        }
+        return e;
+}
+
 int main(int argc, char **argv) {
         struct runner r = { .o = { .model = DEFAULT_MODEL,
                                    .tokenizer = DEFAULT_TOKENIZER,
@@ -604,8 +865,14 @@ int main(int argc, char **argv) {
                         why);
                 goto out;
         }
+        if (r.o.batch > 1 || r.o.prompts) {
+                if (r.o.share && (e = model_id_of(r.o.model, r.model_id, sizeof(r.model_id))) < 0)
+                        goto out;
+                rc = run_batch(&r) < 0;
+                goto out;
+        }
         if ((e = sampler_new(mc->vocab_size, r.o.temperature, r.o.seed, &r.sampler)) < 0 ||
-            (e = encode_prompt(&r)) < 0)
+            (e = encode(&r, r.o.prompt, r.o.chat, &r.prompt, &r.n_prompt)) < 0)
                 goto out;
         if (r.o.share && (e = model_id_of(r.o.model, r.model_id, sizeof(r.model_id))) < 0) {
                 fprintf(stderr, "kvc-run: %s: %s\n", r.o.model, strerror(-e));

@@ -36,6 +36,7 @@
 #include "http.h"
 #include "kvcd.h"
 #include "log.h"
+#include "notify.h"
 #include "plan.h"
 #include "pool.h"
 #include "prefix.h"
@@ -268,7 +269,9 @@ static void handle_signals(struct kvcd *d) {
                         d->stop_deadline_usec = now_usec() + d->cfg.stop_timeout_usec;
                         log_notice("SIGTERM: draining %u sessions for at most %.1f s (again to stop now)",
                                    d->sessions.n, (double)d->cfg.stop_timeout_usec / 1e6);
-                        sd_notifyf(0, "STOPPING=1\nSTATUS=draining %u sessions", d->sessions.n);
+                        char msg[64];
+                        snprintf(msg, sizeof(msg), "STOPPING=1\nSTATUS=draining %u sessions", d->sessions.n);
+                        notify_nowait(msg);
                         continue;
                 }
                 log_notice("signal %u: stopping", si.ssi_signo);
@@ -304,8 +307,8 @@ static void drain_router(struct kvcd *d, void *zsock, enum channel ch, int max) 
         }
 }
 
-/* WATCHDOG=1 when systemd watches us, and STATUS= when it changed: sd_notify blocks once the
- * manager's queue is full, so nothing is sent that nobody asked for. */
+/* WATCHDOG=1 when systemd watches us, and STATUS= when it changed, at most once a second and
+ * never waiting for the manager (notify.h): a status it had no room for is sent again next time. */
 static void notify_status(struct kvcd *d) {
         struct pool_stats ps;
         char status[sizeof(d->last_status)];
@@ -313,11 +316,13 @@ static void notify_status(struct kvcd *d) {
         snprintf(status, sizeof(status), "%u clients, %u sessions, %llu of %llu bytes in use", d->n_clients,
                  d->sessions.n, (unsigned long long)ps.used_bytes, (unsigned long long)ps.capacity_bytes);
         bool changed = strcmp(status, d->last_status) != 0;
-        if (changed)
+        if (!changed && !d->watchdog_usec)
+                return;
+        char msg[sizeof(status) + 32];
+        snprintf(msg, sizeof(msg), "%s%s%s", d->watchdog_usec ? "WATCHDOG=1\n" : "", changed ? "STATUS=" : "",
+                 changed ? status : "");
+        if (notify_nowait(msg) == 0 && changed)
                 memcpy(d->last_status, status, sizeof(status));
-        if (changed || d->watchdog_usec)
-                sd_notifyf(0, "%s%s%s", d->watchdog_usec ? "WATCHDOG=1\n" : "", changed ? "STATUS=" : "",
-                           changed ? status : "");
 }
 
 int server_run(struct kvcd *d) {
@@ -397,7 +402,8 @@ int server_run(struct kvcd *d) {
 }
 
 void server_stop(struct kvcd *d) {
-        sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+        notify_nowait("STOPPING=1\nSTATUS=stopping");
+        notify_close();
         http_stop(d);
         while (d->n_clients)
                 client_destroy(d, d->clients[d->n_clients - 1], false);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -98,6 +99,29 @@ static void a_window_under_a_long_prompt_holds_its_limit_between_chunks(void **s
         free(text);
 }
 
+static void a_batch_of_four_through_kvcd_is_the_local_batch_and_each_alone(void **state) {
+        struct daemon *d = *state;
+        char path[] = "/tmp/kvc-prompts-XXXXXX";
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        const char lines[] = "What is the capital of France?\nName three colors.\nWhat is 2+2?\nSay hello.\n";
+        assert_int_equal(write(fd, lines, sizeof(lines) - 1), (ssize_t)(sizeof(lines) - 1));
+        close(fd);
+        char *via = run(d, "--prompts", path, "-n", "56", NULL);
+        char *local = run(NULL, "--prompts", path, "-n", "56", NULL);
+        assert_string_equal(via, local);
+        /* the third sequence of the batch is the same chat run alone */
+        char *alone = run(NULL, "--chat", "What is 2+2?", "-n", "56", NULL);
+        const char *third = strstr(via, "== sequence 2\n");
+        assert_non_null(third);
+        third += strlen("== sequence 2\n");
+        assert_memory_equal(third, alone, strlen(alone));
+        unlink(path);
+        free(via);
+        free(local);
+        free(alone);
+}
+
 static int setup(void **state) {
         harness_client_deadline_ms = 300000; /* a run of a real model on a loaded 2-core machine */
         return harness_group_start(state, NULL);
@@ -108,6 +132,7 @@ int main(void) {
                 cmocka_unit_test(a_chat_through_kvcd_is_the_local_chat_byte_for_byte),
                 cmocka_unit_test(a_prompt_in_chunks_through_kvcd_is_the_prompt_in_one_piece),
                 cmocka_unit_test(a_window_under_a_long_prompt_holds_its_limit_between_chunks),
+                cmocka_unit_test(a_batch_of_four_through_kvcd_is_the_local_batch_and_each_alone),
         };
         return cmocka_run_group_tests(tests, setup, harness_group_stop);
 }
