@@ -114,17 +114,20 @@ static inline __attribute__((always_inline)) float lanes_tree(const float l[LANE
         return (t0 + t2) + (t1 + t3);
 }
 
-/* Row r's results for vectors [b0, b0 + bn), bn <= MATMUL_CHUNK, the order of the header in plain
- * C: each weight block is decoded once for the bn vectors. */
-static inline __attribute__((always_inline)) void row_plain(enum kind kind, const struct matmul *m,
-                                                            uint32_t r, uint32_t b0, uint32_t bn) {
+/* Row r's result for vector b in the order of the header, in plain C: the reference the AVX2
+ * kernels equal bit for bit, and the kernel of CPUs without them. A vector at a time, so that its
+ * sixteen accumulators stay in registers (across a batch they went to memory, and the chain
+ * through memory cost more than decoding each block once per vector). */
+static inline __attribute__((always_inline)) float row_plain(enum kind kind, const struct matmul *m,
+                                                             uint32_t r, uint32_t b) {
         uint32_t nb = m->cols / MATMUL_BLOCK, bb = kind_block_bytes(kind);
         const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
-        float acc[MATMUL_CHUNK][LANES] = { { 0 } }, macc[MATMUL_CHUNK][LANES] = { { 0 } };
+        const struct matmul_q8 *xq = &m->xq[(size_t)b * nb];
+        float acc[LANES] = { 0 }, macc[LANES] = { 0 };
 
         for (uint32_t k = 0; k < nb; k++) {
                 const uint8_t *blk = row + (size_t)k * bb, *qs = blk + kind_codes_offset(kind);
-                float dw = qtype_f16_to_f32(load_u16(blk));
+                const int8_t *xj = xq[k].q;
                 int8_t wq[MATMUL_BLOCK];
                 for (int j = 0; j < 16; j++) {
                         if (kind == KIND_Q8_0) {
@@ -136,37 +139,30 @@ static inline __attribute__((always_inline)) void row_plain(enum kind kind, cons
                                 wq[j + 16] = (int8_t)((qs[j] >> 4) - off);
                         }
                 }
-                for (uint32_t b = 0; b < bn; b++) {
-                        const struct matmul_q8 *xb = &m->xq[(size_t)(b0 + b) * nb + k];
-                        const int8_t *xj = xb->q;
-                        float c = dw * xb->d;
-                        int32_t s[LANES];
-                        for (int l = 0; l < LANES; l++)
-                                s[l] = wq[4 * l] * xj[4 * l] + wq[4 * l + 1] * xj[4 * l + 1] +
-                                       wq[4 * l + 2] * xj[4 * l + 2] + wq[4 * l + 3] * xj[4 * l + 3];
-                        for (int l = 0; l < LANES; l++)
-                                acc[b][l] += c * (float)s[l];
-                        if (kind == KIND_Q4_1)
-                                macc[b][k % LANES] +=
-                                        qtype_f16_to_f32(load_u16(blk + 2)) * (xb->d * (float)xb->sum);
-                }
+                int32_t s[LANES];
+                for (int l = 0; l < LANES; l++)
+                        s[l] = wq[4 * l] * xj[4 * l] + wq[4 * l + 1] * xj[4 * l + 1] +
+                               wq[4 * l + 2] * xj[4 * l + 2] + wq[4 * l + 3] * xj[4 * l + 3];
+                float c = qtype_f16_to_f32(load_u16(blk)) * xq[k].d;
+                for (int l = 0; l < LANES; l++)
+                        acc[l] += c * (float)s[l];
+                if (kind == KIND_Q4_1)
+                        macc[k % LANES] += qtype_f16_to_f32(load_u16(blk + 2)) * (xq[k].d * (float)xq[k].sum);
         }
-        for (uint32_t b = 0; b < bn; b++) {
-                float y = lanes_tree(acc[b]);
-                if (kind == KIND_Q4_1) {
-                        for (uint32_t k = nb; k % LANES; k++) /* the AVX2 kernel's empty lanes */
-                                macc[b][k % LANES] += 0.0f;
-                        y += lanes_tree(macc[b]);
-                }
-                m->y[(size_t)(b0 + b) * m->y_stride + r] = y;
+        float y = lanes_tree(acc);
+        if (kind == KIND_Q4_1) {
+                for (uint32_t k = nb; k % LANES; k++) /* the AVX2 kernel's empty lanes */
+                        macc[k % LANES] += 0.0f;
+                y += lanes_tree(macc);
         }
+        return y;
 }
 
 static inline __attribute__((always_inline)) void rows_plain(enum kind kind, const struct matmul *m,
                                                              uint32_t r0, uint32_t r1) {
         for (uint32_t r = r0; r < r1; r++)
-                for (uint32_t b0 = 0; b0 < m->n_x; b0 += MATMUL_CHUNK)
-                        row_plain(kind, m, r, b0, m->n_x - b0 < MATMUL_CHUNK ? m->n_x - b0 : MATMUL_CHUNK);
+                for (uint32_t b = 0; b < m->n_x; b++)
+                        m->y[(size_t)b * m->y_stride + r] = row_plain(kind, m, r, b);
 }
 
 #if MATMUL_HAVE_AVX2
@@ -218,69 +214,100 @@ AVX2_TARGET static inline __attribute__((always_inline)) __m256 group_halves(con
                                                       load_u16(g + 2 * bb + o), load_u16(g + 3 * bb + o),
                                                       load_u16(g + 4 * bb + o), load_u16(g + 5 * bb + o),
                                                       load_u16(g + 6 * bb + o), load_u16(g + 7 * bb + o)));
-        uint16_t h[LANES];
+        const uint8_t *p[LANES];
         for (uint32_t i = 0; i < LANES; i++)
-                h[i] = load_u16(g + (size_t)(i < kn ? i : 0) * bb + o);
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+                p[i] = g + (size_t)(i < kn ? i : 0) * bb + o;
+        return _mm256_cvtph_ps(_mm_setr_epi16(load_u16(p[0]), load_u16(p[1]), load_u16(p[2]), load_u16(p[3]),
+                                              load_u16(p[4]), load_u16(p[5]), load_u16(p[6]),
+                                              load_u16(p[7])));
 }
 
-/* row_plain for NB vectors (a constant: the accumulators stay in registers), blocks in groups of
- * eight: a group's scales are converted together (F16C converts every f16 exactly, as
- * qtype_f16_to_f32 does), the products c = d_w d_x go to memory for a broadcast per block, and
- * q4_1's terms of the group are one vector, block k in lane k % 8 (empty lanes add +0). xd and xs
- * are the first vector's scales. */
-AVX2_TARGET static inline __attribute__((always_inline)) void row_avx2(enum kind kind, const struct matmul *m,
-                                                                       uint32_t r, uint32_t b0, const int NB,
-                                                                       const struct scales *sc,
-                                                                       const float *xd, const float *xs) {
+/* lanes_tree in registers: the halves added (l_i + l_{i+4}), then pairs, then the two. */
+AVX2_TARGET static inline __attribute__((always_inline)) float tree_avx2(__m256 v) {
+        __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+        return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+}
+
+/* row_plain for NR rows from r and NB vectors from b0 (constants, NR * NB <= 8: the accumulators
+ * stay in registers; rows side by side give the out-of-order core independent chains when the
+ * batch is small), blocks in groups of eight: a group's scales are converted together (F16C
+ * converts every f16 exactly, as qtype_f16_to_f32 does), the products c = d_w d_x go to memory
+ * for a broadcast per block, and q4_1's terms of the group are one vector, block k in lane k % 8
+ * (empty lanes add +0). xd and xs are vector b0's scales. */
+AVX2_TARGET static inline __attribute__((always_inline)) void
+tile_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t b0, const int NR, const int NB,
+          const struct scales *sc, const float *xd, const float *xs) {
         uint32_t nb = m->cols / MATMUL_BLOCK, bb = kind_block_bytes(kind), nbp = sc->nbp;
         const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
         const struct matmul_q8 *xq = m->xq + (size_t)b0 * nb;
-        __m256 acc[MATMUL_CHUNK], macc[MATMUL_CHUNK];
-        float c[MATMUL_CHUNK][LANES] __attribute__((aligned(32)));
+        __m256 acc[4][MATMUL_CHUNK], macc[4][MATMUL_CHUNK];
+        float c[4][MATMUL_CHUNK][LANES] __attribute__((aligned(32)));
 
-        _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) acc[b] = macc[b] = _mm256_setzero_ps();
+        _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++)
+                _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) acc[rr][b] = macc[rr][b] =
+                        _mm256_setzero_ps();
         for (uint32_t k0 = 0; k0 < nb; k0 += LANES) {
                 uint32_t kn = nb - k0 < LANES ? nb - k0 : LANES;
-                const uint8_t *g = row + (size_t)k0 * bb;
-                __m256 dw = group_halves(g, bb, 0, kn), mw = _mm256_setzero_ps(), live = mw;
-                if (kind == KIND_Q4_1) {
-                        mw = group_halves(g, bb, 2, kn);
-                        live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                                _mm256_set1_epi32((int)kn), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-                }
-                _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
-                        _mm256_store_ps(c[b], _mm256_mul_ps(dw, _mm256_loadu_ps(xd + (size_t)b * nbp + k0)));
-                        if (kind == KIND_Q4_1) {
-                                __m256 t = _mm256_mul_ps(mw, _mm256_loadu_ps(xs + (size_t)b * nbp + k0));
-                                macc[b] = _mm256_add_ps(macc[b], _mm256_and_ps(t, live));
+                __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                        _mm256_set1_epi32((int)kn), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+                _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++) {
+                        const uint8_t *g = row + (size_t)rr * m->row_bytes + (size_t)k0 * bb;
+                        __m256 dw = group_halves(g, bb, 0, kn), mw = _mm256_setzero_ps();
+                        if (kind == KIND_Q4_1)
+                                mw = group_halves(g, bb, 2, kn);
+                        _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
+                                _mm256_store_ps(
+                                        c[rr][b],
+                                        _mm256_mul_ps(dw, _mm256_loadu_ps(xd + (size_t)b * nbp + k0)));
+                                if (kind == KIND_Q4_1) {
+                                        __m256 t =
+                                                _mm256_mul_ps(mw, _mm256_loadu_ps(xs + (size_t)b * nbp + k0));
+                                        macc[rr][b] = _mm256_add_ps(macc[rr][b], _mm256_and_ps(t, live));
+                                }
                         }
                 }
                 for (uint32_t i = 0; i < kn; i++) {
-                        __m256i w = block_codes(kind, g + (size_t)i * bb + kind_codes_offset(kind));
-                        __m256i wa = kind == KIND_Q4_1 ? w : _mm256_sign_epi8(w, w);
-                        _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
-                                __m256 s = block_lanes(kind, w, wa, xq + (size_t)b * nb + k0 + i);
-                                acc[b] = _mm256_add_ps(acc[b],
-                                                       _mm256_mul_ps(_mm256_broadcast_ss(&c[b][i]), s));
+                        _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++) {
+                                const uint8_t *blk = row + (size_t)rr * m->row_bytes + (size_t)(k0 + i) * bb;
+                                __m256i w = block_codes(kind, blk + kind_codes_offset(kind));
+                                __m256i wa = kind == KIND_Q4_1 ? w : _mm256_sign_epi8(w, w);
+                                _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
+                                        __m256 s = block_lanes(kind, w, wa, xq + (size_t)b * nb + k0 + i);
+                                        acc[rr][b] = _mm256_add_ps(
+                                                acc[rr][b],
+                                                _mm256_mul_ps(_mm256_broadcast_ss(&c[rr][b][i]), s));
+                                }
                         }
                 }
         }
-        _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
-                float l[LANES];
-                _mm256_storeu_ps(l, acc[b]);
-                float y = lanes_tree(l);
-                if (kind == KIND_Q4_1) {
-                        _mm256_storeu_ps(l, macc[b]);
-                        y += lanes_tree(l);
-                }
-                m->y[(size_t)(b0 + b) * m->y_stride + r] = y;
+        _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++)
+                _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
+                float y = tree_avx2(acc[rr][b]);
+                if (kind == KIND_Q4_1)
+                        y += tree_avx2(macc[rr][b]);
+                m->y[(size_t)(b0 + b) * m->y_stride + r + rr] = y;
         }
 }
 
-/* Passes of as many vectors as struct scales holds; in each, row by row, the vectors in chunks of
- * 8, then 4, 2, 1 (a vector's result is the same in any chunk and any pass). Rows longer than the
- * scales hold (over 65,536 columns) take the plain kernel, which gives the same bits. */
+/* Rows [r, r + nr) (nr 1 or 4) for vectors [b0, b0 + NB), as tiles of at most 8 accumulators. */
+AVX2_TARGET static inline __attribute__((always_inline)) void
+rows_chunk_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t nr, uint32_t b0, const int NB,
+                const struct scales *sc, const float *xd, const float *xs) {
+        if (nr == 4 && NB <= 2)
+                tile_avx2(kind, m, r, b0, 4, NB, sc, xd, xs);
+        else if (nr == 4 && NB == 4) {
+                tile_avx2(kind, m, r, b0, 2, NB, sc, xd, xs);
+                tile_avx2(kind, m, r + 2, b0, 2, NB, sc, xd, xs);
+        } else
+                for (uint32_t rr = 0; rr < nr; rr++)
+                        tile_avx2(kind, m, r + rr, b0, 1, NB, sc, xd, xs);
+}
+
+/* Passes of as many vectors as struct scales holds; in each, four rows at a time (then one), the
+ * vectors in chunks of 8, then 4, 2, 1 (a vector's result is the same in any chunk, tile and
+ * pass). Rows longer than the scales hold (over 65,536 columns) take the plain kernel, which gives
+ * the same bits. */
 AVX2_TARGET static inline __attribute__((always_inline)) void
 rows_avx2(enum kind kind, const struct matmul *m, uint32_t r0, uint32_t r1) {
         uint32_t nb = m->cols / MATMUL_BLOCK;
@@ -300,19 +327,21 @@ rows_avx2(enum kind kind, const struct matmul *m, uint32_t r0, uint32_t r1) {
                                 sc.xd[b * sc.nbp + k] = k < nb ? xb->d : 0.0f;
                                 sc.xs[b * sc.nbp + k] = k < nb ? xb->d * (float)xb->sum : 0.0f;
                         }
-                for (uint32_t r = r0; r < r1; r++)
+                for (uint32_t r = r0, nr; r < r1; r += nr) {
+                        nr = r1 - r >= 4 ? 4 : 1;
                         for (uint32_t b = 0; b < pn;) {
                                 const float *xd = sc.xd + b * sc.nbp, *xs = sc.xs + b * sc.nbp;
                                 uint32_t left = pn - b;
                                 if (left >= 8)
-                                        row_avx2(kind, m, r, p0 + b, 8, &sc, xd, xs), b += 8;
+                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 8, &sc, xd, xs), b += 8;
                                 else if (left >= 4)
-                                        row_avx2(kind, m, r, p0 + b, 4, &sc, xd, xs), b += 4;
+                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 4, &sc, xd, xs), b += 4;
                                 else if (left >= 2)
-                                        row_avx2(kind, m, r, p0 + b, 2, &sc, xd, xs), b += 2;
+                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 2, &sc, xd, xs), b += 2;
                                 else
-                                        row_avx2(kind, m, r, p0 + b, 1, &sc, xd, xs), b += 1;
+                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 1, &sc, xd, xs), b += 1;
                         }
+                }
         }
 }
 #endif
