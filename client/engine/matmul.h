@@ -17,8 +17,9 @@
  *
  * Both paths are deterministic and give the same y[b][r] whatever the batch (B, which b) and the
  * row range: a row's result depends on the row and its vector alone. The fast path has two
- * implementations, plain C and AVX2 with F16C (chosen at run time when the CPU has them, or by isa); they agree
- * bit for bit, because the integer sums are exact and the f32 steps are the same in both.
+ * implementations, plain C and AVX2 with F16C (chosen at run time when the CPU has them, or by
+ * isa); they agree bit for bit, because the integer sums are exact and the f32 steps are the same
+ * in both.
  *
  * The fast path's error. Activation block k of x has scale d_k = max|x_j| / 127 over its 32
  * elements and codes q_j = round(x_j / d_k), so |x_j - q_j d_k| <= d_k / 2 (plus an f32 rounding of
