@@ -10,11 +10,14 @@
  * the AVX2 functions do not enable "fma"): block k's integer lane sums s_l are exact, whatever
  * order the lanes add them in; then acc_l += (d_w d_x) * (float)s_l for l < 8, which the AVX2
  * kernels do as one vector multiply and add per block and vector, as llama.cpp does (its
- * accumulator is the same eight lanes). q4_1's term m d_x sum(q) goes to macc_{k % 8}, eight
- * blocks at a time; a row ends with the fixed tree of lanes_tree. The earlier kernels reduced
- * each block to one scalar before the f32 step: one scalar chain per row, and a horizontal sum
- * per block, ran at 7% of memcpy; this order keeps the plain reference exact (bit for bit, not
- * within a tolerance) and costs the AVX2 kernels nothing.
+ * accumulator is the same eight lanes). q4_1's terms m d_x sum(q) of a group of eight blocks go
+ * into the same lanes, block k0 + i into lane i, before the group's products: kept in lanes of
+ * their own they would be summed apart from the products they nearly cancel (m is about -7.5 d
+ * for weights centred on zero), and the final difference of two large sums loses bits. A row
+ * ends with the fixed tree of lanes_tree. The earlier kernels reduced each block to one scalar
+ * before the f32 step (one scalar chain per row, a horizontal sum per block) and ran at 7% of
+ * memcpy; this order keeps the plain reference exact (bit for bit, not within a tolerance) and
+ * costs the AVX2 kernels nothing.
  *
  * Where the time went, and what removed it: the quantization's libm calls (roundf, fmaxf and
  * fminf per element cost more than a 1536-column product), gathering the activation scales from
@@ -123,10 +126,15 @@ static inline __attribute__((always_inline)) float row_plain(enum kind kind, con
         uint32_t nb = m->cols / MATMUL_BLOCK, bb = kind_block_bytes(kind);
         const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
         const struct matmul_q8 *xq = &m->xq[(size_t)b * nb];
-        float acc[LANES] = { 0 }, macc[LANES] = { 0 };
+        float acc[LANES] = { 0 };
 
         for (uint32_t k = 0; k < nb; k++) {
                 const uint8_t *blk = row + (size_t)k * bb, *qs = blk + kind_codes_offset(kind);
+                if (kind == KIND_Q4_1 && k % LANES == 0) /* a group's minimum terms, lanes past nb +0 */
+                        for (uint32_t i = 0; i < LANES; i++)
+                                acc[i] += k + i < nb ? qtype_f16_to_f32(load_u16(blk + (size_t)i * bb + 2)) *
+                                                               (xq[k + i].d * (float)xq[k + i].sum)
+                                                     : 0.0f;
                 const int8_t *xj = xq[k].q;
                 int8_t wq[MATMUL_BLOCK];
                 for (int j = 0; j < 16; j++) {
@@ -146,16 +154,8 @@ static inline __attribute__((always_inline)) float row_plain(enum kind kind, con
                 float c = qtype_f16_to_f32(load_u16(blk)) * xq[k].d;
                 for (int l = 0; l < LANES; l++)
                         acc[l] += c * (float)s[l];
-                if (kind == KIND_Q4_1)
-                        macc[k % LANES] += qtype_f16_to_f32(load_u16(blk + 2)) * (xq[k].d * (float)xq[k].sum);
         }
-        float y = lanes_tree(acc);
-        if (kind == KIND_Q4_1) {
-                for (uint32_t k = nb; k % LANES; k++) /* the AVX2 kernel's empty lanes */
-                        macc[k % LANES] += 0.0f;
-                y += lanes_tree(macc);
-        }
-        return y;
+        return lanes_tree(acc);
 }
 
 static inline __attribute__((always_inline)) void rows_plain(enum kind kind, const struct matmul *m,
@@ -209,17 +209,49 @@ struct scales {
  * block 0 (their products are masked or unused). */
 AVX2_TARGET static inline __attribute__((always_inline)) __m256 group_halves(const uint8_t *g, uint32_t bb,
                                                                              uint32_t o, uint32_t kn) {
-        if (kn == LANES)
-                return _mm256_cvtph_ps(_mm_setr_epi16(load_u16(g + o), load_u16(g + bb + o),
-                                                      load_u16(g + 2 * bb + o), load_u16(g + 3 * bb + o),
-                                                      load_u16(g + 4 * bb + o), load_u16(g + 5 * bb + o),
-                                                      load_u16(g + 6 * bb + o), load_u16(g + 7 * bb + o)));
         const uint8_t *p[LANES];
         for (uint32_t i = 0; i < LANES; i++)
                 p[i] = g + (size_t)(i < kn ? i : 0) * bb + o;
         return _mm256_cvtph_ps(_mm_setr_epi16(load_u16(p[0]), load_u16(p[1]), load_u16(p[2]), load_u16(p[3]),
                                               load_u16(p[4]), load_u16(p[5]), load_u16(p[6]),
                                               load_u16(p[7])));
+}
+
+#define LOAD128(p) _mm_loadu_si128((const __m128i *)(p))
+
+/* The scales (and q4_1's minimums) of a group of eight blocks, as f32, without a load per scale:
+ * block i's scale lies in the 16 bytes at 16 i (q4_0, 18-byte blocks), 32 i (q8_0, 34) or
+ * 16 i + 16 (i >= 4) (q4_1's scale and minimum, 20), at word i (q4_1: dword i mod 4), so a blend
+ * of whole 16-byte loads, all inside the group, collects them. A short group takes group_halves. */
+AVX2_TARGET static inline __attribute__((always_inline)) void
+group_scales(enum kind kind, const uint8_t *g, uint32_t kn, __m256 *dw, __m256 *mw) {
+        uint32_t bb = kind_block_bytes(kind);
+
+        if (kn < LANES) {
+                *dw = group_halves(g, bb, 0, kn);
+                *mw = kind == KIND_Q4_1 ? group_halves(g, bb, 2, kn) : _mm256_setzero_ps();
+                return;
+        }
+        if (kind == KIND_Q4_1) {
+                __m128i lo = _mm_blend_epi32(_mm_blend_epi32(LOAD128(g), LOAD128(g + 16), 0x2),
+                                             _mm_blend_epi32(LOAD128(g + 32), LOAD128(g + 48), 0x8), 0xc);
+                __m128i hi = _mm_blend_epi32(_mm_blend_epi32(LOAD128(g + 80), LOAD128(g + 96), 0x2),
+                                             _mm_blend_epi32(LOAD128(g + 112), LOAD128(g + 128), 0x8), 0xc);
+                __m128i split = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+                lo = _mm_shuffle_epi8(lo, split); /* d0..d3, m0..m3 */
+                hi = _mm_shuffle_epi8(hi, split);
+                *dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));
+                *mw = _mm256_cvtph_ps(_mm_unpackhi_epi64(lo, hi));
+                return;
+        }
+        uint32_t step = kind == KIND_Q8_0 ? 32 : 16;
+        __m128i h01 = _mm_blend_epi16(LOAD128(g), LOAD128(g + step), 0x02);
+        __m128i h23 = _mm_blend_epi16(LOAD128(g + 2 * step), LOAD128(g + 3 * step), 0x08);
+        __m128i h45 = _mm_blend_epi16(LOAD128(g + 4 * step), LOAD128(g + 5 * step), 0x20);
+        __m128i h67 = _mm_blend_epi16(LOAD128(g + 6 * step), LOAD128(g + 7 * step), 0x80);
+        *dw = _mm256_cvtph_ps(
+                _mm_blend_epi16(_mm_blend_epi16(h01, h23, 0x0c), _mm_blend_epi16(h45, h67, 0xc0), 0xf0));
+        *mw = _mm256_setzero_ps();
 }
 
 /* lanes_tree in registers: the halves added (l_i + l_{i+4}), then pairs, then the two. */
@@ -241,21 +273,19 @@ tile_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t b0, const
         uint32_t nb = m->cols / MATMUL_BLOCK, bb = kind_block_bytes(kind), nbp = sc->nbp;
         const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
         const struct matmul_q8 *xq = m->xq + (size_t)b0 * nb;
-        __m256 acc[4][MATMUL_CHUNK], macc[4][MATMUL_CHUNK];
+        __m256 acc[4][MATMUL_CHUNK];
         float c[4][MATMUL_CHUNK][LANES] __attribute__((aligned(32)));
 
         _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++)
-                _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) acc[rr][b] = macc[rr][b] =
-                        _mm256_setzero_ps();
+                _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) acc[rr][b] = _mm256_setzero_ps();
         for (uint32_t k0 = 0; k0 < nb; k0 += LANES) {
                 uint32_t kn = nb - k0 < LANES ? nb - k0 : LANES;
                 __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
                         _mm256_set1_epi32((int)kn), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
                 _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++) {
                         const uint8_t *g = row + (size_t)rr * m->row_bytes + (size_t)k0 * bb;
-                        __m256 dw = group_halves(g, bb, 0, kn), mw = _mm256_setzero_ps();
-                        if (kind == KIND_Q4_1)
-                                mw = group_halves(g, bb, 2, kn);
+                        __m256 dw, mw;
+                        group_scales(kind, g, kn, &dw, &mw);
                         _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
                                 _mm256_store_ps(
                                         c[rr][b],
@@ -263,7 +293,7 @@ tile_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t b0, const
                                 if (kind == KIND_Q4_1) {
                                         __m256 t =
                                                 _mm256_mul_ps(mw, _mm256_loadu_ps(xs + (size_t)b * nbp + k0));
-                                        macc[rr][b] = _mm256_add_ps(macc[rr][b], _mm256_and_ps(t, live));
+                                        acc[rr][b] = _mm256_add_ps(acc[rr][b], _mm256_and_ps(t, live));
                                 }
                         }
                 }
@@ -283,10 +313,7 @@ tile_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t b0, const
         }
         _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++)
                 _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
-                float y = tree_avx2(acc[rr][b]);
-                if (kind == KIND_Q4_1)
-                        y += tree_avx2(macc[rr][b]);
-                m->y[(size_t)(b0 + b) * m->y_stride + r + rr] = y;
+                m->y[(size_t)(b0 + b) * m->y_stride + r + rr] = tree_avx2(acc[rr][b]);
         }
 }
 

@@ -19,12 +19,14 @@
  *     Q = sum_k d_k (1/2 + 254 u) sum_{j in k} |w_j|.
  * On top of that come f32 roundings, each at most u times the magnitude it rounds: the exact path's
  * (n / 8 + 3 for the lanes and the tree, 1 for each product), the dequantization's (2: d q, + m),
- * the fast path's block term (3 roundings, whose operands are bounded by the weight components
- * |d q| + |m| times |q_j d_k| <= |x_j| + d_k) and its running sum over n / 32 blocks. With
- * M_k = max over block k of |d code| + |m| and A = sum_k M_k sum_{j in k} (|x_j| + d_k), the test
- * allows Q + (n / 32 + n / 8 + 10) u A, times 1.01 for second-order terms. Q is loose for any one
- * row (it adds worst cases), so the test also compares the fast result with the row times the
- * rounded activations q_j d_k in double, within (n / 32 + 10) u A: f32 rounding only.
+ * the fast path's terms (2 roundings each: d_w d_x and its product with a lane sum, or q4_1's
+ * m (d_x sum); their operands are bounded by the weight components |d q| + |m| times
+ * |q_j d_k| <= |x_j| + d_k) and its eight lanes, each a running sum of n / 32 products and
+ * n / 256 minimum terms, then the 3 adds of the tree. With M_k = max over block k of
+ * |d code| + |m| and A = sum_k M_k sum_{j in k} (|x_j| + d_k), the test allows
+ * Q + (n / 32 + n / 256 + n / 8 + 10) u A, times 1.01 for second-order terms. Q is loose for any
+ * one row (it adds worst cases), so the test also compares the fast result with the row times the
+ * rounded activations q_j d_k in double, within (n / 32 + n / 256 + 10) u A: f32 rounding only.
  */
 #include <errno.h>
 #include <float.h>
@@ -375,9 +377,9 @@ static void exact_product_equals_dot_bit_for_bit(void **state) {
         }
 }
 
-/* Q + (n / 32 + n / 8 + 10) u A of the header, for row r and vector b of p. With ret_rounded,
- * also the dot of the row with the rounded activations q_j d_k (in double), which the fast result
- * equals within (n / 32 + 10) u A: the f32 roundings alone. */
+/* Q + (n / 32 + n / 256 + n / 8 + 10) u A of the header, for row r and vector b of p. With
+ * ret_rounded, also the dot of the row with the rounded activations q_j d_k (in double), which the
+ * fast result equals within (n / 32 + n / 256 + 10) u A: the f32 roundings alone. */
 static double fast_bound(const struct product *p, uint32_t r, uint32_t b, double *ret_rounded,
                          double *ret_rounding) {
         const uint8_t *row = p->w + r * qtype_row_bytes(p->t, p->cols);
@@ -405,8 +407,8 @@ static double fast_bound(const struct product *p, uint32_t r, uint32_t b, double
                 a += mk * sx;
         }
         *ret_rounded = rounded;
-        *ret_rounding = (p->cols / 32.0 + 10) * U * a * 1.01;
-        return (q + (p->cols / 32.0 + p->cols / 8.0 + 10) * U * a) * 1.01;
+        *ret_rounding = (p->cols / 32.0 + p->cols / 256.0 + 10) * U * a * 1.01;
+        return (q + (p->cols / 32.0 + p->cols / 256.0 + p->cols / 8.0 + 10) * U * a) * 1.01;
 }
 
 static void fast_product_stays_within_the_activation_rounding_bound(void **state) {
@@ -517,8 +519,9 @@ static void batches_row_ranges_and_kernels_agree_bit_for_bit(void **state) {
 }
 
 /* matmul.h's fast order, transcribed: block k's lane sums s_l (elements 4l .. 4l + 3) times
- * d_w d_x into lane l, q4_1's m d_x sum into lane k % 8 of a second set (lanes past the last block
- * add +0, as the AVX2 kernel's do), then the tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). */
+ * d_w d_x into lane l; for q4_1, before each group of eight blocks, block k0 + i's m d_x sum into
+ * lane i (lanes past the last block add +0, as the AVX2 kernel's do); then the tree
+ * ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). */
 static float tree8(const float l[8]) {
         return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
@@ -527,11 +530,19 @@ static float fast_in_header_order(const struct product *p, uint32_t r, uint32_t 
         const uint8_t *row = p->w + r * qtype_row_bytes(p->t, p->cols);
         const struct matmul_q8 *xq = p->xq + matmul_q8_count(p->cols, b);
         uint32_t nb = p->cols / 32, id = p->t->id;
-        float acc[8] = { 0 }, macc[8] = { 0 };
+        float acc[8] = { 0 };
         uint16_t h;
 
         for (uint32_t k = 0; k < nb; k++) {
                 const uint8_t *blk = row + k * p->t->bytes, *qs = blk + (id == QTYPE_Q4_1 ? 4 : 2);
+                for (uint32_t i = 0; id == QTYPE_Q4_1 && k % 8 == 0 && i < 8; i++) {
+                        float t = 0.0f;
+                        if (k + i < nb) {
+                                memcpy(&h, blk + i * p->t->bytes + 2, 2);
+                                t = qtype_f16_to_f32(h) * (xq[k + i].d * (float)xq[k + i].sum);
+                        }
+                        acc[i] += t;
+                }
                 int w[32];
                 for (int j = 0; j < 32; j++)
                         w[j] = id == QTYPE_Q8_0 ? (int8_t)qs[j]
@@ -545,14 +556,8 @@ static float fast_in_header_order(const struct product *p, uint32_t r, uint32_t 
                                 sl += w[j] * xq[k].q[j];
                         acc[l] += c * (float)sl;
                 }
-                if (id == QTYPE_Q4_1) {
-                        memcpy(&h, blk + 2, 2);
-                        macc[k % 8] += qtype_f16_to_f32(h) * (xq[k].d * (float)xq[k].sum);
-                }
         }
-        for (uint32_t k = nb; k % 8; k++)
-                macc[k % 8] += 0.0f;
-        return id == QTYPE_Q4_1 ? tree8(acc) + tree8(macc) : tree8(acc);
+        return tree8(acc);
 }
 
 /* Both kernels compute the header's order bit for bit, also with the scales the random weights
