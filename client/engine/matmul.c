@@ -1,10 +1,12 @@
 /* matmul.c - the matrix-vectors product of matmul.h: the exact path over qtype.h's rows, and the
  * fast path's activation quantization and integer kernels, plain C and AVX2.
  *
- * Loop order: row, then a chunk of vectors (up to 8; the AVX2 kernels take 8, 4, 2 or 1 at a time,
- * a constant that keeps every accumulator in a register), then the row's blocks, then the
- * chunk's vectors. A weight block is decoded once and meets every vector of the chunk while it is
- * in registers; a row (360 bytes for 576 q4_1 columns) stays in L1 across chunks.
+ * Loop order (AVX2): a pass of vectors whose activation scales fit struct scales, then four rows
+ * at a time, then a chunk of vectors (8, 4, 2 or 1, a constant that keeps every accumulator in a
+ * register), then the rows' blocks, then the chunk's vectors. A weight block is decoded once and
+ * meets every vector of the chunk while it is in registers; a row (360 bytes for 576 q4_1
+ * columns) stays in L1 across chunks. The plain kernel takes a row a vector at a time (the row is
+ * read from memory once, then from L1).
  *
  * The f32 steps, the same in every implementation (no FMA: the build has -ffp-contract=off and
  * the AVX2 functions do not enable "fma"): block k's integer lane sums s_l are exact, whatever
