@@ -121,8 +121,8 @@ static inline __attribute__((always_inline)) float lanes_tree(const float l[LANE
 
 /* Row r's result for vector b in the order of the header, in plain C: the reference the AVX2
  * kernels equal bit for bit, and the kernel of CPUs without them. A vector at a time, so that its
- * sixteen accumulators stay in registers (across a batch they went to memory, and the chain
- * through memory cost more than decoding each block once per vector). */
+ * accumulators stay out of memory (across a batch they went there, and the chain through memory
+ * cost more than decoding each block once per vector). */
 static inline __attribute__((always_inline)) float row_plain(enum kind kind, const struct matmul *m,
                                                              uint32_t r, uint32_t b) {
         uint32_t nb = m->cols / MATMUL_BLOCK, bb = kind_block_bytes(kind);
@@ -267,8 +267,9 @@ AVX2_TARGET static inline __attribute__((always_inline)) float tree_avx2(__m256 
  * stay in registers; rows side by side give the out-of-order core independent chains when the
  * batch is small), blocks in groups of eight: a group's scales are converted together (F16C
  * converts every f16 exactly, as qtype_f16_to_f32 does), the products c = d_w d_x go to memory
- * for a broadcast per block, and q4_1's terms of the group are one vector, block k in lane k % 8
- * (empty lanes add +0). xd and xs are vector b0's scales. */
+ * for a broadcast per block, and q4_1's minimum terms of the group, one vector (block k0 + i in
+ * lane i, empty lanes +0), go into the accumulator ahead of the group's products. xd and xs are
+ * vector b0's scales. */
 AVX2_TARGET static inline __attribute__((always_inline)) void
 tile_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t b0, const int NR, const int NB,
           const struct scales *sc, const float *xd, const float *xs) {
