@@ -1,15 +1,17 @@
 /* bench-matmul: the engine's matrix-vectors product (client/engine/matmul.c), exact path against
- * fast path, on SmolLM2-135M's ffn_down shape: 576 rows of 1536 q4_1 columns (552,960 bytes), and
- * its transpose, ffn_up's 1536 x 576.
+ * fast path, on SmolLM2-135M's shapes: ffn_down, 576 rows of 1536 q4_1 columns (552,960 bytes), its
+ * transpose ffn_up / ffn_gate, 1536 x 576, and the output head, 49152 rows of 576 q8_0 columns
+ * (30 MB: it does not fit in any cache, as a decode step's 98 MB of weights do not).
  *
- * For B = 1, 4 and 16 vectors: the exact path (dequantize, f32 products in qtype.h's order), the
+ * For B = 1, 4 and 8 vectors: the exact path (dequantize, f32 products in qtype.h's order), the
  * fast path's plain C kernel and its AVX2 kernel (where the CPU has it), with the activations'
  * quantization (matmul_quantize, once per product) timed in. Each figure is the median of 7
  * measurements of at least --min-ms, interleaved with memcpy of the weight bytes; it prints the
- * time per product, fast / exact (speed-up), and the weights' effective GB/s (bytes read once per
- * product, whatever B) against memcpy's. Single thread. The matrix fits in L2, so memcpy's
- * figure is a cache bandwidth, not DRAM's: the ratio says how far from streaming the weights each
- * kernel is.
+ * time per product, fast / exact (speed-up), the weights' effective GB/s (bytes read once per
+ * product, whatever B) against memcpy's, and for B > 1 the vectors per second against B = 1's
+ * (the batch's gain). Single thread. The q4_1 matrices fit in L2, so memcpy's figure there is a
+ * cache bandwidth, not DRAM's: the ratio says how far from streaming the weights each kernel is.
+ * --quick measures memcpy and the AVX2 kernel only.
  */
 #define _GNU_SOURCE
 #include <getopt.h>
@@ -34,6 +36,10 @@ struct setup {
 
 enum what { WHAT_MEMCPY, WHAT_EXACT, WHAT_PLAIN, WHAT_AVX2, WHAT_COUNT };
 static const char *const what_names[] = { "memcpy", "exact", "fast plain", "fast avx2" };
+
+static int skipped(int w, int avx2, int quick) {
+        return (w == WHAT_AVX2 && !avx2) || (quick && w != WHAT_MEMCPY && w != WHAT_AVX2);
+}
 
 static int run_once(struct setup *s, enum what what) {
         if (what == WHAT_MEMCPY) {
@@ -77,8 +83,10 @@ static double measure(struct setup *s, enum what what, double min_ms) {
         return (double)(t - t0) * 1e-9 / (double)n;
 }
 
-static void bench_shape(uint32_t rows, uint32_t cols, uint32_t n_x, double min_ms) {
-        struct setup s = { .t = qtype_of(QTYPE_Q4_1), .rows = rows, .cols = cols, .n_x = n_x };
+/* Measures one shape and batch; returns the AVX2 kernel's median seconds per product (0 without). */
+static double bench_shape(uint32_t id, uint32_t rows, uint32_t cols, uint32_t n_x, double min_ms, int quick,
+                          double avx2_b1) {
+        struct setup s = { .t = qtype_of(id), .rows = rows, .cols = cols, .n_x = n_x };
         uint64_t rng = 0x6d61746d756cull;
         int avx2 = matmul_isa_supported(MATMUL_ISA_AVX2);
         double samples[WHAT_COUNT][MEASUREMENTS], med[WHAT_COUNT];
@@ -98,28 +106,31 @@ static void bench_shape(uint32_t rows, uint32_t cols, uint32_t n_x, double min_m
         for (size_t b = 0; b < s.w_bytes; b += s.t->bytes) { /* scales 2^-6 .. 2^-4, any sign */
                 uint16_t d = (uint16_t)(0x2400 + bench_rng(&rng) % 0x800), m = (uint16_t)(d | 0x8000);
                 memcpy(s.w + b, &d, 2);
-                memcpy(s.w + b + 2, &m, 2);
+                if (id == QTYPE_Q4_1)
+                        memcpy(s.w + b + 2, &m, 2);
         }
         for (size_t i = 0; i < (size_t)cols * n_x; i++)
                 s.x[i] = (float)((double)(bench_rng(&rng) >> 11) / 9007199254740992.0 * 2 - 1);
         for (int k = 0; k < MEASUREMENTS; k++)
                 for (int w = 0; w < WHAT_COUNT; w++)
-                        samples[w][k] = w == WHAT_AVX2 && !avx2 ? 0 : measure(&s, (enum what)w, min_ms);
+                        samples[w][k] = skipped(w, avx2, quick) ? 0 : measure(&s, (enum what)w, min_ms);
         for (int w = 0; w < WHAT_COUNT; w++)
                 med[w] = bench_quantile(samples[w], MEASUREMENTS, 0.5);
         for (int w = 0; w < WHAT_COUNT; w++) {
-                if (w == WHAT_AVX2 && !avx2) {
-                        printf("%5u x %-5u B %-3u %-11s (this CPU has no AVX2)\n", rows, cols, n_x,
-                               what_names[w]);
+                if (w == WHAT_AVX2 && !avx2)
+                        printf("%-4s %5u x %-5u B %-2u %-10s (this CPU has no AVX2)\n", s.t->name, rows, cols,
+                               n_x, what_names[w]);
+                if (skipped(w, avx2, quick))
                         continue;
-                }
                 double gbs = (double)s.w_bytes / med[w] * 1e-9;
-                printf("%5u x %-5u B %-3u %-11s %9.1f us  %6.2f GB/s  %5.3f of memcpy", rows, cols, n_x,
-                       what_names[w], med[w] * 1e6, gbs, med[WHAT_MEMCPY] / med[w]);
-                if (w != WHAT_MEMCPY && w != WHAT_EXACT)
-                        printf("  fast/exact speed-up %5.2f", med[WHAT_EXACT] / med[w]);
+                printf("%-4s %5u x %-5u B %-2u %-10s %9.1f us %6.2f GB/s %5.3f of memcpy", s.t->name, rows,
+                       cols, n_x, what_names[w], med[w] * 1e6, gbs, med[WHAT_MEMCPY] / med[w]);
+                if (w != WHAT_MEMCPY && w != WHAT_EXACT && !quick)
+                        printf("  fast/exact %5.2f", med[WHAT_EXACT] / med[w]);
                 if (w != WHAT_MEMCPY)
-                        printf("  %6.2f us per vector", med[w] * 1e6 / n_x);
+                        printf("  %8.2f us per vector", med[w] * 1e6 / n_x);
+                if (w == WHAT_AVX2 && n_x > 1 && avx2_b1 > 0)
+                        printf("  batch gain %4.2f", avx2_b1 * n_x / med[w]);
                 printf("\n");
         }
         free(s.w);
@@ -127,26 +138,38 @@ static void bench_shape(uint32_t rows, uint32_t cols, uint32_t n_x, double min_m
         free(s.x);
         free(s.y);
         free(s.xq);
+        return avx2 ? med[WHAT_AVX2] : 0;
 }
 
 int main(int argc, char **argv) {
-        static const struct option opts[] = { { "min-ms", required_argument, NULL, 'm' }, { 0 } };
-        static const uint32_t batches[] = { 1, 4, 16 };
+        static const struct option opts[] = { { "min-ms", required_argument, NULL, 'm' },
+                                              { "quick", no_argument, NULL, 'q' },
+                                              { 0 } };
+        static const struct {
+                uint32_t id, rows, cols;
+        } shapes[] = { { QTYPE_Q4_1, 576, 1536 }, { QTYPE_Q4_1, 1536, 576 }, { QTYPE_Q8_0, 49152, 576 } };
+        static const uint32_t batches[] = { 1, 4, 8 };
         double min_ms = 20;
-        int c;
+        int c, quick = 0;
 
-        while ((c = getopt_long(argc, argv, "m:", opts, NULL)) != -1) {
-                if (c != 'm') {
-                        fprintf(stderr, "usage: bench-matmul [--min-ms MS]\n");
+        while ((c = getopt_long(argc, argv, "m:q", opts, NULL)) != -1) {
+                if (c == 'q')
+                        quick = 1;
+                else if (c == 'm')
+                        min_ms = atof(optarg);
+                else {
+                        fprintf(stderr, "usage: bench-matmul [--min-ms MS] [--quick]\n");
                         return 2;
                 }
-                min_ms = atof(optarg);
         }
-        printf("q4_1 weights, one thread, median of %d measurements of at least %.0f ms\n", MEASUREMENTS,
-               min_ms);
-        for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++)
-                bench_shape(576, 1536, batches[i], min_ms);
-        for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++)
-                bench_shape(1536, 576, batches[i], min_ms);
+        printf("one thread, median of %d measurements of at least %.0f ms\n", MEASUREMENTS, min_ms);
+        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+                double b1 = 0;
+                for (size_t j = 0; j < sizeof(batches) / sizeof(batches[0]); j++) {
+                        double t = bench_shape(shapes[i].id, shapes[i].rows, shapes[i].cols, batches[j],
+                                               min_ms, quick, b1);
+                        b1 = batches[j] == 1 ? t : b1;
+                }
+        }
         return 0;
 }

@@ -1,21 +1,35 @@
 /* matmul.c - the matrix-vectors product of matmul.h: the exact path over qtype.h's rows, and the
  * fast path's activation quantization and integer kernels, plain C and AVX2.
  *
- * Loop order: row, then a chunk of vectors, then the row's blocks, then the chunk's vectors. A
- * weight block is decoded once and meets every vector of the chunk while it is in registers; a
- * row (360 bytes for 576 q4_1 columns) stays in L1 across chunks.
+ * Loop order (AVX2): a pass of vectors whose activation scales fit struct scales, then four rows
+ * at a time, then a chunk of vectors (8, 4, 2 or 1, a constant that keeps every accumulator in a
+ * register), then the rows' blocks, then the chunk's vectors. A weight block is decoded once and
+ * meets every vector of the chunk while it is in registers; a row (360 bytes for 576 q4_1
+ * columns) stays in L1 across chunks. The plain kernel takes a row a vector at a time (the row is
+ * read from memory once, then from L1).
  *
- * Why the fast kernels agree bit for bit across implementations: a weight block and an
- * activation block give an exact int32 sum (at most 32 * 128 * 127 in magnitude), whatever order
- * the lanes add it in; only then does f32 arithmetic start, in block_term, which every
- * implementation inlines (no FMA: the build has -ffp-contract=off and the AVX2 functions do not
- * enable "fma"). The AVX2 kernels therefore reduce each block's int32 vector to a scalar (eight
- * blocks at a time) before the f32 step, instead of keeping f32 vector lanes across blocks as
- * llama.cpp does; that keeps one scalar f32 chain per row and vector, and buys a plain-C reference
- * that is exact, not within a tolerance.
+ * The f32 steps, the same in every implementation (no FMA: the build has -ffp-contract=off and
+ * the AVX2 functions do not enable "fma"): block k's integer lane sums s_l are exact, whatever
+ * order the lanes add them in; then acc_l += (d_w d_x) * (float)s_l for l < 8, which the AVX2
+ * kernels do as one vector multiply and add per block and vector, as llama.cpp does (its
+ * accumulator is the same eight lanes). q4_1's terms m d_x sum(q) of a group of eight blocks go
+ * into the same lanes, block k0 + i into lane i, before the group's products: kept in lanes of
+ * their own they would be summed apart from the products they nearly cancel (m is about -7.5 d
+ * for weights centred on zero), and the final difference of two large sums loses bits. A row
+ * ends with the fixed tree of lanes_tree. The earlier kernels reduced each block to one scalar
+ * before the f32 step (one scalar chain per row, a horizontal sum per block) and ran at 7% of
+ * memcpy; this order keeps the plain reference exact (bit for bit, not within a tolerance) and
+ * costs the AVX2 kernels nothing.
  *
- * AVX2 is compiled with function target attributes, not -mavx2 for the file, so the rest of the
- * file (and the plain path) stay baseline x86-64; matmul_isa_supported asks the CPU at run time.
+ * Where the time went, and what removed it: the quantization's libm calls (roundf, fmaxf and
+ * fminf per element cost more than a 1536-column product), gathering the activation scales from
+ * the 40-byte blocks once per row (they are laid out once per call, struct scales), and the
+ * accumulators of a batch kept in memory (the chunk size is a constant).
+ *
+ * AVX2 (with F16C, for the f16 scales: every AVX2 CPU has it) is compiled with function target
+ * attributes, not -mavx2 for the file, so the rest of the file (and the plain path) stay baseline
+ * x86-64; matmul_isa_supported asks the CPU for both at run time. The f16 conversions are exact in
+ * both paths (subnormal scales too), so they cannot make the two differ.
  */
 #include "matmul.h"
 
@@ -30,8 +44,23 @@
 #define MATMUL_HAVE_AVX2 0
 #endif
 
+#define LANES 8 /* f32 accumulator lanes of a row and vector */
+
 size_t matmul_q8_count(uint32_t cols, uint32_t n_x) {
         return (size_t)(cols / MATMUL_BLOCK) * n_x;
+}
+
+/* roundf(v) (halves away from zero) clamped to [-127, 127], a NaN to -127, without the libm calls
+ * (roundf, fmaxf, fminf) that made the quantization cost more than the product: within the clamp,
+ * v - trunc(v) is exact, and its magnitude decides the rounding. */
+static inline int8_t quantize_code(float v) {
+        if (!(v >= -127.0f))
+                return -127;
+        if (v > 127.0f)
+                return 127;
+        int32_t t = (int32_t)v;
+        float f = v - (float)t;
+        return (int8_t)(t + (f >= 0.5f) - (f <= -0.5f));
 }
 
 int matmul_quantize(const float *x, size_t x_stride, uint32_t n_x, uint32_t cols, struct matmul_q8 *ret) {
@@ -49,9 +78,7 @@ int matmul_quantize(const float *x, size_t x_stride, uint32_t n_x, uint32_t cols
                         float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
                         int32_t sum = 0;
                         for (int j = 0; j < MATMUL_BLOCK; j++) {
-                                /* fmaxf/fminf return the other operand for a NaN */
-                                float q = fminf(fmaxf(roundf(xs[j] * id), -127.0f), 127.0f);
-                                o->q[j] = (int8_t)q;
+                                o->q[j] = quantize_code(xs[j] * id);
                                 sum += o->q[j];
                         }
                         o->d = d;
@@ -61,12 +88,12 @@ int matmul_quantize(const float *x, size_t x_stride, uint32_t n_x, uint32_t cols
         return 0;
 }
 
-/* The fast path's weight kinds: how a block decodes to 32 integer codes and how its int32 sum
- * becomes f32. */
+/* The fast path's weight kinds: how a block decodes to 32 integer codes (the 8-bit activations
+ * meet them in an exact integer dot) and what its f32 steps add. */
 enum kind {
         KIND_Q8_0, /* f16 d, int8 q: w = d q */
-        KIND_Q4_0, /* f16 d, nibbles q: w = d (q - 8) */
-        KIND_Q4_1, /* f16 d, f16 m, nibbles q: w = d q + m */
+        KIND_Q4_0, /* f16 d, nibbles q: w = d (q - 8), codes q - 8 */
+        KIND_Q4_1, /* f16 d, f16 m, nibbles q: w = d q + m, codes q and a term m * x_d * sum */
 };
 
 static uint16_t load_u16(const uint8_t *p) {
@@ -76,134 +103,274 @@ static uint16_t load_u16(const uint8_t *p) {
         return v;
 }
 
-/* The one f32 step of every fast kernel: block k's share of dot(row, x), from the exact integer
- * sum of the weight codes times the activation codes. */
-static inline __attribute__((always_inline)) float block_term(enum kind kind, float dw, float mw,
-                                                              const struct matmul_q8 *xb, int32_t sumi) {
-        switch (kind) {
-        case KIND_Q8_0: return (dw * xb->d) * (float)sumi;
-        case KIND_Q4_0: return (dw * xb->d) * (float)(sumi - 8 * xb->sum);
-        case KIND_Q4_1: break;
-        }
-        return (dw * xb->d) * (float)sumi + mw * (xb->d * (float)xb->sum);
-}
-
 static inline __attribute__((always_inline)) uint32_t kind_block_bytes(enum kind kind) {
         return kind == KIND_Q8_0 ? 34 : kind == KIND_Q4_0 ? 18 : 20;
 }
 
-/* A weight block's scales and the offset of its codes. */
-static inline __attribute__((always_inline)) const uint8_t *block_scales(enum kind kind, const uint8_t *blk,
-                                                                         float *dw, float *mw) {
-        *dw = qtype_f16_to_f32(load_u16(blk));
-        *mw = kind == KIND_Q4_1 ? qtype_f16_to_f32(load_u16(blk + 2)) : 0.0f;
-        return blk + (kind == KIND_Q4_1 ? 4 : 2);
+/* Where a weight block's codes start, after its f16 scale (and q4_1's f16 minimum). */
+static inline __attribute__((always_inline)) uint32_t kind_codes_offset(enum kind kind) {
+        return kind == KIND_Q4_1 ? 4 : 2;
+}
+
+/* The fixed tree that ends every row: the eight lanes of lane l, (l0 + l4) + (l2 + l6) + ... */
+static inline __attribute__((always_inline)) float lanes_tree(const float l[LANES]) {
+        float t0 = l[0] + l[4], t1 = l[1] + l[5], t2 = l[2] + l[6], t3 = l[3] + l[7];
+
+        return (t0 + t2) + (t1 + t3);
+}
+
+/* Row r's result for vector b in the order of the header, in plain C: the reference the AVX2
+ * kernels equal bit for bit, and the kernel of CPUs without them. A vector at a time, so that its
+ * accumulators stay out of memory (across a batch they went there, and the chain through memory
+ * cost more than decoding each block once per vector). */
+static inline __attribute__((always_inline)) float row_plain(enum kind kind, const struct matmul *m,
+                                                             uint32_t r, uint32_t b) {
+        uint32_t nb = m->cols / MATMUL_BLOCK, bb = kind_block_bytes(kind);
+        const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
+        const struct matmul_q8 *xq = &m->xq[(size_t)b * nb];
+        float acc[LANES] = { 0 };
+
+        for (uint32_t k = 0; k < nb; k++) {
+                const uint8_t *blk = row + (size_t)k * bb, *qs = blk + kind_codes_offset(kind);
+                if (kind == KIND_Q4_1 && k % LANES == 0) /* a group's minimum terms, lanes past nb +0 */
+                        for (uint32_t i = 0; i < LANES; i++)
+                                acc[i] += k + i < nb ? qtype_f16_to_f32(load_u16(blk + (size_t)i * bb + 2)) *
+                                                               (xq[k + i].d * (float)xq[k + i].sum)
+                                                     : 0.0f;
+                const int8_t *xj = xq[k].q;
+                int8_t wq[MATMUL_BLOCK];
+                for (int j = 0; j < 16; j++) {
+                        if (kind == KIND_Q8_0) {
+                                wq[j] = (int8_t)qs[j];
+                                wq[j + 16] = (int8_t)qs[j + 16];
+                        } else {
+                                int off = kind == KIND_Q4_0 ? 8 : 0;
+                                wq[j] = (int8_t)((qs[j] & 0x0f) - off);
+                                wq[j + 16] = (int8_t)((qs[j] >> 4) - off);
+                        }
+                }
+                int32_t s[LANES];
+                for (int l = 0; l < LANES; l++)
+                        s[l] = wq[4 * l] * xj[4 * l] + wq[4 * l + 1] * xj[4 * l + 1] +
+                               wq[4 * l + 2] * xj[4 * l + 2] + wq[4 * l + 3] * xj[4 * l + 3];
+                float c = qtype_f16_to_f32(load_u16(blk)) * xq[k].d;
+                for (int l = 0; l < LANES; l++)
+                        acc[l] += c * (float)s[l];
+        }
+        return lanes_tree(acc);
 }
 
 static inline __attribute__((always_inline)) void rows_plain(enum kind kind, const struct matmul *m,
                                                              uint32_t r0, uint32_t r1) {
-        uint32_t nb = m->cols / MATMUL_BLOCK, bb = kind_block_bytes(kind);
-
-        for (uint32_t r = r0; r < r1; r++) {
-                const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
-                for (uint32_t b0 = 0; b0 < m->n_x; b0 += MATMUL_CHUNK) {
-                        uint32_t bn = m->n_x - b0 < MATMUL_CHUNK ? m->n_x - b0 : MATMUL_CHUNK;
-                        float acc[MATMUL_CHUNK] = { 0 };
-                        for (uint32_t k = 0; k < nb; k++) {
-                                float dw, mw;
-                                const uint8_t *qs = block_scales(kind, row + (size_t)k * bb, &dw, &mw);
-                                int8_t wq[MATMUL_BLOCK];
-                                if (kind == KIND_Q8_0)
-                                        memcpy(wq, qs, MATMUL_BLOCK);
-                                else
-                                        for (int j = 0; j < 16; j++) {
-                                                wq[j] = (int8_t)(qs[j] & 0x0f);
-                                                wq[j + 16] = (int8_t)(qs[j] >> 4);
-                                        }
-                                for (uint32_t b = 0; b < bn; b++) {
-                                        const struct matmul_q8 *xb = &m->xq[(size_t)(b0 + b) * nb + k];
-                                        int32_t sumi = 0;
-                                        for (int j = 0; j < MATMUL_BLOCK; j++)
-                                                sumi += wq[j] * xb->q[j];
-                                        acc[b] += block_term(kind, dw, mw, xb, sumi);
-                                }
-                        }
-                        for (uint32_t b = 0; b < bn; b++)
-                                m->y[(size_t)(b0 + b) * m->y_stride + r] = acc[b];
-                }
-        }
+        for (uint32_t r = r0; r < r1; r++)
+                for (uint32_t b = 0; b < m->n_x; b++)
+                        m->y[(size_t)b * m->y_stride + r] = row_plain(kind, m, r, b);
 }
 
 #if MATMUL_HAVE_AVX2
-/* The eight int32 sums of v[0..8): out[i] = the sum of v[i]'s lanes, by a tree of horizontal adds
- * (one reduction for eight blocks instead of eight). */
-__attribute__((target("avx2"))) static inline void hsum8_i32(const __m256i v[8], int32_t out[8]) {
-        __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
-        __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
-        __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
-        /* ab holds v0..v3's halves: low lane sums of the low 128 bits, high lane of the high */
-        __m256i lo = _mm256_permute2x128_si256(ab, cd, 0x20), hi = _mm256_permute2x128_si256(ab, cd, 0x31);
+#define AVX2_TARGET __attribute__((target("avx2,f16c")))
 
-        _mm256_storeu_si256((__m256i *)out, _mm256_add_epi32(lo, hi));
-}
-
-/* A weight block's 32 codes as bytes: nibbles unsigned (0..15), q8_0 as stored. */
-__attribute__((target("avx2"))) static inline __m256i block_codes(enum kind kind, const uint8_t *qs) {
+/* A weight block's 32 codes as bytes: q4_1's unsigned nibbles (0..15), q4_0's nibbles - 8, q8_0's
+ * as stored. Nibbles: both halves of the 16 bytes, the high lane shifted by 4, then masked. */
+AVX2_TARGET static inline __attribute__((always_inline)) __m256i block_codes(enum kind kind,
+                                                                             const uint8_t *qs) {
         if (kind == KIND_Q8_0)
                 return _mm256_loadu_si256((const __m256i *)qs);
-        __m128i h = _mm_loadu_si128((const __m128i *)qs);
-        return _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(h), _mm_srli_epi16(h, 4), 1),
-                                _mm256_set1_epi8(0x0f));
+        __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+        __m256i c = _mm256_and_si256(_mm256_srlv_epi64(h, _mm256_setr_epi64x(0, 0, 4, 4)),
+                                     _mm256_set1_epi8(0x0f));
+        return kind == KIND_Q4_0 ? _mm256_sub_epi8(c, _mm256_set1_epi8(8)) : c;
 }
 
-/* The int32 lanes of a weight block times an activation block. Nibble codes are unsigned, so
- * maddubs(codes, x) is exact (pairs at most 2 * 15 * 127); q8_0 codes are signed, so their sign
- * moves onto x first (|w| * sign(w) x, pairs at most 2 * 128 * 127 < 2^15). */
-__attribute__((target("avx2"))) static inline __m256i block_dot(enum kind kind, __m256i wv,
-                                                                const struct matmul_q8 *xb) {
-        __m256i xv = _mm256_loadu_si256((const __m256i *)xb->q), p;
+/* The block's lane sums s_l (elements 4l .. 4l + 3) as f32, exact. Unsigned codes go straight into
+ * maddubs (pairs at most 2 * 15 * 127); signed codes move their sign onto x first, |w| sign(w) x
+ * (pairs at most 2 * 128 * 127 < 2^15). wa is |w| for signed codes. */
+AVX2_TARGET static inline __attribute__((always_inline)) __m256
+block_lanes(enum kind kind, __m256i w, __m256i wa, const struct matmul_q8 *xb) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)xb->q), p;
 
-        if (kind == KIND_Q8_0)
-                p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+        if (kind == KIND_Q4_1)
+                p = _mm256_maddubs_epi16(w, x);
         else
-                p = _mm256_maddubs_epi16(wv, xv);
-        return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+                p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, w));
+        return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 
-/* rows_plain's loops and f32 steps, with the blocks taken eight at a time: their integer sums are
- * reduced together (hsum8_i32), then added to the row's sum one block at a time, in order. */
-__attribute__((target("avx2"))) static inline void rows_avx2(enum kind kind, const struct matmul *m,
-                                                             uint32_t r0, uint32_t r1) {
-        uint32_t nb = m->cols / MATMUL_BLOCK, bb = kind_block_bytes(kind);
+/* The f32 side of the activations, laid out for the AVX2 kernels: for each vector, x_d of every
+ * block and (q4_1) x_d * sum, contiguous, padded with zeros to a multiple of eight blocks. Built
+ * once per call for every vector it can hold (they would otherwise be gathered from the struct
+ * matmul_q8 blocks, 40 bytes apart, once per row). */
+#define SCALES_MAX 2048 /* (vector, block) pairs on the stack, 16 KB */
 
-        for (uint32_t r = r0; r < r1; r++) {
-                const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
-                for (uint32_t b0 = 0; b0 < m->n_x; b0 += MATMUL_CHUNK) {
-                        uint32_t bn = m->n_x - b0 < MATMUL_CHUNK ? m->n_x - b0 : MATMUL_CHUNK;
-                        float acc[MATMUL_CHUNK] = { 0 };
-                        for (uint32_t k0 = 0; k0 < nb; k0 += 8) {
-                                uint32_t kn = nb - k0 < 8 ? nb - k0 : 8;
-                                __m256i wv[8], pv[8];
-                                float dw[8], mw[8];
-                                int32_t sumi[8];
-                                for (uint32_t i = 0; i < 8; i++) {
-                                        /* a short last group repeats its first block; those sums go unused */
-                                        const uint8_t *qs =
-                                                block_scales(kind, row + (size_t)(k0 + (i < kn ? i : 0)) * bb,
-                                                             &dw[i], &mw[i]);
-                                        wv[i] = block_codes(kind, qs);
-                                }
-                                for (uint32_t b = 0; b < bn; b++) {
-                                        const struct matmul_q8 *xb = &m->xq[(size_t)(b0 + b) * nb + k0];
-                                        for (uint32_t i = 0; i < 8; i++)
-                                                pv[i] = block_dot(kind, wv[i], &xb[i < kn ? i : 0]);
-                                        hsum8_i32(pv, sumi);
-                                        for (uint32_t i = 0; i < kn; i++)
-                                                acc[b] += block_term(kind, dw[i], mw[i], &xb[i], sumi[i]);
+struct scales {
+        uint32_t nbp; /* blocks per vector, padded */
+        float xd[SCALES_MAX], xs[SCALES_MAX];
+};
+
+/* f16 value o bytes into each of a group's kn blocks, bb bytes apart, as f32; lanes past kn repeat
+ * block 0 (their products are masked or unused). */
+AVX2_TARGET static inline __attribute__((always_inline)) __m256 group_halves(const uint8_t *g, uint32_t bb,
+                                                                             uint32_t o, uint32_t kn) {
+        const uint8_t *p[LANES];
+        for (uint32_t i = 0; i < LANES; i++)
+                p[i] = g + (size_t)(i < kn ? i : 0) * bb + o;
+        return _mm256_cvtph_ps(_mm_setr_epi16(load_u16(p[0]), load_u16(p[1]), load_u16(p[2]), load_u16(p[3]),
+                                              load_u16(p[4]), load_u16(p[5]), load_u16(p[6]),
+                                              load_u16(p[7])));
+}
+
+#define LOAD128(p) _mm_loadu_si128((const __m128i *)(p))
+
+/* The scales (and q4_1's minimums) of a group of eight blocks, as f32, without a load per scale:
+ * block i's scale lies in the 16 bytes at 16 i (q4_0, 18-byte blocks), 32 i (q8_0, 34) or
+ * 16 i + 16 (i >= 4) (q4_1's scale and minimum, 20), at word i (q4_1: dword i mod 4), so a blend
+ * of whole 16-byte loads, all inside the group, collects them. A short group takes group_halves. */
+AVX2_TARGET static inline __attribute__((always_inline)) void
+group_scales(enum kind kind, const uint8_t *g, uint32_t kn, __m256 *dw, __m256 *mw) {
+        uint32_t bb = kind_block_bytes(kind);
+
+        if (kn < LANES) {
+                *dw = group_halves(g, bb, 0, kn);
+                *mw = kind == KIND_Q4_1 ? group_halves(g, bb, 2, kn) : _mm256_setzero_ps();
+                return;
+        }
+        if (kind == KIND_Q4_1) {
+                __m128i lo = _mm_blend_epi32(_mm_blend_epi32(LOAD128(g), LOAD128(g + 16), 0x2),
+                                             _mm_blend_epi32(LOAD128(g + 32), LOAD128(g + 48), 0x8), 0xc);
+                __m128i hi = _mm_blend_epi32(_mm_blend_epi32(LOAD128(g + 80), LOAD128(g + 96), 0x2),
+                                             _mm_blend_epi32(LOAD128(g + 112), LOAD128(g + 128), 0x8), 0xc);
+                __m128i split = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+                lo = _mm_shuffle_epi8(lo, split); /* d0..d3, m0..m3 */
+                hi = _mm_shuffle_epi8(hi, split);
+                *dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(lo, hi));
+                *mw = _mm256_cvtph_ps(_mm_unpackhi_epi64(lo, hi));
+                return;
+        }
+        uint32_t step = kind == KIND_Q8_0 ? 32 : 16;
+        __m128i h01 = _mm_blend_epi16(LOAD128(g), LOAD128(g + step), 0x02);
+        __m128i h23 = _mm_blend_epi16(LOAD128(g + 2 * step), LOAD128(g + 3 * step), 0x08);
+        __m128i h45 = _mm_blend_epi16(LOAD128(g + 4 * step), LOAD128(g + 5 * step), 0x20);
+        __m128i h67 = _mm_blend_epi16(LOAD128(g + 6 * step), LOAD128(g + 7 * step), 0x80);
+        *dw = _mm256_cvtph_ps(
+                _mm_blend_epi16(_mm_blend_epi16(h01, h23, 0x0c), _mm_blend_epi16(h45, h67, 0xc0), 0xf0));
+        *mw = _mm256_setzero_ps();
+}
+
+/* lanes_tree in registers: the halves added (l_i + l_{i+4}), then pairs, then the two. */
+AVX2_TARGET static inline __attribute__((always_inline)) float tree_avx2(__m256 v) {
+        __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+        return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+}
+
+/* row_plain for NR rows from r and NB vectors from b0 (constants, NR * NB <= 8: the accumulators
+ * stay in registers; rows side by side give the out-of-order core independent chains when the
+ * batch is small), blocks in groups of eight: a group's scales are converted together (F16C
+ * converts every f16 exactly, as qtype_f16_to_f32 does), the products c = d_w d_x go to memory
+ * for a broadcast per block, and q4_1's minimum terms of the group, one vector (block k0 + i in
+ * lane i, empty lanes +0), go into the accumulator ahead of the group's products. xd and xs are
+ * vector b0's scales. */
+AVX2_TARGET static inline __attribute__((always_inline)) void
+tile_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t b0, const int NR, const int NB,
+          const struct scales *sc, const float *xd, const float *xs) {
+        uint32_t nb = m->cols / MATMUL_BLOCK, bb = kind_block_bytes(kind), nbp = sc->nbp;
+        const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
+        const struct matmul_q8 *xq = m->xq + (size_t)b0 * nb;
+        __m256 acc[4][MATMUL_CHUNK];
+        float c[4][MATMUL_CHUNK][LANES] __attribute__((aligned(32)));
+
+        _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++)
+                _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) acc[rr][b] = _mm256_setzero_ps();
+        for (uint32_t k0 = 0; k0 < nb; k0 += LANES) {
+                uint32_t kn = nb - k0 < LANES ? nb - k0 : LANES;
+                __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                        _mm256_set1_epi32((int)kn), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+                _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++) {
+                        const uint8_t *g = row + (size_t)rr * m->row_bytes + (size_t)k0 * bb;
+                        __m256 dw, mw;
+                        group_scales(kind, g, kn, &dw, &mw);
+                        _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
+                                _mm256_store_ps(
+                                        c[rr][b],
+                                        _mm256_mul_ps(dw, _mm256_loadu_ps(xd + (size_t)b * nbp + k0)));
+                                if (kind == KIND_Q4_1) {
+                                        __m256 t =
+                                                _mm256_mul_ps(mw, _mm256_loadu_ps(xs + (size_t)b * nbp + k0));
+                                        acc[rr][b] = _mm256_add_ps(acc[rr][b], _mm256_and_ps(t, live));
                                 }
                         }
-                        for (uint32_t b = 0; b < bn; b++)
-                                m->y[(size_t)(b0 + b) * m->y_stride + r] = acc[b];
+                }
+                for (uint32_t i = 0; i < kn; i++) {
+                        _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++) {
+                                const uint8_t *blk = row + (size_t)rr * m->row_bytes + (size_t)(k0 + i) * bb;
+                                __m256i w = block_codes(kind, blk + kind_codes_offset(kind));
+                                __m256i wa = kind == KIND_Q4_1 ? w : _mm256_sign_epi8(w, w);
+                                _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
+                                        __m256 s = block_lanes(kind, w, wa, xq + (size_t)b * nb + k0 + i);
+                                        acc[rr][b] = _mm256_add_ps(
+                                                acc[rr][b],
+                                                _mm256_mul_ps(_mm256_broadcast_ss(&c[rr][b][i]), s));
+                                }
+                        }
+                }
+        }
+        _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++)
+                _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
+                m->y[(size_t)(b0 + b) * m->y_stride + r + rr] = tree_avx2(acc[rr][b]);
+        }
+}
+
+/* Rows [r, r + nr) (nr 1 or 4) for vectors [b0, b0 + NB), as tiles of at most 8 accumulators. */
+AVX2_TARGET static inline __attribute__((always_inline)) void
+rows_chunk_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t nr, uint32_t b0, const int NB,
+                const struct scales *sc, const float *xd, const float *xs) {
+        if (nr == 4 && NB <= 2)
+                tile_avx2(kind, m, r, b0, 4, NB, sc, xd, xs);
+        else if (nr == 4 && NB == 4) {
+                tile_avx2(kind, m, r, b0, 2, NB, sc, xd, xs);
+                tile_avx2(kind, m, r + 2, b0, 2, NB, sc, xd, xs);
+        } else
+                for (uint32_t rr = 0; rr < nr; rr++)
+                        tile_avx2(kind, m, r + rr, b0, 1, NB, sc, xd, xs);
+}
+
+/* Passes of as many vectors as struct scales holds; in each, four rows at a time (then one), the
+ * vectors in chunks of 8, then 4, 2, 1 (a vector's result is the same in any chunk, tile and
+ * pass). Rows longer than the scales hold (over 65,536 columns) take the plain kernel, which gives
+ * the same bits. */
+AVX2_TARGET static inline __attribute__((always_inline)) void
+rows_avx2(enum kind kind, const struct matmul *m, uint32_t r0, uint32_t r1) {
+        uint32_t nb = m->cols / MATMUL_BLOCK;
+        struct scales sc;
+
+        sc.nbp = (nb + LANES - 1) / LANES * LANES;
+        if (sc.nbp > SCALES_MAX) {
+                rows_plain(kind, m, r0, r1);
+                return;
+        }
+        uint32_t per = SCALES_MAX / sc.nbp;
+        for (uint32_t p0 = 0; p0 < m->n_x; p0 += per) {
+                uint32_t pn = m->n_x - p0 < per ? m->n_x - p0 : per;
+                for (uint32_t b = 0; b < pn; b++)
+                        for (uint32_t k = 0; k < sc.nbp; k++) {
+                                const struct matmul_q8 *xb = &m->xq[(size_t)(p0 + b) * nb + k];
+                                sc.xd[b * sc.nbp + k] = k < nb ? xb->d : 0.0f;
+                                sc.xs[b * sc.nbp + k] = k < nb ? xb->d * (float)xb->sum : 0.0f;
+                        }
+                for (uint32_t r = r0, nr; r < r1; r += nr) {
+                        nr = r1 - r >= 4 ? 4 : 1;
+                        for (uint32_t b = 0; b < pn;) {
+                                const float *xd = sc.xd + b * sc.nbp, *xs = sc.xs + b * sc.nbp;
+                                uint32_t left = pn - b;
+                                if (left >= 8)
+                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 8, &sc, xd, xs), b += 8;
+                                else if (left >= 4)
+                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 4, &sc, xd, xs), b += 4;
+                                else if (left >= 2)
+                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 2, &sc, xd, xs), b += 2;
+                                else
+                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 1, &sc, xd, xs), b += 1;
+                        }
                 }
         }
 }
@@ -218,8 +385,7 @@ typedef void rows_fn(const struct matmul *m, uint32_t r0, uint32_t r1);
         KERNEL_AVX2(k, name)
 #if MATMUL_HAVE_AVX2
 #define KERNEL_AVX2(k, name)                                                                                 \
-        __attribute__((target("avx2"))) static void avx2_##name(const struct matmul *m, uint32_t r0,         \
-                                                                uint32_t r1) {                               \
+        AVX2_TARGET static void avx2_##name(const struct matmul *m, uint32_t r0, uint32_t r1) {              \
                 rows_avx2(k, m, r0, r1);                                                                     \
         }
 #define AVX2(name) avx2_##name
@@ -271,7 +437,7 @@ int matmul_isa_supported(enum matmul_isa isa) {
         case MATMUL_ISA_PLAIN: return 1;
         case MATMUL_ISA_AVX2:
 #if MATMUL_HAVE_AVX2
-                return __builtin_cpu_supports("avx2") ? 1 : 0;
+                return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 0;
 #else
                 return 0;
 #endif

@@ -8,21 +8,25 @@
  *   row is dequantized once for up to MATMUL_CHUNK vectors.
  * - The fast path (xq from matmul_quantize) is llama.cpp's: the activations are quantized once per
  *   product to blocks of 32 int8 with an f32 scale (struct matmul_q8), and a q8_0, q4_0 or q4_1
- *   weight block meets an activation block in an integer dot product, exact in int32; the block
- *   sums are scaled and added in f32 in block order. The f32, f16 and bf16 rows have no integer
- *   form and take the exact path either way. Each weight block is read once for all B vectors,
- *   which is what makes a batch pay.
+ *   weight block meets an activation block in an integer dot product, exact in int32, as eight
+ *   lane sums (lane l: elements 4l .. 4l + 3). The f32 steps: lane l of block k, times
+ *   d_w d_x, goes into f32 accumulator lane l; q4_1's m d_x sum(q) of block k goes into lane
+ *   k % 8, ahead of its group of eight blocks; a fixed tree adds the lanes at the end of the
+ *   row. The f32, f16 and bf16 rows have no integer form and take the exact path either way.
+ *   Each weight block is read once for all B vectors, which is what makes a batch pay.
  *
  * Both paths are deterministic and give the same y[b][r] whatever the batch (B, which b) and the
  * row range: a row's result depends on the row and its vector alone. The fast path has two
- * implementations, plain C and AVX2 (chosen at run time when the CPU has it, or by isa); they agree
- * bit for bit, because the integer sums are exact and the f32 steps are the same in both.
+ * implementations, plain C and AVX2 with F16C (chosen at run time when the CPU has them, or by
+ * isa); they agree bit for bit, because the integer sums are exact and the f32 steps are the same
+ * in both.
  *
  * The fast path's error. Activation block k of x has scale d_k = max|x_j| / 127 over its 32
  * elements and codes q_j = round(x_j / d_k), so |x_j - q_j d_k| <= d_k / 2 (plus an f32 rounding of
  * x_j / d_k). The fast result is then the exact dot of W with the rounded activations, hence
- * |fast - exact| <= sum_k (d_k / 2) sum_{j in k} |w_j|, plus f32 rounding of the block sums
- * (tests/unit/test_qtype.c checks this bound with its rounding terms).
+ * |fast - exact| <= sum_k (d_k / 2) sum_{j in k} |w_j|, plus f32 rounding of the lane sums, each
+ * term rounded at most n / 32 + n / 256 + 10 times (tests/unit/test_qtype.c checks this bound with
+ * its rounding terms).
  */
 #ifndef KVC_ENGINE_MATMUL_H
 #define KVC_ENGINE_MATMUL_H

@@ -4,10 +4,13 @@
  * Owns: every computing row's dequantize on hand-built blocks of known values; f16 and bf16 to f32
  * for every one of the 65,536 bit patterns; dot as the lane-ordered sum of dequantized products
  * (bit for bit against a transcription of qtype.h's order, and within its rounding bound of the
- * exact sum); the activation quantization's round trip; the fast product within the bound that
- * 8-bit activations imply; the exact product equal to dot; batches, row ranges and the AVX2
- * kernels equal to single products, one full call and the plain kernels, bit for bit; and the
- * products matmul_rows refuses. The real tensors of SmolLM2 are tests/engine/dequant.sh's.
+ * exact sum); the activation quantization's round trip (codes those of roundf, halves away from
+ * zero); the fast product within the bound that 8-bit activations imply; the exact product equal
+ * to dot; batches (whole, single, and of 4, 7, 5, 3 vectors: every chunk and tile of the AVX2
+ * kernels), row ranges and the AVX2 kernels equal to single products, one full call and the plain
+ * kernels, bit for bit; both fast kernels equal to a transcription of matmul.h's order, with
+ * subnormal and zero scales too; and the products matmul_rows refuses. The real tensors of
+ * SmolLM2 are tests/engine/dequant.sh's.
  *
  * The fast path's bound. With u = 2^-24, activation block k has scale d_k and codes q_j with
  * |x_j - q_j d_k| <= d_k (1/2 + 254 u) (the rounding of x_j / d_k adds at most 2 u |x_j| / d_k <=
@@ -16,12 +19,14 @@
  *     Q = sum_k d_k (1/2 + 254 u) sum_{j in k} |w_j|.
  * On top of that come f32 roundings, each at most u times the magnitude it rounds: the exact path's
  * (n / 8 + 3 for the lanes and the tree, 1 for each product), the dequantization's (2: d q, + m),
- * the fast path's block term (3 roundings, whose operands are bounded by the weight components
- * |d q| + |m| times |q_j d_k| <= |x_j| + d_k) and its running sum over n / 32 blocks. With
- * M_k = max over block k of |d code| + |m| and A = sum_k M_k sum_{j in k} (|x_j| + d_k), the test
- * allows Q + (n / 32 + n / 8 + 10) u A, times 1.01 for second-order terms. Q is loose for any one
- * row (it adds worst cases), so the test also compares the fast result with the row times the
- * rounded activations q_j d_k in double, within (n / 32 + 10) u A: f32 rounding only.
+ * the fast path's terms (2 roundings each: d_w d_x and its product with a lane sum, or q4_1's
+ * m (d_x sum); their operands are bounded by the weight components |d q| + |m| times
+ * |q_j d_k| <= |x_j| + d_k) and its eight lanes, each a running sum of n / 32 products and
+ * n / 256 minimum terms, then the 3 adds of the tree. With M_k = max over block k of
+ * |d code| + |m| and A = sum_k M_k sum_{j in k} (|x_j| + d_k), the test allows
+ * Q + (n / 32 + n / 256 + n / 8 + 10) u A, times 1.01 for second-order terms. Q is loose for any
+ * one row (it adds worst cases), so the test also compares the fast result with the row times the
+ * rounded activations q_j d_k in double, within (n / 32 + n / 256 + 10) u A: f32 rounding only.
  */
 #include <errno.h>
 #include <float.h>
@@ -270,6 +275,10 @@ static void quantize_stays_within_half_a_step(void **state) {
                                                 fail_msg("x %.9g, code %d, scale %.9g", (double)xs[j],
                                                          o->q[j], (double)o->d);
                                         assert_true(o->q[j] >= -127 && o->q[j] <= 127);
+                                        float id = o->d > 0.0f ? 1.0f / o->d : 0.0f;
+                                        assert_int_equal(
+                                                o->q[j],
+                                                (int8_t)fminf(fmaxf(roundf(xs[j] * id), -127.0f), 127.0f));
                                         sum += o->q[j];
                                         top = abs(o->q[j]) > top ? abs(o->q[j]) : top;
                                 }
@@ -277,6 +286,17 @@ static void quantize_stays_within_half_a_step(void **state) {
                                 assert_int_equal(top, o->d > 0 ? 127 : 0);
                         }
         }
+        /* halves round away from zero (scale 1: the block's largest magnitude is 127) */
+        static const float halves[] = {
+                0.5f, 1.5f, -2.5f, 126.5f, -126.5f, 0.49999997f, -0.5f, 127.0f, -0.0f
+        };
+        static const int8_t rounded[] = { 1, 2, -3, 127, -127, 0, -1, 127, 0 };
+        memset(x, 0, 32 * sizeof(float));
+        memcpy(x, halves, sizeof(halves));
+        assert_int_equal(matmul_quantize(x, 32, 1, 32, q), 0);
+        assert_true(q[0].d == 1.0f);
+        for (size_t j = 0; j < sizeof(rounded); j++)
+                assert_int_equal(q[0].q[j], rounded[j]);
         /* non-finite input gives defined codes */
         for (int j = 0; j < 32; j++)
                 x[j] = j % 3 ? NAN : INFINITY;
@@ -357,9 +377,9 @@ static void exact_product_equals_dot_bit_for_bit(void **state) {
         }
 }
 
-/* Q + (n / 32 + n / 8 + 10) u A of the header, for row r and vector b of p. With ret_rounded,
- * also the dot of the row with the rounded activations q_j d_k (in double), which the fast result
- * equals within (n / 32 + 10) u A: the f32 roundings alone. */
+/* Q + (n / 32 + n / 256 + n / 8 + 10) u A of the header, for row r and vector b of p. With
+ * ret_rounded, also the dot of the row with the rounded activations q_j d_k (in double), which the
+ * fast result equals within (n / 32 + n / 256 + 10) u A: the f32 roundings alone. */
 static double fast_bound(const struct product *p, uint32_t r, uint32_t b, double *ret_rounded,
                          double *ret_rounding) {
         const uint8_t *row = p->w + r * qtype_row_bytes(p->t, p->cols);
@@ -387,8 +407,8 @@ static double fast_bound(const struct product *p, uint32_t r, uint32_t b, double
                 a += mk * sx;
         }
         *ret_rounded = rounded;
-        *ret_rounding = (p->cols / 32.0 + 10) * U * a * 1.01;
-        return (q + (p->cols / 32.0 + p->cols / 8.0 + 10) * U * a) * 1.01;
+        *ret_rounding = (p->cols / 32.0 + p->cols / 256.0 + 10) * U * a * 1.01;
+        return (q + (p->cols / 32.0 + p->cols / 256.0 + p->cols / 8.0 + 10) * U * a) * 1.01;
 }
 
 static void fast_product_stays_within_the_activation_rounding_bound(void **state) {
@@ -444,6 +464,15 @@ static void products_agree_bit_for_bit(const struct product *p, int fast, enum m
                 fail_msg("%s %s: B single products differ from one batch of %u", p->t->name,
                          fast ? "fast" : "exact", p->n_x);
         memset(y, 0, bytes);
+        for (uint32_t b = 0, n; b < p->n_x; b += n) { /* batches of 4, 7, 5, 3: every chunk and tile */
+                n = (uint32_t[]){ 4, 7, 5, 3 }[b % 4];
+                n = n < p->n_x - b ? n : p->n_x - b;
+                assert_int_equal(run(p, fast, isa, b, n, 0, p->rows, y), 0);
+        }
+        if (memcmp(y, ref, bytes))
+                fail_msg("%s %s: batches of 4, 7, 5 and 3 differ from one batch of %u", p->t->name,
+                         fast ? "fast" : "exact", p->n_x);
+        memset(y, 0, bytes);
         for (uint32_t r0 = 0, r1; r0 < p->rows; r0 = r1) {
                 r1 = r0 + rng_below(p->rows - r0 + 1); /* an empty range too */
                 assert_int_equal(run(p, fast, isa, 0, p->n_x, r0, r1, y), 0);
@@ -487,6 +516,91 @@ static void batches_row_ranges_and_kernels_agree_bit_for_bit(void **state) {
         }
         if (!matmul_isa_supported(MATMUL_ISA_AVX2))
                 fprintf(stderr, "test_qtype: this CPU has no AVX2; only the plain kernels were compared\n");
+}
+
+/* matmul.h's fast order, transcribed: block k's lane sums s_l (elements 4l .. 4l + 3) times
+ * d_w d_x into lane l; for q4_1, before each group of eight blocks, block k0 + i's m d_x sum into
+ * lane i (lanes past the last block add +0, as the AVX2 kernel's do); then the tree
+ * ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). */
+static float tree8(const float l[8]) {
+        return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+static float fast_in_header_order(const struct product *p, uint32_t r, uint32_t b) {
+        const uint8_t *row = p->w + r * qtype_row_bytes(p->t, p->cols);
+        const struct matmul_q8 *xq = p->xq + matmul_q8_count(p->cols, b);
+        uint32_t nb = p->cols / 32, id = p->t->id;
+        float acc[8] = { 0 };
+        uint16_t h;
+
+        for (uint32_t k = 0; k < nb; k++) {
+                const uint8_t *blk = row + k * p->t->bytes, *qs = blk + (id == QTYPE_Q4_1 ? 4 : 2);
+                for (uint32_t i = 0; id == QTYPE_Q4_1 && k % 8 == 0 && i < 8; i++) {
+                        float t = 0.0f;
+                        if (k + i < nb) {
+                                memcpy(&h, blk + i * p->t->bytes + 2, 2);
+                                t = qtype_f16_to_f32(h) * (xq[k + i].d * (float)xq[k + i].sum);
+                        }
+                        acc[i] += t;
+                }
+                int w[32];
+                for (int j = 0; j < 32; j++)
+                        w[j] = id == QTYPE_Q8_0 ? (int8_t)qs[j]
+                                                : ((j < 16 ? qs[j] & 0x0f : qs[j - 16] >> 4) -
+                                                   (id == QTYPE_Q4_0 ? 8 : 0));
+                memcpy(&h, blk, 2);
+                float c = qtype_f16_to_f32(h) * xq[k].d;
+                for (int l = 0; l < 8; l++) {
+                        int32_t sl = 0;
+                        for (int j = 4 * l; j < 4 * l + 4; j++)
+                                sl += w[j] * xq[k].q[j];
+                        acc[l] += c * (float)sl;
+                }
+        }
+        return tree8(acc);
+}
+
+/* Both kernels compute the header's order bit for bit, also with the scales the random weights
+ * lack: subnormal f16 (F16C and qtype_f16_to_f32 must convert them alike), zeros of both signs,
+ * and an activation block of zeros; rows of 13 blocks (a short last group). */
+static void fast_kernels_follow_the_header_order_with_any_scale(void **state) {
+        static const uint32_t ids[] = { QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1 };
+        static const enum matmul_isa isas[] = { MATMUL_ISA_PLAIN, MATMUL_ISA_AVX2 };
+
+        (void)state;
+        rng_state = 0x56;
+        for (size_t ti = 0; ti < 3; ti++) {
+                struct product p;
+                product_new(&p, ids[ti], 9, 32 * 13, 11);
+                size_t rb = qtype_row_bytes(p.t, p.cols);
+                for (uint32_t r = 0; r < p.rows; r++)
+                        for (uint32_t k = 0; k < p.cols / 32; k++)
+                                for (int o = 0; o < (ids[ti] == QTYPE_Q4_1 ? 4 : 2); o += 2) {
+                                        uint32_t pick = rng_below(4);
+                                        uint16_t v = (uint16_t)(rng_below(2) << 15);
+                                        v |= pick == 0   ? 1 + rng_below(0x3ff)
+                                             : pick == 1 ? 0
+                                                         : rng_half_scale() & 0x7fff;
+                                        put_u16(p.w + r * rb + k * p.t->bytes + o, v);
+                                }
+                memset(p.x + 32, 0, 32 * sizeof(float)); /* vector 0, block 1 */
+                assert_int_equal(matmul_quantize(p.x, p.cols, p.n_x, p.cols, p.xq), 0);
+                for (size_t ii = 0; ii < 2; ii++) {
+                        if (!matmul_isa_supported(isas[ii]))
+                                continue;
+                        assert_int_equal(run(&p, 1, isas[ii], 0, p.n_x, 0, p.rows, p.y), 0);
+                        for (uint32_t b = 0; b < p.n_x; b++)
+                                for (uint32_t r = 0; r < p.rows; r++) {
+                                        float want = fast_in_header_order(&p, r, b);
+                                        if (memcmp(&want, &p.y[b * p.rows + r], 4))
+                                                fail_msg("%s isa %d row %u vector %u: %.9g, in the header's "
+                                                         "order %.9g",
+                                                         p.t->name, isas[ii], r, b,
+                                                         (double)p.y[b * p.rows + r], (double)want);
+                                }
+                }
+                product_free(&p);
+        }
 }
 
 static void matmul_rejects_what_it_cannot_compute(void **state) {
@@ -550,6 +664,7 @@ int main(void) {
                 cmocka_unit_test(exact_product_equals_dot_bit_for_bit),
                 cmocka_unit_test(fast_product_stays_within_the_activation_rounding_bound),
                 cmocka_unit_test(batches_row_ranges_and_kernels_agree_bit_for_bit),
+                cmocka_unit_test(fast_kernels_follow_the_header_order_with_any_scale),
                 cmocka_unit_test(matmul_rejects_what_it_cannot_compute),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
