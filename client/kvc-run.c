@@ -289,6 +289,27 @@ static void json_escape(FILE *f, const char *s, size_t n) {
         }
 }
 
+/* Generated text kept for the end (--json, batches): NUL-terminated, grown by doubling. */
+struct textbuf {
+        char *s;
+        size_t len, cap;
+};
+
+static int textbuf_append(struct textbuf *t, const char *piece, size_t n) {
+        if (t->len + n + 1 > t->cap) {
+                size_t cap = (t->cap + n + 1) * 2;
+                char *p = realloc(t->s, cap);
+                if (!p)
+                        return -ENOMEM;
+                t->s = p;
+                t->cap = cap;
+        }
+        memcpy(t->s + t->len, piece, n);
+        t->len += n;
+        t->s[t->len] = '\0';
+        return 0;
+}
+
 static double seconds(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -303,8 +324,7 @@ struct runner {
         struct plain_cache *plain;
         struct kvc_client *client;
         struct kvc_session *session;
-        char *text;
-        size_t text_len, text_cap;
+        struct textbuf text;
         int *prompt; /* the prompt's tokens, BOS first */
         int n_prompt;
         char model_id[40]; /* names the weights, for shared prefixes */
@@ -321,17 +341,7 @@ static int emit(struct runner *r, const char *piece, size_t n) {
                 fflush(stdout);
                 return 0;
         }
-        if (r->text_len + n + 1 > r->text_cap) {
-                size_t cap = (r->text_cap + n + 1) * 2;
-                char *t = realloc(r->text, cap);
-                if (!t)
-                        return -ENOMEM;
-                r->text = t;
-                r->text_cap = cap;
-        }
-        memcpy(r->text + r->text_len, piece, n);
-        r->text_len += n;
-        return 0;
+        return textbuf_append(&r->text, piece, n);
 }
 
 static int connect_kvcd(struct runner *r) {
@@ -606,24 +616,12 @@ struct seq {
         struct sampler *sampler;
         struct kvc_session *session;
         struct plain_cache *plain;
-        char *text;
-        size_t text_len, text_cap;
+        struct textbuf text;
         struct kvc_session_stats stats;
 };
 
 static int seq_emit(struct seq *q, const char *piece, size_t n) {
-        if (q->text_len + n + 1 > q->text_cap) {
-                size_t cap = (q->text_cap + n + 1) * 2;
-                char *t = realloc(q->text, cap);
-                if (!t)
-                        return -ENOMEM;
-                q->text = t;
-                q->text_cap = cap;
-        }
-        memcpy(q->text + q->text_len, piece, n);
-        q->text_len += n;
-        q->text[q->text_len] = '\0';
-        return 0;
+        return textbuf_append(&q->text, piece, n);
 }
 
 /* The prompts of a batch: --prompts FILE's lines (at most --batch of them), else --batch copies of
@@ -806,7 +804,7 @@ static int run_batch(struct runner *r) {
                        positions / (dt > 0 ? dt : 1e-9), r->o.local ? "true" : "false");
                 for (int i = 0; i < n; i++) {
                         printf("%s{\"positions\":%d,\"text\":\"", i ? "," : "", seqs[i].pos);
-                        json_escape(stdout, seqs[i].text ? seqs[i].text : "", seqs[i].text_len);
+                        json_escape(stdout, seqs[i].text.s ? seqs[i].text.s : "", seqs[i].text.len);
                         printf("\"");
                         if (!r->o.local)
                                 printf(",\"kvcd\":{\"steps\":%llu,\"plans_applied\":%llu,\"peak_tokens\":%u,"
@@ -820,13 +818,13 @@ static int run_batch(struct runner *r) {
                 printf("]}\n");
         } else if (e == 0) {
                 for (int i = 0; i < n; i++)
-                        printf("== sequence %d\n%s\n", i, seqs[i].text ? seqs[i].text : "");
+                        printf("== sequence %d\n%s\n", i, seqs[i].text.s ? seqs[i].text.s : "");
         }
         for (int i = 0; i < n; i++) {
                 plain_cache_free(seqs[i].plain);
                 sampler_free(seqs[i].sampler);
                 free(seqs[i].prompt);
-                free(seqs[i].text);
+                free(seqs[i].text.s);
         }
         return e;
 }
@@ -863,6 +861,10 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "kvc-run: cannot load the tokenizer of %s: %s%s%s\n",
                         model_is_gguf(r.model) ? r.o.model : r.o.tokenizer, strerror(-e), why[0] ? ": " : "",
                         why);
+                goto out;
+        }
+        if ((r.o.batch > 1 || r.o.prompts) && !model_is_gguf(r.model)) {
+                fprintf(stderr, "kvc-run: --batch and --prompts need a GGUF model\n");
                 goto out;
         }
         if (r.o.batch > 1 || r.o.prompts) {
@@ -913,7 +915,7 @@ int main(int argc, char **argv) {
                        "\"local\":%s,\"text\":\"",
                        r.o.local ? "local" : r.o.policy, r.o.budget, steps, dt, steps / (dt > 0 ? dt : 1e-9),
                        r.o.local ? "true" : "false");
-                json_escape(stdout, r.text ? r.text : "", r.text_len);
+                json_escape(stdout, r.text.s ? r.text.s : "", r.text.len);
                 printf("\"");
                 if (!r.o.local)
                         printf(",\"kvcd\":{\"steps\":%llu,\"plans\":%llu,\"plans_applied\":%llu,\"peak_"
@@ -933,7 +935,7 @@ out:
         sampler_free(r.sampler);
         text_free(r.tok);
         model_free(r.model);
-        free(r.text);
+        free(r.text.s);
         free(r.prompt);
         return rc;
 }
