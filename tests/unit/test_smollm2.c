@@ -200,9 +200,10 @@ static void fast_path_agrees_with_the_float32_reference(void **state) {
         (void)state;
         struct model *m = open_model(0, false);
         int steps = 0, agree = 0;
+        /* the 1,656-token prompt of long-prefill is left out under the sanitizers */
         const char *const all[] = { "golden-story", "golden-chat-capital", "golden-chat-poem",
-                                    "golden-long-prefill" };
-        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+                                    STEP_LIMIT < 100 ? NULL : "golden-long-prefill" };
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]) && all[i]; i++) {
                 struct golden *g = golden_load(all[i]);
                 struct run_stats st = teacher_forced(m, g, false);
                 printf("%s: fast path, %d steps: top-1 agrees on %d, max |top logit - reference| %.3f\n",
