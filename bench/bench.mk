@@ -16,6 +16,16 @@
 #   $(BUILD)/bench/bench-attn       libkvc's attention kernel vs kvc-run --local's (item 5's why)
 #   $(BUILD)/bench/bench-relocate   a chunk taken back from a client: block moves vs round trip, memcpy
 #   $(BUILD)/bench/bench-matmul     the engine's q4_1 matrix-vectors product: fast path vs exact, memcpy
+#
+#   make peers              the speed peer, llama.cpp's llama-bench (and llama-completion), under
+#                           $(BUILD)/peers (bench/peers.mk, bench/get-llamacpp.sh: the sdist of
+#                           llama-cpp-python==0.3.36 from PyPI, cmake + ninja; about 10 minutes on 2
+#                           cores once, then nothing to do). Bench-only: `make test` never needs it.
+#   make bench-peers        peers + model, then bench/llamacpp.sh (issue 17, "Speed"): kvc-run /
+#                           llama.cpp on SmolLM2, interleaved rounds: decode and prompt tokens/s at 1
+#                           and 2 threads, effective GB/s, kvc-run's RSS against the GGUF, and
+#                           kvc-run through kvcd (--policy full) against --local. Not part of
+#                           `make bench` (bench/run.sh), which stays within its 10 minutes.
 
 LOAD_ARGS ?= -p 16 -S 16 -t 20
 BENCH_DIR := $(BUILD)/bench
@@ -56,3 +66,5 @@ bench-programs: all $(BENCH_PROGRAMS)
 bench: deps
 	@$(MAKE) --no-print-directory bench-programs
 	@bench/run.sh $(BUILD)
+
+include bench/peers.mk

@@ -1,0 +1,30 @@
+# bench/peers.mk: the peers the benchmarks compare against, built and run, never part of kvcd.
+# Included by bench/bench.mk. Bench-only: nothing of `make all` or `make test` depends on it.
+#
+#   make peers        llama.cpp's llama-bench and llama-completion under $(BUILD)/peers
+#                     (bench/get-llamacpp.sh: the sdist of llama-cpp-python==0.3.36 from PyPI, its
+#                     vendor/llama.cpp, cmake + ninja; about 10 minutes on 2 cores the first time,
+#                     nothing to do after)
+#   make bench-peers  peers + model + all, then bench/llamacpp.sh: kvc-run / llama.cpp ratios on
+#                     SmolLM2 (decode, prompt, GB/s, RSS) and kvc-run through kvcd vs --local
+
+PEER_DEB_PACKAGES := cmake ninja-build
+
+.PHONY: peers peer-deps bench-peers
+
+peer-deps: deps
+	@missing=""; for p in $(PEER_DEB_PACKAGES); do \
+		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		if [ "$$(id -u)" != 0 ]; then echo "run as root, or: sudo apt-get install$$missing" >&2; exit 1; fi; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+peers: peer-deps
+	@bench/get-llamacpp.sh $(BUILD)
+
+bench-peers: peers model
+	@$(MAKE) --no-print-directory all
+	@KVC_SMOLLM2=$(SMOLLM2_GGUF) bench/llamacpp.sh $(BUILD)
