@@ -1,4 +1,5 @@
-/* model.c - llama2.c checkpoint loader, forward pass and the plain reference KV cache.
+/* model.c - model.h: the format dispatch (a GGUF goes to llama.c), the llama2.c checkpoint loader
+ * and forward pass, and the plain reference KV cache.
  *
  * Owns: struct model (the header, one float array with every weight, one array with every
  * activation buffer and the per-position RoPE table) and struct plain_cache.

@@ -1,8 +1,10 @@
-/* model.h - the reference model runner: a llama2.c "legacy" checkpoint and its forward pass.
+/* model.h - the engine's one model interface: a GGUF model (model_open recognises the magic and
+ * hands it to llama.c) or a llama2.c "legacy" checkpoint (loaded and run here).
  *
- * Owns: loading and validating a checkpoint (from a file or from memory), the weights and the
- * activation buffers of one model, one decode step (model_forward), and the plain in-process KV
- * cache that is the quality reference (no eviction, attention computed exactly as llama2.c run.c).
+ * Owns: loading and validating a llama2.c checkpoint (from a file or from memory), its weights and
+ * activation buffers, one decode step (model_forward) and rows of one pass (model_forward_rows)
+ * for either format, and the plain in-process KV cache that is the quality reference (no
+ * eviction, attention computed exactly as llama2.c run.c).
  *
  * The KV cache is not part of the model: model_forward hands every layer's post-RoPE key and value
  * to the caller's cache through struct model_cache_ops and asks the cache for the attention output.
