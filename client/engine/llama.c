@@ -40,7 +40,7 @@ struct llama_layer {
 
 struct llama {
         struct model_config cfg;
-        int head_dim, kv_dim, q_dim;
+        int head_dim, kv_dim;
         float eps;
         struct gguf *g;
         struct llama_layer *layers;
@@ -49,7 +49,7 @@ struct llama {
         struct threads *pool;
         bool exact;
         float *inv_freq;                 /* [head_dim / 2] */
-        float *rope_cos, *rope_sin;      /* [head_dim / 2] for one row's position */
+        float *rope_cos, *rope_sin;      /* [row][head_dim / 2]: each row's angles, once a pass */
         float *x, *xb, *xb2, *q, *k, *v; /* activations, LLAMA_MAX_ROWS rows each */
         float *hb, *hb2, *logits;        /* logits: LLAMA_MAX_LOGIT_ROWS rows */
         float *floats;                   /* one allocation behind all of the above */
@@ -184,7 +184,6 @@ static int read_config(struct llama *m, char *why, size_t why_len) {
         if (gguf_get_str(g, "llama.rope.scaling.type", &scaling) == 0 && !gguf_str_eq(scaling, "none"))
                 return fail(why, why_len, "RoPE scaling %.*s is not supported", (int)scaling.len, scaling.s);
         m->eps = (float)eps;
-        m->q_dim = (int)dim;
         m->kv_dim = (int)(n_kv_heads * (uint32_t)m->head_dim);
         m->cfg = (struct model_config){ .dim = (int)dim,
                                         .hidden_dim = (int)hidden,
@@ -253,7 +252,7 @@ static int read_tensors(struct llama *m, char *why, size_t why_len) {
 static int alloc_state(struct llama *m) {
         size_t dim = (size_t)m->cfg.dim, hid = (size_t)m->cfg.hidden_dim, kv = (size_t)m->kv_dim,
                half = (size_t)m->head_dim / 2, R = LLAMA_MAX_ROWS;
-        size_t n = R * (4 * dim + 2 * kv + 2 * hid) + 2 * half +
+        size_t n = R * (4 * dim + 2 * kv + 2 * hid + 2 * half) +
                    LLAMA_MAX_LOGIT_ROWS * (size_t)m->cfg.vocab_size;
         float *p = m->floats = calloc(n, sizeof(float));
         if (!p)
@@ -266,8 +265,8 @@ static int alloc_state(struct llama *m) {
         m->v = p, p += R * kv;
         m->hb = p, p += R * hid;
         m->hb2 = p, p += R * hid;
-        m->rope_cos = p, p += half;
-        m->rope_sin = p, p += half;
+        m->rope_cos = p, p += R * half;
+        m->rope_sin = p, p += R * half;
         m->logits = p;
         size_t longest = dim > hid ? dim : hid;
         m->xq = calloc(matmul_q8_count((uint32_t)((longest + MATMUL_BLOCK - 1) / MATMUL_BLOCK * MATMUL_BLOCK),
@@ -323,23 +322,15 @@ const struct model_config *llama_config(const struct llama *m) {
         return &m->cfg;
 }
 
-/* Rotates every head of vec (n_heads heads of head_dim) by the angles in rope_cos/rope_sin. */
-static void rope(const struct llama *m, float *vec, int n_heads) {
+/* Rotates every head of vec (n_heads heads of head_dim) by the angles cos[i], sin[i]. */
+static void rope(const struct llama *m, float *vec, int n_heads, const float *cos, const float *sin) {
         for (int h = 0; h < n_heads; h++) {
                 float *v = vec + (size_t)h * (size_t)m->head_dim;
                 for (int i = 0; i < m->head_dim / 2; i++) {
-                        float c = m->rope_cos[i], s = m->rope_sin[i], v0 = v[2 * i], v1 = v[2 * i + 1];
-                        v[2 * i] = v0 * c - v1 * s;
-                        v[2 * i + 1] = v0 * s + v1 * c;
+                        float c = cos[i], sn = sin[i], v0 = v[2 * i], v1 = v[2 * i + 1];
+                        v[2 * i] = v0 * c - v1 * sn;
+                        v[2 * i + 1] = v0 * sn + v1 * c;
                 }
-        }
-}
-
-static void rope_at(struct llama *m, int pos) {
-        for (int i = 0; i < m->head_dim / 2; i++) {
-                float a = (float)pos * m->inv_freq[i];
-                m->rope_cos[i] = cosf(a);
-                m->rope_sin[i] = sinf(a);
         }
 }
 
@@ -359,9 +350,16 @@ int llama_forward_rows(struct llama *m, const struct model_row *rows, uint32_t n
                 return -EINVAL;
         size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim, kv = (size_t)m->kv_dim;
         const struct qtype *et = qtype_of(m->embd->type);
-        for (uint32_t i = 0; i < n; i++)
+        size_t half = (size_t)m->head_dim / 2;
+        for (uint32_t i = 0; i < n; i++) {
                 et->dequantize(m->embd->data + (size_t)rows[i].token * qtype_row_bytes(et, dim),
                                m->x + i * dim, dim);
+                for (size_t k = 0; k < half; k++) { /* the row's angles, for every layer */
+                        float a = (float)rows[i].pos * m->inv_freq[k];
+                        m->rope_cos[i * half + k] = cosf(a);
+                        m->rope_sin[i * half + k] = sinf(a);
+                }
+        }
         for (int l = 0; l < c->n_layers; l++) {
                 const struct llama_layer *L = &m->layers[l];
                 for (uint32_t i = 0; i < n; i++)
@@ -372,9 +370,9 @@ int llama_forward_rows(struct llama *m, const struct model_row *rows, uint32_t n
                 /* in row order: a row attends over what the rows before it stored (a prompt's chunk
                  * is causal), and rows of other sequences have caches of their own */
                 for (uint32_t i = 0; i < n; i++) {
-                        rope_at(m, rows[i].pos);
-                        rope(m, m->q + i * dim, c->n_heads);
-                        rope(m, m->k + i * kv, c->n_kv_heads);
+                        const float *cs = m->rope_cos + i * half, *sn = m->rope_sin + i * half;
+                        rope(m, m->q + i * dim, c->n_heads, cs, sn);
+                        rope(m, m->k + i * kv, c->n_kv_heads, cs, sn);
                         int r = cache->store(rows[i].ctx, l, rows[i].pos, m->k + i * kv, m->v + i * kv);
                         if (r < 0 || (r = cache->attend(rows[i].ctx, l, rows[i].pos, m->q + i * dim,
                                                         m->xb + i * dim)) < 0)
