@@ -499,6 +499,24 @@ static int take_over(struct runner *r, int *ret_pos, int *ret_token) {
         return e;
 }
 
+/* How many prompt positions from pos go in one pass (pos < n_prompt - 1): at most `limit`, up to
+ * and including the prompt's last token, never past `steps`, --stop-at or --export-at, and never
+ * more than a layer of the session (NULL: in process) may hold beside what it holds; at least one. */
+static int prompt_chunk(const struct runner *r, const struct kvc_session *s, int pos, int n_prompt, int steps,
+                        int limit) {
+        int n = n_prompt - pos < limit ? n_prompt - pos : limit;
+        n = n < steps - pos ? n : steps - pos;
+        if (r->o.stop_at > pos && n > r->o.stop_at - pos)
+                n = r->o.stop_at - pos;
+        if (r->o.export_at > pos && n > r->o.export_at - pos)
+                n = r->o.export_at - pos;
+        if (s) {
+                int room = (int)kvc_session_max_tokens(s) - (int)kvc_layer_tokens(s, 0);
+                n = n < room ? n : room;
+        }
+        return n > 1 ? n : 1;
+}
+
 static int generate(struct runner *r, int *ret_steps) {
         const struct model_config *mc = model_get_config(r->model);
         const int *prompt = r->prompt, n_prompt = r->n_prompt;
@@ -528,19 +546,8 @@ static int generate(struct runner *r, int *ret_steps) {
                 int next, n = 1;
                 /* a prompt goes in chunks, rows of one pass; kvcd sees one step a chunk, and its
                  * plans apply between chunks */
-                if (pos < n_prompt - 1) {
-                        n = n_prompt - pos < r->o.prefill_chunk ? n_prompt - pos : r->o.prefill_chunk;
-                        n = n < steps - pos ? n : steps - pos;
-                        if (r->o.stop_at > pos && n > r->o.stop_at - pos)
-                                n = r->o.stop_at - pos;
-                        if (r->o.export_at > pos && n > r->o.export_at - pos)
-                                n = r->o.export_at - pos;
-                        if (r->session) { /* within what a layer may hold; at least one */
-                                int room = (int)kvc_session_max_tokens(r->session) -
-                                           (int)kvc_layer_tokens(r->session, 0);
-                                n = n < room ? n : room > 1 ? room : 1;
-                        }
-                }
+                if (pos < n_prompt - 1)
+                        n = prompt_chunk(r, r->session, pos, n_prompt, steps, r->o.prefill_chunk);
                 for (int i = 0; i < n; i++)
                         rows[i] = (struct model_row){ .token = i ? prompt[pos + i] : token,
                                                       .pos = pos + i,
@@ -688,17 +695,9 @@ static int generate_batch(struct runner *r, struct seq *seqs, int n_seqs, int *r
                         if (q->done)
                                 continue;
                         int k = 1;
-                        if (q->pos < q->n_prompt - 1) {
-                                k = q->n_prompt - q->pos;
-                                k = k < r->o.prefill_chunk ? k : r->o.prefill_chunk;
-                                k = k < share ? k : share;
-                                k = k < steps - q->pos ? k : steps - q->pos;
-                                if (q->session) {
-                                        int room = (int)kvc_session_max_tokens(q->session) -
-                                                   (int)kvc_layer_tokens(q->session, 0);
-                                        k = k < room ? k : room > 1 ? room : 1;
-                                }
-                        }
+                        if (q->pos < q->n_prompt - 1)
+                                k = prompt_chunk(r, q->session, q->pos, q->n_prompt, steps,
+                                                 share < r->o.prefill_chunk ? share : r->o.prefill_chunk);
                         first[i] = n;
                         count[i] = k;
                         for (int j = 0; j < k; j++)
