@@ -65,8 +65,9 @@ HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.
 
 all: $(PROGRAMS) $(LIB)/libkvc.a $(LIB)/libkvc.so
 
-deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+# $(call install_missing,PACKAGES): the Debian packages of the list that are not installed, with
+# apt-get (as root; otherwise it says which and fails). deps, fuzz-deps and peer-deps use it.
+install_missing = missing=""; for p in $(1); do \
 		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
@@ -74,6 +75,9 @@ deps:
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+
+deps:
+	@$(call install_missing,$(DEB_PACKAGES))
 
 $(GEN) $(GEN_H): proto/kvc.proto
 	@mkdir -p $(BUILD)/gen

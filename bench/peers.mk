@@ -13,14 +13,7 @@ PEER_DEB_PACKAGES := cmake ninja-build
 .PHONY: peers peer-deps bench-peers
 
 peer-deps: deps
-	@missing=""; for p in $(PEER_DEB_PACKAGES); do \
-		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-		echo "installing:$$missing"; \
-		if [ "$$(id -u)" != 0 ]; then echo "run as root, or: sudo apt-get install$$missing" >&2; exit 1; fi; \
-		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	fi
+	@$(call install_missing,$(PEER_DEB_PACKAGES))
 
 peers: peer-deps
 	@bench/get-llamacpp.sh $(BUILD)

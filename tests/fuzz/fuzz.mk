@@ -107,13 +107,7 @@ $(FUZZ_DIR)/fuzz-%:
 fuzz-build: $(patsubst %,$(FUZZ_DIR)/fuzz-%,$(FUZZ_TARGETS))
 
 fuzz-deps:
-	@missing=""; for p in clang libclang-rt-14-dev; do \
-		dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-		if [ "$$(id -u)" != 0 ]; then echo "run as root, or: sudo apt-get install$$missing" >&2; exit 1; fi; \
-		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	fi
+	@$(call install_missing,clang libclang-rt-14-dev)
 
 fuzz: fuzz-build
 	@tests/fuzz/run.sh $(BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
