@@ -210,6 +210,7 @@ static int handle_step_batch(struct request *rq) {
         if (!pb || !plans || !grants || !errors || !shared)
                 return -ENOMEM;
         kvc__plan_batch__init(pb);
+        d->n.step_batches++;
         pb->plans = plans;
         pb->grants = grants;
         pb->errors = errors;
@@ -319,6 +320,10 @@ static int handle_status(struct request *rq) {
                         for (uint32_t l = 0; l < x->n_layers; l++)
                                 s->int8_bytes += (uint64_t)x->layers[l].q8.n * x->q8_layout.block_bytes;
         prefix_totals(d, &s->shared_blocks, &s->shared_bytes);
+        s->step_batches_total = d->n.step_batches;
+        int r = admin_status_extras(d, s);
+        if (r < 0)
+                return r;
         rq->reply.body_case = KVC__ENVELOPE__BODY_STATUS;
         rq->reply.status = s;
         return 0;
@@ -365,6 +370,8 @@ static int handle_list_sessions(struct request *rq) {
                 i->max_bytes = budget_max(d, s);
                 i->cap_bytes = s->cap_bytes;
                 i->priority = s->priority;
+                uint64_t last = s->stepped && s->last_step_usec ? s->last_step_usec : s->opened_usec;
+                i->idle_usec = now > last ? now - last : 0;
                 for (uint32_t layer = 0; layer < s->n_layers; layer++)
                         i->int8_bytes += (uint64_t)s->layers[layer].q8.n * s->q8_layout.block_bytes;
                 l->sessions[l->n_sessions++] = i;

@@ -69,6 +69,7 @@ struct kvcd_counters {
         uint64_t evictions;
         uint64_t chunks_drained;   /* drains started: chunks whose blocks are to move out (relocate.c) */
         uint64_t blocks_relocated; /* blocks moved */
+        uint64_t step_batches;     /* StepBatch messages handled (steps counts their summaries) */
 };
 
 struct client {
@@ -159,6 +160,7 @@ struct session {
         uint32_t prompt_tokens;
         uint64_t appended; /* tokens appended to layer 0 since the session opened */
         uint64_t last_step;
+        uint64_t last_step_usec; /* when it came (kvcctl top marks sessions idle for long) */
         bool stepped;
         uint64_t next_plan_id;
         uint64_t pending_plan_id; /* 0: none outstanding */

@@ -692,6 +692,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         s->stats.peak_tokens = st->layer_tokens[l];
         }
         s->last_step = st->step;
+        s->last_step_usec = now_usec();
         s->stepped = true;
         s->stats.steps++;
         events_session_progress(d, s);

@@ -417,7 +417,11 @@ static int v_empty(const Kvc__Envelope *env, char *why, size_t why_len) {
 static int v_status(const Kvc__Envelope *env, char *why, size_t why_len) {
         const Kvc__Status *m = env->status;
         int r = check_text(m->version, WIRE_MAX_NAME, "version", why, why_len);
-        return r < 0 ? r : check_text(m->backend, WIRE_MAX_NAME, "backend", why, why_len);
+        if (r == 0)
+                r = check_text(m->backend, WIRE_MAX_NAME, "backend", why, why_len);
+        for (size_t i = 0; r == 0 && i < m->n_tenants; i++)
+                r = check_text(m->tenants[i]->name, WIRE_MAX_NAME, "tenant", why, why_len);
+        return r;
 }
 
 static int v_session_list(const Kvc__Envelope *env, char *why, size_t why_len) {
