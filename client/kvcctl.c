@@ -87,13 +87,13 @@ static const struct flag {
 } flags[F_N_FLAGS] = {
         [F_SOCKET] = { "socket", 0, "PATH", "kvcd's admin socket or its runtime directory" },
         [F_JSON] = { "json", 0, NULL, "machine-readable output (errors too)" },
-        [F_TIMEOUT] = { "timeout", 0, "MS", "wait for an answer (default 5000); events: follow this long" },
+        [F_TIMEOUT] = { "timeout", 0, "MS", "answer wait (default 5000); events: how long to follow" },
         [F_HELP] = { "help", 'h', NULL, "this text" },
         [F_VERSION] = { "version", 'V', NULL, "the version" },
         [F_INTERVAL] = { "interval", 0, "S", "top: seconds between frames (default 1)" },
         [F_ITERATIONS] = { "iterations", 'n', "N", "top: stop after N frames" },
         [F_SORT] = { "sort", 0, "KEY", "top: bytes (default), rate, confidence or age" },
-        [F_IDLE] = { "idle", 0, "S", "top: mark sessions with no step for S seconds (default 10)" },
+        [F_IDLE] = { "idle", 0, "S", "top: mark sessions with no step for S s (default 10)" },
         [F_CAPACITY] = { "capacity", 0, "BYTES", NULL },
         [F_TENANT] = { "tenant", 0, "NAME", NULL },
         [F_QUOTA] = { "quota", 0, "BYTES", NULL },
@@ -146,22 +146,22 @@ static const struct verb {
         { "sessions", verb_sessions, 0, 0, 0, "", "one row per session" },
         { "top", verb_top, BIT(F_INTERVAL) | BIT(F_ITERATIONS) | BIT(F_SORT) | BIT(F_IDLE), 0, 0,
           " [--interval S] [-n|--iterations N] [--sort KEY] [--idle S]",
-          "a live view with rates; q quits, s b r c a change the sort" },
+          "live view with rates; q quits, s/b/r/c/a sort" },
         { "budget get", verb_budget_get, 0, 0, 0, "", "the capacity and the tenants' quotas" },
         { "budget set", verb_budget_set,
           BIT(F_CAPACITY) | BIT(F_TENANT) | BIT(F_QUOTA) | BIT(F_UID) | BIT(F_GID) | BIT(F_SESSION) |
                   BIT(F_MIN) | BIT(F_MAX) | BIT(F_PRIORITY),
           0, 0,
-          " [--capacity BYTES] [--tenant NAME [--quota BYTES] [--uid N | --gid N]]\n"
-          "             [--session ID [--min BYTES] [--max BYTES] [--priority N]]",
+          " [--capacity BYTES] [--tenant NAME [--quota BYTES]\n"
+          "             [--uid N | --gid N]] [--session ID [--min BYTES]\n"
+          "             [--max BYTES] [--priority N]]",
           "change limits" },
         { "evict", verb_evict, 0, 1, 1, " SESSION", "close a session; its client is told" },
         { "drain", verb_drain, BIT(F_WAIT) | BIT(F_RESUME), 0, 0, " [--timeout S] [--resume]",
-          "refuse new sessions, wait for the open ones (exit 5: some left)" },
+          "refuse new sessions, wait for the open ones" },
         { "audit", verb_audit, 0, 0, 0, "", "recompute the accounting (exit 1 on a mismatch)" },
         { "metrics", verb_metrics, 0, 0, 0, "", "Prometheus text" },
-        { "events", verb_events, BIT(F_COUNT), 0, 0, " [--count N]",
-          "follow KV events (block stored / removed / cleared) until interrupted" },
+        { "events", verb_events, BIT(F_COUNT), 0, 0, " [--count N]", "follow KV events until interrupted" },
 };
 
 #define N_VERBS (sizeof(verbs) / sizeof(verbs[0]))
@@ -170,7 +170,7 @@ static void usage(FILE *f) {
         fprintf(f, "Usage: kvcctl [--socket PATH] [--json] [--timeout MS] VERB [ARGS]\n"
                    "Watches and steers kvcd. Flags may come before or after the verb.\n\nVerbs:\n");
         for (size_t i = 0; i < N_VERBS; i++) {
-                char head[160];
+                char head[256];
                 snprintf(head, sizeof(head), "%s%s", verbs[i].name, verbs[i].synopsis);
                 if (strlen(head) <= 24 && !strchr(head, '\n'))
                         fprintf(f, "  %-24s  %s\n", head, verbs[i].help);
@@ -190,11 +190,11 @@ static void usage(FILE *f) {
                                  flags[i].arg ? flags[i].arg : "");
                 fprintf(f, "  %-20s %s\n", head, flags[i].help);
         }
-        fprintf(f, "\nWithout --socket or $KVC_SOCKET: $XDG_RUNTIME_DIR/kvcd (else /tmp/kvcd-UID), then "
-                   "/run/kvcd.\n"
+        fprintf(f, "\nWithout --socket or $KVC_SOCKET: $XDG_RUNTIME_DIR/kvcd (else /tmp/kvcd-UID),\n"
+                   "then /run/kvcd.\n"
                    "Exit codes: 0 done, 1 kvcd refused (or audit found a mismatch), 2 bad usage,\n"
-                   "3 kvcd unreachable (nothing listening, or no answer), 4 permission denied on the "
-                   "socket,\n5 timed out (drain with sessions left, events --count short).\n");
+                   "3 kvcd unreachable (nothing listening, or no answer), 4 permission denied on\n"
+                   "the socket, 5 timed out (drain with sessions left, events --count short).\n");
 }
 
 /* Prints a string as a JSON string literal. */
@@ -770,10 +770,10 @@ static int top_frame(const struct ctl *c, struct top_state *t, const Kvc__Status
         /* every line below fits 80 columns */
         char a[16], b[16], x[16], up[16];
         int lines = 0;
-        printf("kvcd %-8.8s %-4.4s up %-5s  rss %-6s heap %-6s sort %-10s%s\n", st->version, st->backend,
+        printf("kvcd %s  %s  up %s  rss %s (heap %s)  sort %s%s\n", st->version, st->backend,
                short_age(st->uptime_usec, up, sizeof(up)), short_bytes(st->rss_bytes, a, sizeof(a)),
                short_bytes(st->rss_anon_bytes, b, sizeof(b)), sort_names[t->sort],
-               st->draining ? " DRAIN" : "");
+               st->draining ? "  DRAINING" : "");
         printf("pool %6s of %6s %5.1f%%  int8 %6s  shared %6s  chunks %u/%u\n",
                short_bytes(st->used_bytes, a, sizeof(a)), short_bytes(st->capacity_bytes, b, sizeof(b)),
                percent(st->used_bytes, st->capacity_bytes), short_bytes(st->int8_bytes, x, sizeof(x)),
@@ -825,8 +825,12 @@ static int top_frame(const struct ctl *c, struct top_state *t, const Kvc__Status
                 printf("(%zu more sessions)\n", l->n_sessions - shown);
         else if (!l->n_sessions)
                 printf("(no sessions)\n");
-        printf("! O: over its cap  I: no step for %.0f s   rates: per s over the last %.1f s\n",
-               (double)t->idle_usec / 1e6, dt);
+        if (dt > 0)
+                printf("! O: over its cap  I: no step for %g s   rates over the last %.1f s\n",
+                       (double)t->idle_usec / 1e6, dt);
+        else
+                printf("! O: over its cap  I: no step for %g s   rates since kvcd started\n",
+                       (double)t->idle_usec / 1e6);
         free(row), free(cl);
         return 0;
 }
@@ -1298,7 +1302,7 @@ static int find_flag(const char *name, size_t len, bool is_short, unsigned allow
 
 struct word {
         const char *arg; /* as given */
-        int flag;        /* -1: a plain word */
+        int flag;        /* -1: a plain word, -2: a value given to a flag without one, -3: unknown */
         const char *value;
         bool before_verb;
 };
@@ -1328,7 +1332,7 @@ int main(int argc, char **argv) {
                 const char *name = a + (is_short ? 1 : 2), *eq = is_short ? NULL : strchr(name, '=');
                 size_t len = eq ? (size_t)(eq - name) : strlen(name);
                 int f = (is_short && len != 1) ? -1 : find_flag(name, len, is_short, ~0u);
-                struct word x = { .arg = a, .flag = f, .before_verb = n_plain == 0 };
+                struct word x = { .arg = a, .flag = f >= 0 ? f : -3, .before_verb = n_plain == 0 };
                 if (f >= 0 && flags[f].arg) {
                         if (eq)
                                 x.value = eq + 1;
@@ -1404,6 +1408,10 @@ int main(int argc, char **argv) {
                 goto out;
         }
         c.socket = c.val[F_SOCKET];
+        if (c.socket && !*c.socket) {
+                rc = USAGE(&c, "--socket takes a path, not an empty word");
+                goto out;
+        }
         if (c.val[F_TIMEOUT]) {
                 long long t;
                 if (parse_ll(c.val[F_TIMEOUT], 1, INT_MAX / 2, &t) < 0) {
