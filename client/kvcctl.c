@@ -1026,14 +1026,14 @@ static int verb_budget_set(struct ctl *c) {
                 return USAGE(c, "budget set: --min, --max and --priority need --session");
         if (bs.set_session && !(bs.set_min || bs.set_max || bs.set_priority))
                 return USAGE(c, "budget set --session needs --min, --max or --priority");
-        if ((bs.set_quota || bs.set_binding) && !bs.tenant)
-                return USAGE(c, "budget set: --quota, --uid and --gid need --tenant");
+        if (bs.set_binding && !bs.tenant)
+                return USAGE(c, "budget set: --uid and --gid need --tenant");
         if (bs.tenant && !(bs.set_quota || bs.set_binding))
                 return USAGE(c, "budget set --tenant needs --quota, --uid or --gid");
         if (!bs.set_capacity && !bs.set_quota && !bs.set_session && !bs.set_binding)
-                return USAGE(c,
-                             "budget set needs --capacity, --tenant with --quota/--uid/--gid, or --session "
-                             "with --min/--max/--priority");
+                return USAGE(c, "budget set needs --capacity, --quota, --tenant with --quota/--uid/--gid, or "
+                                "--session "
+                                "with --min/--max/--priority");
         Kvc__Envelope req = KVC__ENVELOPE__INIT;
         req.body_case = KVC__ENVELOPE__BODY_BUDGET_SET;
         req.budget_set = &bs;
