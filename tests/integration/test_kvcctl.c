@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pty.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -519,6 +520,55 @@ static void top_json_gives_one_document_per_frame_with_rates(void **state) {
         kvc_disconnect(c);
 }
 
+/* Reads the terminal until want has appeared since *len (appending at *len); false at the
+ * deadline or when the terminal closed first. */
+static bool pty_wait_for(int fd, char *buf, size_t cap, size_t *len, const char *want) {
+        size_t from = *len;
+        uint64_t deadline = mono_ms() + HARNESS_DEADLINE_MS;
+        while (!strstr(buf + from, want)) {
+                struct pollfd pf = { .fd = fd, .events = POLLIN };
+                uint64_t now = mono_ms();
+                if (now >= deadline || poll(&pf, 1, (int)(deadline - now)) <= 0)
+                        return false;
+                ssize_t n = read(fd, buf + *len, cap - 1 - *len);
+                if (n <= 0)
+                        return false;
+                *len += (size_t)n;
+                buf[*len] = '\0';
+        }
+        return true;
+}
+
+/* On a terminal: a key changes the sort at once (no wait for the interval), q quits with 0. */
+static void top_on_a_terminal_sorts_by_key_and_quits_on_q(void **state) {
+        const struct daemon *d = *state;
+        struct winsize ws = { .ws_row = 40, .ws_col = 80 };
+        int master;
+        pid_t pid = forkpty(&master, NULL, NULL, &ws);
+        assert_true(pid >= 0);
+        if (pid == 0) {
+                execl(harness_bin("kvcctl"), "kvcctl", "--socket", d->dir, "top", "--interval", "600",
+                      (char *)NULL);
+                _exit(98);
+        }
+        static char buf[1 << 18];
+        size_t len = 0;
+        buf[0] = '\0';
+        assert_true(pty_wait_for(master, buf, sizeof(buf), &len, "rates since kvcd started"));
+        assert_non_null(strstr(buf, "\033[H\033[2J")); /* redrawn in place */
+        assert_non_null(strstr(buf, "sort bytes"));
+        assert_int_equal(write(master, "a", 1), 1);
+        assert_true(pty_wait_for(master, buf, sizeof(buf), &len, "sort age"));
+        assert_int_equal(write(master, "s", 1), 1); /* cycles: after age comes bytes */
+        assert_true(pty_wait_for(master, buf, sizeof(buf), &len, "sort bytes"));
+        assert_int_equal(write(master, "q", 1), 1);
+        int st;
+        assert_int_equal(harness_wait(pid, &st, HARNESS_DEADLINE_MS), 0);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+        close(master);
+}
+
 /* Reads what kvcctl printed within ms into buf (appending at *len); false at EOF. */
 static bool read_for(struct proc *p, char *buf, size_t cap, size_t *len, int ms) {
         struct pollfd pf = { .fd = p->out_fd, .events = POLLIN };
@@ -598,6 +648,7 @@ int main(void) {
                 cmocka_unit_test(drain_that_times_out_exits_5),
                 cmocka_unit_test(status_shows_tenants_against_their_quota_and_rss),
                 cmocka_unit_test(top_json_gives_one_document_per_frame_with_rates),
+                cmocka_unit_test(top_on_a_terminal_sorts_by_key_and_quits_on_q),
                 cmocka_unit_test(events_follow_until_interrupted_one_json_object_per_line),
         };
         return cmocka_run_group_tests(tests, setup, harness_group_stop);
