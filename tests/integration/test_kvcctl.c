@@ -279,15 +279,15 @@ static void a_missing_or_stale_socket_is_told_at_once_with_exit_3(void **state) 
         rmdir(dir);
 }
 
-/* kvcctl run as another user (when this test is root) against a 0600 socket: exit 4, EACCES. */
-static void a_forbidden_socket_is_eacces_with_exit_4(void **state) {
-        (void)state;
-        char dir[] = "/tmp/kvcctl-test-XXXXXX", path[128];
-        assert_non_null(mkdtemp(dir));
-        assert_int_equal(chmod(dir, 0755), 0);
-        snprintf(path, sizeof(path), "%s/kvcd.admin.sock", dir);
-        int fd = unix_socket_at(path, true);
-        assert_int_equal(chmod(path, geteuid() == 0 ? 0600 : 0), 0);
+/* Runs kvcctl with args as another user when this test is root (nobody), with
+ * XDG_RUNTIME_DIR=xdg and no KVC_SOCKET when xdg is non-NULL; its exit status, *ret_err its
+ * stderr (malloc'd). */
+static int run_as_other(const char *const *args, const char *xdg, char **ret_err) {
+        const char *argv[16] = { "kvcctl" };
+        int n = 1;
+        for (; *args && n < 15; args++)
+                argv[n++] = *args;
+        argv[n] = NULL;
         int out[2], err[2];
         assert_int_equal(pipe2(out, O_CLOEXEC), 0);
         assert_int_equal(pipe2(err, O_CLOEXEC), 0);
@@ -298,22 +298,59 @@ static void a_forbidden_socket_is_eacces_with_exit_4(void **state) {
                 dup2(err[1], 2);
                 if (geteuid() == 0 && (setgid(65534) < 0 || setuid(65534) < 0))
                         _exit(99);
-                execl(harness_bin("kvcctl"), "kvcctl", "--socket", dir, "--timeout", "20000", "status",
-                      (char *)NULL);
+                if (xdg) {
+                        unsetenv("KVC_SOCKET");
+                        setenv("XDG_RUNTIME_DIR", xdg, 1);
+                }
+                execv(harness_bin("kvcctl"), (char *const *)argv);
                 _exit(98);
         }
         close(out[1]);
         close(err[1]);
-        char *o = harness_read_all(out[0]), *e = harness_read_all(err[0]);
+        free(harness_read_all(out[0]));
+        *ret_err = harness_read_all(err[0]);
         int st;
         assert_int_equal(harness_wait(pid, &st, HARNESS_DEADLINE_MS), 0);
-        assert_true(WIFEXITED(st));
-        if (WEXITSTATUS(st) != 4 || !strstr(e, "permission denied on") || !strstr(e, path))
-                fail_msg("exit %d, stderr '%s'", WEXITSTATUS(st), e);
-        free(o);
-        free(e);
         close(out[0]);
         close(err[0]);
+        assert_true(WIFEXITED(st));
+        return WEXITSTATUS(st);
+}
+
+/* A socket this user may not connect to (0600, another owner; or mode 0 when the test is not
+ * root), or a runtime directory it may not enter: exit 4 and EACCES at once, not "no answer". */
+static void a_forbidden_socket_is_eacces_with_exit_4(void **state) {
+        (void)state;
+        char dir[] = "/tmp/kvcctl-test-XXXXXX", path[128], inner[128], inner_path[160];
+        assert_non_null(mkdtemp(dir));
+        assert_int_equal(chmod(dir, 0755), 0);
+        snprintf(path, sizeof(path), "%s/kvcd.admin.sock", dir);
+        int fd = unix_socket_at(path, true);
+        assert_int_equal(chmod(path, geteuid() == 0 ? 0600 : 0), 0);
+        char *e;
+        uint64_t t0 = mono_ms();
+        int code = run_as_other(
+                (const char *const[]){ "--socket", dir, "--timeout", "20000", "status", NULL }, NULL, &e);
+        if (code != 4 || !strstr(e, "permission denied on") || !strstr(e, path))
+                fail_msg("exit %d, stderr '%s'", code, e);
+        assert_true(mono_ms() - t0 < 10000);
+        free(e);
+        /* found without --socket, in a per-user directory it may not enter */
+        snprintf(inner, sizeof(inner), "%s/kvcd", dir);
+        snprintf(inner_path, sizeof(inner_path), "%s/kvcd.admin.sock", inner);
+        assert_int_equal(mkdir(inner, geteuid() == 0 ? 0700 : 0), 0);
+        if (geteuid() != 0) /* its own directory: make the socket, then lock the door */
+                assert_int_equal(chmod(inner, 0700), 0);
+        int fd2 = unix_socket_at(inner_path, true);
+        if (geteuid() != 0)
+                assert_int_equal(chmod(inner, 0), 0);
+        code = run_as_other((const char *const[]){ "--json", "status", NULL }, dir, &e);
+        free(e);
+        assert_int_equal(code, 4);
+        close(fd2);
+        chmod(inner, 0700);
+        unlink(inner_path);
+        rmdir(inner);
         close(fd);
         unlink(path);
         rmdir(dir);
