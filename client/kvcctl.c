@@ -1334,7 +1334,11 @@ int main(int argc, char **argv) {
                 bool is_short = a[1] != '-';
                 const char *name = a + (is_short ? 1 : 2), *eq = is_short ? NULL : strchr(name, '=');
                 size_t len = eq ? (size_t)(eq - name) : strlen(name);
-                int f = (is_short && len != 1) ? -1 : find_flag(name, len, is_short, ~0u);
+                int f = find_flag(name, is_short ? 1 : len, is_short, ~0u);
+                if (is_short && len > 1 && f >= 0 && !flags[f].arg)
+                        f = -1; /* -n5 is -n 5, but flags without a value are not bundled */
+                if (is_short && len > 1)
+                        eq = name; /* its value starts after eq */
                 struct word x = { .arg = a, .flag = f >= 0 ? f : -3, .before_verb = n_plain == 0 };
                 if (f >= 0 && flags[f].arg) {
                         if (eq)

@@ -527,7 +527,7 @@ static void top_json_gives_one_document_per_frame_with_rates(void **state) {
         free(f1), free(f2), free(out);
 
         /* --sort age: the older first; --idle: every session idle */
-        struct result r = CTL(d->dir, "top", "--json", "-n", "1", "--sort", "age", "--idle", "0.000001");
+        struct result r = CTL(d->dir, "top", "--json", "-n1", "--sort=age", "--idle", "0.000001");
         assert_int_equal(r.exit, 0);
         assert_int_equal(count_lines(r.out), 1);
         assert_true(strstr(r.out, ids[0]) < strstr(r.out, ids[1]));
