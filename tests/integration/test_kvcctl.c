@@ -159,6 +159,11 @@ static void usage_errors_are_one_line_and_exit_2(void **state) {
                 { "status", "--json=1" },
                 { "status", "--socket" }, /* a value missing */
                 { "metrics", "--count", "3" },
+                { "top", "--interval", "3601" }, /* the limits: an hour between frames */
+                { "top", "--interval", "0" },
+                { "drain", "--timeout", "86401" },       /* a day of drain */
+                { "--timeout", "1073741824", "status" }, /* INT_MAX / 2 ms */
+                { "status", "-jx" },                     /* flags without values are not bundled */
         };
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
                 struct result r = ctlv(d->dir, bad[i]);
