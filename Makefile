@@ -169,6 +169,7 @@ include kernels/cuda.mk
 include tests/fuzz/fuzz.mk
 include bench/bench.mk
 include client/engine/engine.mk
+include tests/python/python.mk
 ifneq ($(CUDA),1)
 cuda:
 	@echo "CUDA=0: nvcc not found, the CUDA kernels are not built"
