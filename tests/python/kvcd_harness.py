@@ -29,11 +29,15 @@ class Kvcd:
         self.root = tempfile.mkdtemp(prefix="kvcd-pytest-")
         self.dir = os.path.join(self.root, "run")
         self.log = os.path.join(self.root, "kvcd.log")
-        notify = os.path.join(self.root, "notify")
         self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.notify.bind(notify)
-        env = dict(os.environ, NOTIFY_SOCKET=notify)
-        with open(self.log, "wb") as log:
+        self.notify.bind(os.path.join(self.root, "notify"))
+        self.start(extra)
+
+    def start(self, extra):
+        """Starts kvcd (again, after kill(): same directory, the log appended) and waits for
+        READY=1."""
+        env = dict(os.environ, NOTIFY_SOCKET=os.path.join(self.root, "notify"))
+        with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [bin_path("kvcd"), "--runtime-dir", self.dir, "--log-level", "debug", *extra],
                 stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=ROOT)
@@ -58,6 +62,11 @@ class Kvcd:
     def log_text(self):
         with open(self.log, "rb") as f:
             return f.read().decode(errors="replace")
+
+    def kill(self):
+        """SIGKILL: kvcd dies at once, its sessions with it (no fd store here)."""
+        self.proc.kill()
+        return self.proc.wait(timeout=DEADLINE_S)
 
     def stop(self):
         if self.proc.poll() is None:

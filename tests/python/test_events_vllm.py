@@ -378,6 +378,34 @@ def test_token_ids_are_withheld_unless_asked_for_and_hashes_match_across_nodes(z
     assert seqs[-1] == max(without) and seqs[0] > 0
 
 
+def test_a_restart_that_lost_the_sessions_starts_again_at_0_with_all_blocks_cleared(zctx):
+    port, replay_port = kh.free_tcp_port(), kh.free_tcp_port()
+    extra = ["--events-format", "vllm", "--events-endpoint", "tcp://127.0.0.1:%d" % port,
+             "--events-replay-buffer", "100", "--events-replay-endpoint",
+             "tcp://127.0.0.1:%d" % replay_port]
+    node = kh.Kvcd(extra)
+    sub = Subscriber(zctx, "tcp://127.0.0.1:%d" % port, "tcp://127.0.0.1:%d" % replay_port)
+    a = kh.kvc_run(node, PROMPT_A, "-n", "120", "--stop-at", "64")
+    try:
+        kh.wait_stopped(a)
+        before = NodeIndex()
+        history(sub, before)
+        assert before.held  # the stopped client holds its prompt's blocks
+        assert node.kill() == -signal.SIGKILL
+        node.start(extra)  # the same directory and ports; the sessions are gone
+        sub.close()  # a fresh connection: the old one may not have noticed the death yet
+        sub = Subscriber(zctx, "tcp://127.0.0.1:%d" % port, "tcp://127.0.0.1:%d" % replay_port)
+        after = NodeIndex()  # a router that saw the numbers start again
+        assert history(sub, after) == 0
+        assert [type(e) for e in after.batches[0].events] == [AllBlocksCleared]
+        assert not after.held
+    finally:
+        a.kill()
+        a.wait(timeout=kh.DEADLINE_S)
+        sub.close()
+        assert node.stop() == 0
+
+
 def test_a_malformed_replay_request_is_dropped_and_the_next_answered(zctx):
     node = kh.Kvcd(["--events-format", "vllm", "--events-replay-buffer", "10"])
     d = zctx.socket(zmq.DEALER)
