@@ -406,6 +406,29 @@ def test_a_restart_that_lost_the_sessions_starts_again_at_0_with_all_blocks_clea
         assert node.stop() == 0
 
 
+def test_a_plan_that_evicts_inside_the_prompt_removes_its_blocks_while_the_session_runs(zctx):
+    node, ep, replay_ep = start_node("--events-replay-buffer", "100")
+    sub = Subscriber(zctx, ep, replay_ep)
+    # a window of 24 tokens: by position 64 the prompt's blocks are evicted, the session still open
+    a = kh.kvc_run(node, PROMPT_A, "-n", "120", "--policy", "window", "--budget", "24",
+                   "--stop-at", "64")
+    try:
+        kh.wait_stopped(a)
+        index = NodeIndex()
+        history(sub, index)
+        events = index.events(0, index.next_seq - 1)
+        assert stored_hashes(events) and sorted(removed_hashes(events)) == sorted(stored_hashes(events))
+        assert not index.held
+        a.send_signal(signal.SIGCONT)
+        kh.finish(a)
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait(timeout=kh.DEADLINE_S)
+        sub.close()
+        assert node.stop() == 0
+
+
 def test_a_malformed_replay_request_is_dropped_and_the_next_answered(zctx):
     node = kh.Kvcd(["--events-format", "vllm", "--events-replay-buffer", "10"])
     d = zctx.socket(zmq.DEALER)
