@@ -159,20 +159,34 @@ static void cleared(struct kvcd *d) {
         publish(d, &ev);
 }
 
+/* The options both sockets share: no linger, a send high-water mark, heartbeats (a router on
+ * another machine that vanishes is dropped within 12 s, its pipe with it), and a cap on what a
+ * peer may send (subscriptions and replay requests are short). */
+static int tune(void *z, int hwm, int64_t max_in_bytes) {
+        int zero = 0, ivl = 2000, timeout = 10000;
+        return zmq_setsockopt(z, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+                               zmq_setsockopt(z, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
+                               zmq_setsockopt(z, ZMQ_HEARTBEAT_IVL, &ivl, sizeof(ivl)) < 0 ||
+                               zmq_setsockopt(z, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout)) < 0 ||
+                               zmq_setsockopt(z, ZMQ_MAXMSGSIZE, &max_in_bytes, sizeof(max_in_bytes)) < 0
+                       ? -zmq_errno()
+                       : 0;
+}
+
 static int open_replay(struct kvcd *d, struct events *es) {
         char ep[320];
-        int zero = 0, hwm = (int)d->cfg.events_replay_buffer + 16;
         int r = events_ring_new(d->cfg.events_replay_buffer, EVENTS_REPLAY_MAX_BYTES, &es->ring);
         if (r < 0)
                 return r;
-        int64_t max_msg = 64; /* a request is [empty, 8 bytes]: nothing longer is read */
         snprintf(es->replay_path, sizeof(es->replay_path), "%s/%s", d->cfg.runtime_dir, EVENTS_REPLAY_PATH);
         snprintf(ep, sizeof(ep), "ipc://%s", es->replay_path);
         es->zreplay = zmq_socket(d->zctx, ZMQ_ROUTER);
-        if (!es->zreplay || zmq_setsockopt(es->zreplay, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
-            zmq_setsockopt(es->zreplay, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
-            zmq_setsockopt(es->zreplay, ZMQ_MAXMSGSIZE, &max_msg, sizeof(max_msg)) < 0 ||
-            (unlink(es->replay_path) < 0 && errno != ENOENT) || zmq_bind(es->zreplay, ep) < 0)
+        if (!es->zreplay)
+                return -zmq_errno();
+        /* one whole answer fits in a subscriber's pipe; a request is [empty, 8 bytes] */
+        if ((r = tune(es->zreplay, (int)d->cfg.events_replay_buffer + 16, 64)) < 0)
+                return r;
+        if ((unlink(es->replay_path) < 0 && errno != ENOENT) || zmq_bind(es->zreplay, ep) < 0)
                 return -zmq_errno();
         chmod(es->replay_path, 0660);
         if (d->cfg.events_replay_endpoint && zmq_bind(es->zreplay, d->cfg.events_replay_endpoint) < 0) {
@@ -186,7 +200,7 @@ static int open_replay(struct kvcd *d, struct events *es) {
 
 int events_open(struct kvcd *d) {
         char ep[300];
-        int zero = 0, hwm = 10000, r;
+        int r;
         struct events *es = calloc(1, sizeof(*es));
         if (!es)
                 return -ENOMEM;
@@ -201,8 +215,7 @@ int events_open(struct kvcd *d) {
         if (!d->zevents)
                 return -zmq_errno();
         snprintf(ep, sizeof(ep), "ipc://%s", d->events_path);
-        if (zmq_setsockopt(d->zevents, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
-            zmq_setsockopt(d->zevents, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
+        if (tune(d->zevents, 10000, 256) < 0 ||
             (d->events_fd >= 0 &&
              zmq_setsockopt(d->zevents, ZMQ_USE_FD, &d->events_fd, sizeof(d->events_fd)) < 0) ||
             (d->events_fd < 0 && unlink(d->events_path) < 0 && errno != ENOENT) ||
