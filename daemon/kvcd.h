@@ -35,6 +35,7 @@ struct policy;
 struct pool;
 struct prefix_block;
 struct restart;
+struct events;
 
 #define KVCD_VERSION                 "0.1.0"
 #define KVCD_MAX_CLIENTS             256u
@@ -54,6 +55,12 @@ struct kvcd_config {
         uint64_t stop_timeout_usec; /* SIGTERM waits this long for open sessions to end */
         bool fd_store;              /* keep chunks and the state record in systemd's fd store */
         uint64_t resume_grace_usec; /* after a restart, clients have this long to resume */
+        /* KV events (events.c) */
+        const char *events_format;          /* "kvcd" (NULL: the same) or "vllm" */
+        const char *events_endpoint;        /* a second endpoint for the PUB socket (tcp://), or NULL */
+        const char *events_replay_endpoint; /* a second endpoint for the replay ROUTER, or NULL */
+        uint32_t events_replay_buffer;      /* messages kept for replay; 0: no replay socket */
+        bool events_token_ids;              /* publish the prompts' token ids */
 };
 
 struct kvcd_counters {
@@ -225,6 +232,8 @@ struct kvcd {
         void *zevents; /* PUB for KV events */
         int events_fd; /* a socket-activated listening fd for it, or -1 */
         uint64_t event_seq;
+        /* the rest of the KV event publisher's state (events.c) */
+        struct events *events;
         int fd_listen;
         int act_client_fd; /* listening sockets passed by systemd, or -1 */
         int act_admin_fd;

@@ -326,7 +326,7 @@ static void notify_status(struct kvcd *d) {
 }
 
 int server_run(struct kvcd *d) {
-        enum { FIXED = 5 };
+        enum { FIXED = 6 };
         zmq_pollitem_t items[FIXED + 2 * KVCD_MAX_CLIENTS];
         struct client *owners[KVCD_MAX_CLIENTS];
         uint64_t next_ping = 0;
@@ -337,6 +337,8 @@ int server_run(struct kvcd *d) {
                 items[2] = (zmq_pollitem_t){ .fd = d->fd_listen, .events = ZMQ_POLLIN };
                 items[3] = (zmq_pollitem_t){ .fd = d->sig_fd, .events = ZMQ_POLLIN };
                 items[4] = (zmq_pollitem_t){ .fd = http_fd(d), .events = ZMQ_POLLIN }; /* -1: ignored */
+                items[5] =
+                        (zmq_pollitem_t){ .socket = events_replay_socket(d), .fd = -1, .events = ZMQ_POLLIN };
                 uint32_t n = d->n_clients;
                 for (uint32_t i = 0; i < n; i++) {
                         owners[i] = d->clients[i];
@@ -380,6 +382,8 @@ int server_run(struct kvcd *d) {
                         drain_router(d, d->zadmin, CHANNEL_ADMIN, 1);
                 if (items[4].revents)
                         http_run(d);
+                if (items[5].revents)
+                        events_replay_run(d);
                 if (pool_short_of_chunks(d->pool) || pool_over_capacity(d->pool))
                         client_reclaim(d);
                 uint64_t now = now_usec();
