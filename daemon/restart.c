@@ -425,6 +425,14 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
                 }
         }
         if (!c->adopted_from) { /* the chunks of the old connection are this one's now */
+                /* and so are its sessions in the record, resumed or not yet: a kvcd killed again
+                 * before the client resumed them all restores them under one owner, with its
+                 * chunks, and the client's next Resume finds them together */
+                for (uint32_t i = 0; i < d->restart->hdr->n_slots; i++) {
+                        struct state_slot *sl = slot_at(d->restart->hdr, i);
+                        if (sl->in_use && sl->owner == o->id)
+                                sl->owner = c->id;
+                }
                 pool_transfer_owner(d->pool, o->id, c->id);
                 for (uint32_t i = 0; i < pool_n_chunks(d->pool); i++)
                         if (pool_chunk_owner(d->pool, i) == c->id)
