@@ -1076,7 +1076,7 @@ static void bpe_seeds(void) {
         bpe_seed("bad-merge-result", 4, 0, "mq z\n", "qz", 2);
         bpe_seed("bad-merge-shape", 4, 0, "mqz\n", "qz", 2);
         bpe_seed("bad-alphabet", 0, 0, "1 \x01\n", "x", 1);
-        bpe_seed("bos-outside", 4 | 32, 0x0f, "", "x", 1);
+        bpe_seed("bos-outside", 32, 0x0f, "1a\n", "a", 1);
         static const char chat[] =
                 "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
                 "Hugging Face<|im_end|>\n<|im_start|>user\nWhat is 2+2? \xc3\xa9\xe2\x82\xac"
