@@ -144,6 +144,11 @@ static int check_daemon(struct kvc_client *c) {
                  slash ? c->sock_path : ".");
         if (!dir[0])
                 snprintf(dir, sizeof(dir), "/");
+        /* a symlink for the directory (in /tmp, anyone's) could be pointed elsewhere after the
+         * checks: only one of an allowed user is followed */
+        if (lstat(dir, &st) == 0 && S_ISLNK(st.st_mode) && !daemon_allowed(c, st.st_uid) && st.st_uid != 0)
+                return client_error(c, -EPERM, "kvcd's runtime directory %s is a symlink of uid %u", dir,
+                                    (unsigned)st.st_uid);
         if (stat(dir, &st) < 0)
                 return client_error(c, -errno, "%s: %s", dir, strerror(errno));
         if ((!daemon_allowed(c, st.st_uid) && st.st_uid != 0) || (st.st_mode & (S_IWGRP | S_IWOTH)))

@@ -169,6 +169,22 @@ static void libkvc_refuses_a_kvcd_sock_of_another_user(void **state) {
                 fail_msg("kvc_last_error: %s", kvc_last_error(NULL));
 }
 
+static void libkvc_follows_no_symlink_of_another_user_to_kvcd(void **state) {
+        struct daemon *d = *state;
+        struct kvc_client *c = NULL;
+        char link[200];
+        snprintf(link, sizeof(link), "%s/squatted", d->root);
+        assert_int_equal(symlink(d->dir, link), 0);
+        struct kvc_options o = { .socket = link, .timeout_ms = 5000, .resume_ms = -1 };
+        assert_int_equal(kvc_connect(&o, &c), 0); /* our own link */
+        c = kvc_disconnect(c);
+        assert_int_equal(lchown(link, NOBODY, NOBODY), 0);
+        assert_int_equal(kvc_connect(&o, &c), -EPERM);
+        if (!strstr(kvc_last_error(NULL), "is a symlink of uid 65534"))
+                fail_msg("kvc_last_error: %s", kvc_last_error(NULL));
+        assert_int_equal(unlink(link), 0);
+}
+
 static int group_start(void **state) {
         return harness_group_start(state, NULL);
 }
@@ -187,6 +203,7 @@ int main(void) {
                 cmocka_unit_test(libkvc_refuses_a_kvcd_of_a_uid_it_does_not_allow),
                 cmocka_unit_test(libkvc_refuses_a_runtime_directory_others_can_write),
                 cmocka_unit_test(libkvc_refuses_a_kvcd_sock_of_another_user),
+                cmocka_unit_test(libkvc_follows_no_symlink_of_another_user_to_kvcd),
         };
         int failed = cmocka_run_group_tests(alone, NULL, NULL);
         return failed + cmocka_run_group_tests(with_kvcd, group_start, harness_group_stop);
