@@ -246,12 +246,87 @@ static void a_clean_stop_empties_the_store(void **state) {
         assert_int_equal(status_int(s, "sessions"), 0);
 }
 
+/* One client with three sessions (a SmolLM2 batch: $KVC_SMOLLM2, else skipped), kvcd killed right
+ * after the first of them is resumed, ten times: the next kvcd must find the two not yet resumed
+ * with the one that was, under one connection. Before daemon/restart.c recorded them together at
+ * the first Resume, the next kvcd refused them (EPERM: "belonged to another connection"). */
+static void kvcd_killed_between_the_resumes_of_one_client_loses_no_session(void **state) {
+        struct sdsvc *s = *state;
+        const char *model = getenv("KVC_SMOLLM2");
+        if (!model || !*model)
+                skip();
+        const char *argv[] = { harness_bin("kvc-run"),
+                               "--socket",
+                               s->dir,
+                               "--model",
+                               model,
+                               "-i",
+                               "Once upon a time",
+                               "-n",
+                               "40",
+                               "--no-stop",
+                               "--policy",
+                               "window",
+                               "--budget",
+                               "32",
+                               "--batch",
+                               "3",
+                               "--threads",
+                               "1",
+                               NULL };
+        int saved = harness_client_deadline_ms;
+        harness_client_deadline_ms = 120000;
+        char *reference = harness_output(argv);
+        assert_non_null(reference);
+        assert_non_null(strstr(reference, "== sequence 2"));
+
+        int ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+        assert_true(ino >= 0);
+        assert_true(inotify_add_watch(ino, s->log, IN_MODIFY) >= 0);
+        long long steps = status_int(s, "steps_total");
+        struct proc p;
+        assert_int_equal(harness_spawn(&p, argv, true), 0);
+        /* its three sessions are open and stepping (so it has every SessionOpened) */
+        int64_t deadline = now_ms() + 60000;
+        while (status_int(s, "steps_total") < steps + 3 && now_ms() < deadline) {
+        }
+        assert_true(status_int(s, "steps_total") >= steps + 3);
+        kill(s->pid, SIGSTOP);
+        int st = sdsvc_kill(s, SIGKILL);
+        assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+
+        int between = 0;
+        for (int k = 0; k < N_KILLS; k++) {
+                size_t resumed = log_count(s, "resumed by client");
+                assert_int_equal(sdsvc_start(s, NULL), 0);
+                assert_true(log_wait(s, ino, "resumed by client", resumed));
+                kill(s->pid, SIGSTOP);
+                between += log_count(s, "resumed by client") - resumed < 3u;
+                st = sdsvc_kill(s, SIGKILL);
+                assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+        }
+        assert_int_equal(sdsvc_start(s, NULL), 0);
+        char *out = NULL;
+        assert_int_equal(harness_finish(&p, &out, &st), 0);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        assert_string_equal(out, reference);
+        printf("kvcd killed %d times, %d of them between two Resumes of one client\n", N_KILLS, between);
+        assert_true(between > 0);
+        assert_int_equal(status_int(s, "sessions"), 0);
+        assert_int_equal(status_int(s, "used_bytes"), 0);
+        harness_client_deadline_ms = saved;
+        close(ino);
+        free(out);
+        free(reference);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(a_killed_kvcd_gives_every_cache_back),
                 cmocka_unit_test(a_session_nobody_resumes_is_scrubbed_after_the_grace),
                 cmocka_unit_test(a_clean_stop_empties_the_store),
                 cmocka_unit_test(kvcd_killed_again_during_resume_loses_no_session),
+                cmocka_unit_test(kvcd_killed_between_the_resumes_of_one_client_loses_no_session),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
