@@ -16,7 +16,10 @@
  * change every few steps and are not recorded: the client's account of them is the truth, and a
  * block it does not claim is free after the restart. The record lives in a shared memfd, so
  * every write is in the store the moment it is made, whatever kills kvcd next. A slot becomes
- * valid when its in_use word is set, after everything else in it is written.
+ * valid when its in_use word is set, after everything else in it is written. The first Resume
+ * from a new connection renames the old one in the whole record at once (adopt_in_record: a
+ * guard word in the header, which the next start completes), so a kvcd killed again between two
+ * Resumes of one client still finds all of that client's sessions and chunks under one owner.
  *
  * What does not survive: the policies' own counters (SCOPE's steps, SnapKV's observation, the
  * sampling generator: the policy starts afresh from its parameters), the KV event hash chains,
