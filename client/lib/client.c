@@ -89,9 +89,10 @@ static int resolve_uid(const char *name, uid_t *ret) {
         return 0;
 }
 
-/* Who may be kvcd: o->daemon_user or $KVC_DAEMON_UID pins one user; otherwise root (systemd holds
- * the listening sockets under socket activation: the side channel's peer is then pid 1), this
- * process's uid (a kvcd started by hand) and the user "kvcd" that systemd/kvcd.service runs as. */
+/* Who may be kvcd: o->daemon_user or $KVC_DAEMON_UID pins one user; otherwise root, this
+ * process's uid (a kvcd started by hand) and the user "kvcd" that systemd/kvcd.service runs as.
+ * Either way a side channel listened on by pid 1 as root is the service manager's (socket
+ * activation: SO_PEERCRED names whoever called listen()). */
 static int daemon_users(struct kvc_client *c, const struct kvc_options *o) {
         const char *pin = o->daemon_user && *o->daemon_user ? o->daemon_user : getenv("KVC_DAEMON_UID");
         if (pin && *pin) {
@@ -135,7 +136,9 @@ static int check_daemon(struct kvc_client *c) {
         char allowed[160], dir[256];
         if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
                 return client_error(c, -errno, "SO_PEERCRED on %s: %s", c->fd_path, strerror(errno));
-        if (!daemon_allowed(c, cr.uid))
+        /* under socket activation the listening socket is the service manager's (pid 1, root) */
+        bool activated = cr.uid == 0 && cr.pid == 1;
+        if (!daemon_allowed(c, cr.uid) && !activated)
                 return client_error(c, -EPERM, "%s is served by uid %u (pid %d), not by kvcd's user (%s)",
                                     c->fd_path, (unsigned)cr.uid, (int)cr.pid,
                                     allowed_text(c, allowed, sizeof(allowed)));

@@ -58,8 +58,9 @@ struct kvc_options {
                                     negative: never (calls fail with ENOTCONN at once) */
         const char *daemon_user; /* the only user (a name or a uid) kvcd may run as; NULL:
                                $KVC_DAEMON_UID, else root, this process's uid or the user "kvcd"
-                               (the unit's User=). Checked on the side channel (SO_PEERCRED), the
-                               runtime directory and kvcd.sock before a byte is sent: EPERM */
+                               (the unit's User=); and root as pid 1 (socket activation). Checked
+                               on the side channel (SO_PEERCRED), the runtime directory and
+                               kvcd.sock before a byte is sent: EPERM */
 };
 
 /* A kvcd that keeps its pool in systemd's fd store (kvcd --fd-store) comes back after a crash
