@@ -323,9 +323,9 @@ static void kvcd_killed_between_the_resumes_of_one_client_loses_no_session(void 
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(a_killed_kvcd_gives_every_cache_back),
+                cmocka_unit_test(kvcd_killed_again_during_resume_loses_no_session),
                 cmocka_unit_test(a_session_nobody_resumes_is_scrubbed_after_the_grace),
                 cmocka_unit_test(a_clean_stop_empties_the_store),
-                cmocka_unit_test(kvcd_killed_again_during_resume_loses_no_session),
                 cmocka_unit_test(kvcd_killed_between_the_resumes_of_one_client_loses_no_session),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
