@@ -151,13 +151,15 @@ static int handle_open_session(struct request *rq) {
         return 0;
 }
 
+/* The session id names, if it is this client's. Another client's session is answered exactly as a
+ * missing one (ENOENT, the same message): a different answer would tell a client which ids exist
+ * (docs/protocol.md, docs/security.md). */
 static int lookup(struct request *rq, uint64_t id, struct session **ret) {
         int r = session_lookup(rq->d, rq->client, id, ret);
-        if (r == -ENOENT)
+        if (r == -ENOENT || r == -EPERM) {
                 snprintf(rq->why, sizeof(rq->why), "no session %llu", (unsigned long long)id);
-        else if (r == -EPERM)
-                snprintf(rq->why, sizeof(rq->why), "session %llu belongs to another client",
-                         (unsigned long long)id);
+                return -ENOENT;
+        }
         return r;
 }
 

@@ -8,7 +8,10 @@
  *
  * Start-up takes an flock on $RUNTIME_DIR/kvcd.lock before touching the socket paths: binding
  * an ipc:// path that a live kvcd serves would silently steal it, so a second kvcd on the same
- * directory refuses to start instead. READY=1 goes to systemd (or a test's fake NOTIFY_SOCKET)
+ * directory refuses to start instead. The directory must be kvcd's own and writable by nobody
+ * else, and the lock is opened without following symlinks (docs/security.md, "Runtime directory
+ * and credentials"): in a directory another user made, that user would choose what kvcd creates
+ * and which sockets clients reach. READY=1 goes to systemd (or a test's fake NOTIFY_SOCKET)
  * once every socket is bound.
  */
 #define _GNU_SOURCE
@@ -53,10 +56,56 @@ static int path_in(char *dst, size_t cap, const char *dir, const char *name) {
                        : 0;
 }
 
-static int take_lock(struct kvcd *d) {
-        d->lock_fd = open(d->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+/* The runtime directory, made 0750 if missing, opened without following a symlink: an fd on it
+ * (*ret_fd) once it is ours and nobody else can write in it. A directory somebody else made (a
+ * squatter in /tmp: kvcd would create files and serve sockets where that user controls the names)
+ * is refused with -EPERM, one others may write in with -EACCES; why says which. */
+static int open_runtime_dir(const char *dir, int *ret_fd, char *why, size_t why_len) {
+        struct stat st;
+        if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
+                int r = -errno;
+                snprintf(why, why_len, "cannot create it: %s", strerror(errno));
+                return r;
+        }
+        int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0 || fstat(fd, &st) < 0) {
+                int r = -errno;
+                snprintf(why, why_len, "%s",
+                         errno == ELOOP || errno == ENOTDIR ? "not a directory (a symlink?)"
+                                                            : strerror(errno));
+                if (fd >= 0)
+                        close(fd);
+                return r;
+        }
+        if (st.st_uid != geteuid()) {
+                snprintf(why, why_len,
+                         "it belongs to uid %u, not to kvcd's uid %u: refusing a directory "
+                         "somebody else made",
+                         (unsigned)st.st_uid, (unsigned)geteuid());
+                close(fd);
+                return -EPERM;
+        }
+        if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+                snprintf(why, why_len, "mode %04o lets others create and replace files in it (at most 0755)",
+                         (unsigned)(st.st_mode & 07777));
+                close(fd);
+                return -EACCES;
+        }
+        *ret_fd = fd;
+        return 0;
+}
+
+/* kvcd.lock in the runtime directory dir_fd: opened without following a symlink (ELOOP), and only
+ * a plain file of ours with one link is taken. -EBUSY when another kvcd holds it. */
+static int take_lock(struct kvcd *d, int dir_fd) {
+        struct stat st;
+        d->lock_fd = openat(dir_fd, "kvcd.lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (d->lock_fd < 0)
                 return -errno;
+        if (fstat(d->lock_fd, &st) < 0)
+                return -errno;
+        if (!S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != geteuid())
+                return -EPERM;
         if (flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0)
                 return errno == EWOULDBLOCK ? -EBUSY : -errno;
         return 0;
@@ -168,9 +217,11 @@ int server_start(struct kvcd *d) {
 
         d->fd_listen = d->sig_fd = d->lock_fd = d->events_fd = d->act_client_fd = d->act_admin_fd = -1;
         bool activated = take_activated_sockets(d) > 0;
-        if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
-                log_error("cannot create runtime directory %s: %s", dir, strerror(errno));
-                return -errno;
+        char why_dir[256];
+        int dir_fd = -1;
+        if ((r = open_runtime_dir(dir, &dir_fd, why_dir, sizeof(why_dir))) < 0) {
+                log_error("runtime directory %s: %s", dir, why_dir);
+                return r;
         }
         if ((r = path_in(d->sock_path, sizeof(d->sock_path), dir, "kvcd.sock")) < 0 ||
             (r = path_in(d->fd_path, sizeof(d->fd_path), dir, "kvcd.fd.sock")) < 0 ||
@@ -178,15 +229,20 @@ int server_start(struct kvcd *d) {
             (r = path_in(d->events_path, sizeof(d->events_path), dir, "kvcd.events.sock")) < 0 ||
             (r = path_in(d->lock_path, sizeof(d->lock_path), dir, "kvcd.lock")) < 0) {
                 log_error("runtime directory path too long for a socket: %s", dir);
+                close(dir_fd);
                 return r;
         }
-        r = activated ? 0 : take_lock(d); /* systemd owns activated paths: nobody can steal them */
+        r = activated ? 0 : take_lock(d, dir_fd); /* systemd owns activated paths: nobody can steal them */
+        close(dir_fd);
         if (r == -EBUSY) {
                 log_error("another kvcd is serving %s: refusing to start", dir);
                 return r;
         }
         if (r < 0) {
-                log_error("cannot lock %s: %s", d->lock_path, strerror(-r));
+                log_error("cannot lock %s: %s", d->lock_path,
+                          r == -ELOOP   ? "it is a symlink: refusing to follow it"
+                          : r == -EPERM ? "not a plain file of kvcd's own with one link"
+                                        : strerror(-r));
                 return r;
         }
         uint64_t max =
