@@ -106,6 +106,12 @@ class Geometry:
             v = getattr(self, f)
             if not isinstance(v, (int, np.integer)) or not 0 <= v < 2**32:
                 raise KvcInvalid(22, f"geometry {f}={v!r} is not a 32-bit unsigned integer")
+            if v == 0:
+                raise KvcInvalid(22, f"geometry {f} is 0")
+        # kvcd refuses these too, but its refusal of a malformed OpenSession comes back without the
+        # request's id and libkvc then waits for its timeout: say it here, at once
+        if self.n_heads % self.n_kv_heads:
+            raise KvcInvalid(22, f"n_kv_heads {self.n_kv_heads} does not divide n_heads {self.n_heads}")
         return _lib.CGeometry(self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim, d, self.max_tokens)
 
 
