@@ -97,10 +97,18 @@ def test_default_runtime_dir_follows_kvc_socket(monkeypatch):
     assert kvcd.default_runtime_dir() == "/tmp/some-kvcd"
 
 
+@pytest.mark.skipif("KVC_LIBRARY" not in os.environ, reason="tests/python/binding.sh sets it")
 def test_library_comes_from_kvc_library():
     from kvcd import _lib
 
     assert _lib.path() == os.environ["KVC_LIBRARY"]
+
+
+def test_a_kvc_library_that_does_not_exist_is_an_error_not_a_fallback(tmp_path):
+    env = dict(os.environ, KVC_LIBRARY=str(tmp_path / "libkvc.so.0"))
+    code = "import kvcd\ntry:\n    kvcd.default_runtime_dir()\nexcept kvcd.LibraryNotFound as e:\n    print(e)"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert "does not exist" in p.stdout, p.stdout + p.stderr
 
 
 # --- append, attend, views ----------------------------------------------------------------
