@@ -633,3 +633,70 @@ def test_no_leaks_over_200_connect_disconnect_cycles(kvcd_daemon, admin):
     st = admin.status()
     assert st["clients"] == 0 and st["sessions"] == 0 and st["used_bytes"] == 0
     assert admin.audit()["clean"]
+
+
+# --- INT8 blocks, garbage collection, threads ---------------------------------------------
+
+
+def test_int8_blocks_are_viewed_with_their_scales(client):
+    rng = np.random.default_rng(16)
+    g = kvcd.Geometry(1, 4, 2, 8, 1024)
+    keys = {}
+    with client.open_session(g, policy="conf", budget=64, params={"int8": 1}) as s:
+        for t in range(300):
+            k, v = kv(rng, g=g)
+            keys[t] = k
+            s.append(0, t, k, v)
+            s.attend(0, rng.standard_normal((4, 8), dtype=np.float32))
+            s.step(t, rng.standard_normal(100).astype(np.float32))
+            client.flush()
+        view = s.layer_view(0)
+        assert view.n_q8 == s.q8_tokens(0) > 0 and view.q8_blocks
+        q8 = view.q8_blocks[0]
+        assert q8.q8 and q8.keys.dtype == np.int8 and q8.kscale.shape == (2, 8) and q8.vscale.shape == (2, 16)
+        n = min(view.n_q8, view.block_tokens)
+        for h in range(2):
+            for j in range(n):
+                orig = keys[int(q8.pos[h, j])][h]
+                back = q8.keys[h, j].astype(np.float32) * q8.kscale[h]
+                # within two quantization steps of the channel: a token requantized when it moved
+                # between INT8 blocks was rounded twice; a wrong layout would be far off
+                assert np.all(np.abs(back - orig) <= 2 * q8.kscale[h] + 1e-6), (back, orig)
+        fp_pos = view.gather("pos")
+        assert fp_pos.min() > q8.pos[:, :n].max()  # INT8 holds the oldest kept tokens
+
+
+def test_a_session_dropped_by_the_garbage_collector_is_closed(client, admin):
+    import gc
+
+    s = client.open_session(G)
+    sid = s.id
+    assert any(r["id"] == sid for r in admin.sessions())
+    del s
+    gc.collect()
+    assert all(r["id"] != sid for r in admin.sessions())
+    assert client.sessions == []
+
+
+def test_a_client_shared_by_threads_serializes_their_calls(client):
+    errors = []
+
+    def work(seed):
+        try:
+            rng = np.random.default_rng(seed)
+            with client.open_session(G, policy="window", budget=16) as s:
+                for t in range(200):
+                    s.append(0, t, *kv(rng))
+                    s.attend(0, rng.standard_normal((4, 8), dtype=np.float32))
+                    s.step(t, rng.standard_normal(20).astype(np.float32))
+                    client.flush()
+                assert s.layer_tokens(0) <= s.max_tokens
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE_S)
+    assert not any(t.is_alive() for t in threads) and errors == []
