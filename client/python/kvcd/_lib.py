@@ -134,7 +134,9 @@ class CSummary(Structure):
 
 _client_p = c_void_p
 _session_p = c_void_p
-_f32_p = POINTER(c_float)
+# float arrays go as plain addresses (numpy's __array_interface__): building a POINTER(c_float)
+# through ndarray.ctypes costs more than the call it feeds
+_f32_p = c_void_p
 
 # name: (restype, argtypes)
 _PROTOTYPES = {
@@ -196,6 +198,8 @@ def _candidates() -> List[str]:
 def load() -> ctypes.CDLL:
     """The loaded libkvc, with every prototype declared. Raises LibraryNotFound."""
     global _lib, _path
+    if _lib is not None:  # every call comes here: no lock once loaded
+        return _lib
     with _lock:
         if _lib is not None:
             return _lib

@@ -81,8 +81,14 @@ def _floats(what: str, a: Any, shapes: Sequence[Tuple[int, ...]]) -> np.ndarray:
     return a
 
 
-def _f32p(a: np.ndarray) -> Any:
-    return a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+def _f32p(a: np.ndarray) -> int:
+    """The address of a's first element (a checked by _floats). c_char.from_buffer is the
+    cheapest way numpy and ctypes offer (a third of ndarray.ctypes.data); it needs a writable
+    buffer, and a read-only array goes through the array interface."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError):
+        return a.__array_interface__["data"][0]
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,9 @@ def summarize(logits: ArrayLike) -> Summary:
 
 @dataclass(frozen=True)
 class SessionStats:
-    """A session's accounting (kvc_session_stats): kvcd's peak figures arrive at close."""
+    """A session's accounting (kvc_session_stats). While the session is open, libkvc counts
+    ``steps``, ``plans_applied`` and ``blocks_moved`` itself; ``plans``, the peaks and ``bytes``
+    are kvcd's figures, which arrive with close() (zero until then)."""
 
     steps: int
     plans: int
@@ -374,16 +382,19 @@ class Session:
             if len(positions) != n:
                 raise KvcInvalid(22, f"{len(positions)} positions for {n} tokens")
         else:
-            k = _floats("k", k, self._kv_shapes)[None]
-            v = _floats("v", v, self._kv_shapes)[None]
+            k = _floats("k", k, self._kv_shapes)
+            v = _floats("v", v, self._kv_shapes)
             positions = [int(pos)]  # type: ignore[arg-type]
+        for at in positions:
+            if not -(2**31) <= at < 2**31:
+                raise KvcInvalid(22, f"position {at} is not a 32-bit integer")
         lib = _lib.load()
+        kp, vp = _f32p(k), _f32p(v)
+        row = g.n_kv_heads * g.head_dim * 4  # bytes per token of k and v
         with self._client._lock:
             p = self._p()
             for i, at in enumerate(positions):
-                if not -(2**31) <= at < 2**31:
-                    raise KvcInvalid(22, f"position {at} is not a 32-bit integer")
-                self._check(lib.kvc_append(p, layer, at, _f32p(k[i]), _f32p(v[i])), f"append to layer {layer}")
+                self._check(lib.kvc_append(p, layer, at, kp + i * row, vp + i * row), f"append to layer {layer}")
 
     def attend(self, layer: int, q: ArrayLike, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Decode attention of q ([n_heads, head_dim] or flat) over the layer's cache; updates the
