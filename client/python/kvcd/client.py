@@ -104,8 +104,19 @@ class Geometry:
     max_tokens: int
     dtype: str = "float32"
 
+    def __post_init__(self) -> None:
+        # one spelling: "float32", "float16" or "bfloat16" (numpy dtypes and "f16"-style aliases
+        # are taken); an unknown one is refused when the session opens
+        d = self.dtype
+        if not isinstance(d, str):
+            try:
+                d = np.dtype(d).name
+            except TypeError:
+                d = str(d)
+        object.__setattr__(self, "dtype", _DTYPE_NAMES.get(_DTYPES.get(d, 0), d))
+
     def _c(self) -> _lib.CGeometry:
-        d = _DTYPES.get(str(np.dtype(self.dtype)) if not isinstance(self.dtype, str) else self.dtype)
+        d = _DTYPES.get(self.dtype)
         if d is None:
             raise KvcInvalid(22, f"dtype {self.dtype!r}: float32, float16 or bfloat16")
         for f in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "max_tokens"):
@@ -189,9 +200,12 @@ class Block:
     block_tokens]), and the side arrays ``pos`` (int32), ``sum``, ``ema``, ``last``, ``logw``
     (float32) [n_kv_heads, block_tokens]. Read-only when the block belongs to a shared prefix."""
 
-    def __init__(self, address: int, nbytes: int, layout: Dict[str, int], geo: Geometry, q8: bool,
-                 writable: bool) -> None:
-        raw = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=np.uint8)
+    def __init__(self, owner: "Session", address: int, nbytes: int, layout: Dict[str, int], geo: Geometry,
+                 q8: bool, writable: bool) -> None:
+        self.session = owner
+        buf = (ctypes.c_uint8 * nbytes).from_address(address)
+        buf._owner = owner  # every view's base is buf: an array alone keeps its session open
+        raw = np.frombuffer(buf, dtype=np.uint8)
         if not writable:
             raw.flags.writeable = False
         h, t, d = geo.n_kv_heads, layout["block_tokens"], geo.head_dim
@@ -260,11 +274,11 @@ class LayerView:
         if cv.n_q8_blocks and q8["bytes"] != cv.q8_block_bytes:
             raise KvcError(71, f"INT8 block layout mismatch: {q8['bytes']} vs {cv.q8_block_bytes}")
         self.blocks: List[Block] = [
-            Block(cv.blocks[i], fp["bytes"], fp, geo, False, cv.n_q8 + i * t >= shared)
+            Block(session, cv.blocks[i], fp["bytes"], fp, geo, False, cv.n_q8 + i * t >= shared)
             for i in range(cv.n_blocks)
         ]
         self.q8_blocks: List[Block] = [
-            Block(cv.q8_blocks[i], q8["bytes"], q8, geo, True, i * t >= shared) for i in range(cv.n_q8_blocks)
+            Block(session, cv.q8_blocks[i], q8["bytes"], q8, geo, True, i * t >= shared) for i in range(cv.n_q8_blocks)
         ]
 
     def gather(self, field: str) -> np.ndarray:

@@ -666,6 +666,28 @@ def test_int8_blocks_are_viewed_with_their_scales(client):
         assert fp_pos.min() > q8.pos[:, :n].max()  # INT8 holds the oldest kept tokens
 
 
+def test_an_array_of_a_layer_view_keeps_its_session_open(client, admin):
+    import gc
+
+    s = client.open_session(G)
+    s.append(0, 0, np.full((2, 8), 3.0, np.float32), np.zeros((2, 8), np.float32))
+    sid = s.id
+    keys = s.layer_view(0).blocks[0].keys
+    del s
+    gc.collect()
+    assert any(r["id"] == sid for r in admin.sessions())
+    assert keys[0, 0, 0] == 3.0
+    del keys
+    gc.collect()
+    assert all(r["id"] != sid for r in admin.sessions())
+
+
+def test_geometry_takes_numpy_dtypes_and_aliases():
+    assert kvcd.Geometry(1, 1, 1, 1, 1, dtype=np.float16).dtype == "float16"
+    assert kvcd.Geometry(1, 1, 1, 1, 1, dtype="bf16").dtype == "bfloat16"
+    assert kvcd.Geometry(1, 1, 1, 1, 1, dtype=np.float32) == kvcd.Geometry(1, 1, 1, 1, 1)
+
+
 def test_a_session_dropped_by_the_garbage_collector_is_closed(client, admin):
     import gc
 
