@@ -69,16 +69,14 @@ def _floats(what: str, a: Any, shapes: Sequence[Tuple[int, ...]]) -> np.ndarray:
     the binding makes); KvcDtypeError / KvcInvalid otherwise."""
     if not isinstance(a, np.ndarray):
         raise KvcDtypeError(22, f"{what} must be a numpy array, not {type(a).__name__}")
-    if a.dtype == np.float16:
-        a = a.astype(np.float32)  # C order whatever the source's strides were: check them first
-    elif a.dtype != np.float32:
+    if a.dtype != np.float32 and a.dtype != np.float16:
         raise KvcDtypeError(22, f"{what} must be float32 or float16, not {a.dtype}")
     if a.shape not in shapes:
         want = " or ".join(str(s) for s in shapes)
         raise KvcInvalid(22, f"{what} has shape {a.shape}, expected {want}")
-    if not a.flags.c_contiguous:
+    if not a.flags.c_contiguous:  # before the float16 conversion, whose copy would hide it
         raise KvcInvalid(22, f"{what} is not C-contiguous (np.ascontiguousarray makes a copy)")
-    return a
+    return a.astype(np.float32) if a.dtype == np.float16 else a
 
 
 def _f32p(a: np.ndarray) -> int:
@@ -154,10 +152,9 @@ class Summary:
 
 def summarize(logits: ArrayLike) -> Summary:
     """The summary of a 1-D float32 (or float16) logits vector."""
-    a = np.asarray(logits) if isinstance(logits, np.ndarray) else logits
-    if isinstance(a, np.ndarray) and a.ndim != 1:
-        raise KvcInvalid(22, f"logits has shape {a.shape}, expected one dimension")
-    a = _floats("logits", a, [(a.shape[0],)] if isinstance(a, np.ndarray) and a.ndim == 1 else [()])
+    if isinstance(logits, np.ndarray) and logits.ndim != 1:
+        raise KvcInvalid(22, f"logits has shape {logits.shape}, expected one dimension")
+    a = _floats("logits", logits, [getattr(logits, "shape", ())])
     out = _lib.CSummary()
     r = _lib.load().kvc_summarize(_f32p(a), a.shape[0], ctypes.byref(out))
     if r < 0:

@@ -204,8 +204,12 @@ def test_append_and_attend_refuse_wrong_shapes_and_strides(client):
                 s.append(0, 0, bad, z)
         with pytest.raises(ValueError):  # a KvcInvalid is a ValueError too
             s.append(0, 0, np.zeros((2, 16), np.float32)[:, ::2], z)  # right shape, not contiguous
+        with pytest.raises(kvcd.KvcInvalid, match="contiguous"):  # float16 is converted, not this
+            s.append(0, 0, np.zeros((2, 16), np.float16)[:, ::2], z)
         with pytest.raises(kvcd.KvcDtypeError):
             s.append(0, 0, [[0.0] * 8] * 2, z)  # a list, not an array
+        with pytest.raises(kvcd.KvcDtypeError):
+            s.append(0, 0, np.zeros((2, 8), ">f4"), z)  # float32, but big-endian
         with pytest.raises(kvcd.KvcInvalid):
             s.append(0, [0, 1], np.zeros((3, 2, 8), np.float32), np.zeros((3, 2, 8), np.float32))
         s.append(0, 0, z, z)
@@ -223,6 +227,10 @@ def test_append_and_attend_refuse_wrong_shapes_and_strides(client):
             s.attend(0, q, out=ro)
         with pytest.raises(kvcd.KvcInvalid):
             kvcd.summarize(np.zeros((2, 5), np.float32))
+        with pytest.raises(kvcd.KvcInvalid):
+            kvcd.summarize(np.zeros(0, np.float32))
+        with pytest.raises(kvcd.KvcDtypeError):
+            kvcd.summarize([1.0, 2.0])
         for layer in (-1, 2, "0"):
             with pytest.raises(kvcd.KvcInvalid):
                 s.append(layer, 0, z, z)
