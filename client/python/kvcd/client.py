@@ -381,7 +381,9 @@ class Session:
     def append(self, layer: int, pos: Union[int, Sequence[int]], k: ArrayLike, v: ArrayLike) -> None:
         """Stores keys and values at the end of the layer: one token ([n_kv_heads, head_dim] or
         flat, at position ``pos``) or n tokens ([n, n_kv_heads, head_dim], at positions
-        ``pos``, ``pos + 1``, ... or at the n positions of a sequence)."""
+        ``pos``, ``pos + 1``, ... or at the n positions of a sequence). Every array and position
+        is checked before the first token goes in; if libkvc refuses a token of a batch (the
+        session's limit), the tokens before it stay appended (``layer_tokens`` says how many)."""
         self._layer(layer)
         g = self.geometry
         if isinstance(k, np.ndarray) and k.ndim == 3:
