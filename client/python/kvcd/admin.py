@@ -86,7 +86,10 @@ class Admin:
         argv += list(verb)
         # kvcctl bounds its own waits (--timeout); this one only guards against a kvcctl that hangs
         limit = (t if t is not None else 5000) / 1000.0 + 30
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=limit)
+        try:
+            p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=limit)
+        except subprocess.TimeoutExpired as e:
+            raise error_for(110, f"kvcctl {' '.join(verb)} did not finish in {limit:.0f} s") from e
         docs = [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
         if docs and isinstance(docs[-1], dict) and "error" in docs[-1]:
             e = docs[-1]["error"]
