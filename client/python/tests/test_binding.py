@@ -309,6 +309,18 @@ def test_policy_parameters_reach_kvcd(client):
         client.open_session(G, policy="streaming", budget=32, params={"sinks": "many"})
 
 
+def test_more_than_32_parameters_and_bad_prompt_ids_are_invalid(client):
+    with pytest.raises(kvcd.KvcInvalid, match="parameters"):
+        client.open_session(G, policy="window", params={f"p{i}": i for i in range(33)})
+    for ids in ([-1, 2], [2**32]):
+        with pytest.raises(kvcd.KvcInvalid, match="32-bit"):
+            client.open_session(G, prompt_token_ids=ids)
+    with client.open_session(G) as s:
+        for step in (-1, 2**64):
+            with pytest.raises(kvcd.KvcInvalid, match="64-bit"):
+                s.step(step, np.ones(4, np.float32))
+
+
 def test_poll_answers_zero_when_kvcd_has_nothing_to_say(client):
     assert client.poll(0) == 0
 
