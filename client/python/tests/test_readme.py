@@ -30,4 +30,6 @@ def test_the_readme_example_runs_as_written(kvcd_daemon):
     assert p.returncode == 0, p.stderr
     kept = int(p.stdout.split()[0])
     assert 32 <= kept < 64, p.stdout  # the window policy evicted, within its limit
-    assert "plans_applied=" in p.stdout
+    plans = int(re.search(r"\bplans=(\d+)", p.stdout).group(1))
+    peak = int(re.search(r"peak_tokens=(\d+)", p.stdout).group(1))
+    assert plans >= 1 and kept <= peak < 64, p.stdout
