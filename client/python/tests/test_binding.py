@@ -153,6 +153,24 @@ def test_layer_view_shows_the_keys_values_positions_and_scores_in_the_pool(clien
         assert s.layer_view(0).blocks[0].sum[0, 0] == 42.0
 
 
+def test_slots_counted_with_append_slots_are_written_through_the_view(client):
+    rng = np.random.default_rng(17)
+    keys = rng.standard_normal((2, 3, 8), dtype=np.float32)
+    values = rng.standard_normal((2, 3, 8), dtype=np.float32)
+    with client.open_session(G) as s:
+        s.append_slots(0, 3)
+        assert s.layer_tokens(0) == 3
+        b = s.layer_view(0).blocks[0]
+        b.keys[:, :3], b.values[:, :3] = keys, values
+        b.pos[:, :3] = np.arange(3)
+        for side in (b.sum, b.ema, b.last, b.logw):
+            side[:, :3] = 0
+        q = rng.standard_normal((4, 8), dtype=np.float32)
+        np.testing.assert_allclose(s.attend(0, q), ref_attention(keys, values, q, 4), rtol=1e-5, atol=1e-6)
+        with pytest.raises(kvcd.KvcNoSpace):
+            s.append_slots(0, s.max_tokens)
+
+
 def test_a_float16_session_stores_float16_and_takes_float16_arrays(client):
     g = kvcd.Geometry(1, 2, 1, 8, 64, dtype="float16")
     rng = np.random.default_rng(3)
