@@ -54,6 +54,7 @@ class Options(Structure):
         ("timeout_ms", c_int),
         ("plan_lag", c_uint32),
         ("resume_ms", c_int),
+        ("daemon_user", c_char_p),
     ]
 
 

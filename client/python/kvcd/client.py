@@ -505,13 +505,13 @@ class Client:
     """One connection to kvcd (kvcd.connect). A context manager; close() closes every session."""
 
     def __init__(self, socket: Optional[str] = None, name: Optional[str] = None, plan_lag: int = 0,
-                 timeout_ms: int = 0, resume_ms: int = 0) -> None:
+                 timeout_ms: int = 0, resume_ms: int = 0, daemon_user: Optional[str] = None) -> None:
         lib = _lib.load()
         self._ptr: Optional[int] = None
         self._lock = threading.RLock()
         self._sessions: Dict[int, "weakref.ref[Session]"] = {}
         self.socket = socket
-        opt = _lib.Options(_bytes(socket), _bytes(name), timeout_ms, plan_lag, resume_ms)
+        opt = _lib.Options(_bytes(socket), _bytes(name), timeout_ms, plan_lag, resume_ms, _bytes(daemon_user))
         out = ctypes.c_void_p()
         r = lib.kvc_connect(ctypes.byref(opt), ctypes.byref(out))
         if r < 0:
@@ -658,13 +658,14 @@ class Client:
 
 
 def connect(socket: Optional[str] = None, name: Optional[str] = None, plan_lag: int = 0, timeout_ms: int = 0,
-            resume_ms: int = 0) -> Client:
+            resume_ms: int = 0, daemon_user: Optional[str] = None) -> Client:
     """Connects to kvcd: ``socket`` is its runtime directory or kvcd.sock (None: $KVC_SOCKET,
     else $XDG_RUNTIME_DIR/kvcd, else /tmp/kvcd-$UID); ``name`` is shown to operators;
     ``plan_lag`` the steps the client may run ahead of kvcd's answers; ``timeout_ms`` every wait
     on kvcd (0: 10 s); ``resume_ms`` how long to try to resume after a kvcd restart (0: 30 s,
-    negative: never)."""
-    return Client(socket, name, plan_lag, timeout_ms, resume_ms)
+    negative: never); ``daemon_user`` the only user (a name or a uid) kvcd may run as (None:
+    $KVC_DAEMON_UID, else root, this process's uid or the user "kvcd"; kvc.h, kvc_options)."""
+    return Client(socket, name, plan_lag, timeout_ms, resume_ms, daemon_user)
 
 
 def default_runtime_dir() -> str:
