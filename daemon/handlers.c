@@ -602,7 +602,9 @@ void handle_frame(struct kvcd *d, enum channel ch, void *zsock, const uint8_t *r
         kvc__envelope__init(&rq.reply);
         rq.reply.version = WIRE_VERSION;
 
-        r = wire_decode(d->in, data, len, WIRE_REQUEST_MAX_BYTES, &env, rq.why, sizeof(rq.why));
+        /* a request whose fields do not validate is answered under its own id: its sender's wait ends */
+        r = wire_decode_request(d->in, data, len, WIRE_REQUEST_MAX_BYTES, &env, &rq.reply.request_id, rq.why,
+                                sizeof(rq.why));
         if (r == 0) {
                 rq.env = env;
                 rq.reply.request_id = env->request_id;

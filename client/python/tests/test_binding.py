@@ -362,9 +362,6 @@ def test_a_bad_geometry_is_invalid(client, geo):
         client.open_session(geo)
 
 
-@pytest.mark.xfail(strict=True, raises=kvcd.KvcTimeout,
-                   reason="kvcd answers a request that fails wire validation without its request id "
-                          "(daemon/handlers.c), so libkvc waits for its timeout instead of raising EINVAL")
 def test_kvcd_refuses_a_geometry_beyond_its_limits_with_einval(kvcd_daemon):
     with kvcd.connect(kvcd_daemon.dir, timeout_ms=2000) as c:
         with pytest.raises(kvcd.KvcInvalid):
