@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -325,6 +326,30 @@ static void notify_status(struct kvcd *d) {
                 memcpy(d->last_status, status, sizeof(status));
 }
 
+/* Handles the side-channel hang-ups and process exits the kernel has seen by now, without waiting.
+ * Called before an admin request: zmq_poll reports a ZeroMQ socket's messages as of when it looks
+ * at that socket, which can be after it looked at the side channels, so a request sent after a
+ * client hung up could otherwise be answered with the client still there. */
+static void handle_hangups_now(struct kvcd *d) {
+        struct pollfd p[2 * KVCD_MAX_CLIENTS];
+        struct client *owners[KVCD_MAX_CLIENTS];
+        uint32_t n = d->n_clients, n_holds = d->n_holds;
+        for (uint32_t i = 0; i < n; i++) {
+                owners[i] = d->clients[i];
+                p[i] = (struct pollfd){ .fd = owners[i]->fd, .events = POLLIN };
+        }
+        for (uint32_t i = 0; i < n_holds; i++)
+                p[n + i] = (struct pollfd){ .fd = d->holds[i].pidfd, .events = POLLIN };
+        if (poll(p, n + n_holds, 0) <= 0)
+                return;
+        for (uint32_t i = 0; i < n; i++)
+                if (p[i].revents && (client_drain(d, owners[i]) < 0 || (p[i].revents & POLLERR)))
+                        client_destroy(d, owners[i], !owners[i]->said_bye);
+        for (uint32_t i = n_holds; i-- > 0;)
+                if (p[n + i].revents)
+                        client_exited(d, i);
+}
+
 int server_run(struct kvcd *d) {
         enum { FIXED = 5 };
         zmq_pollitem_t items[FIXED + 2 * KVCD_MAX_CLIENTS];
@@ -334,7 +359,10 @@ int server_run(struct kvcd *d) {
         while (!d->stopping) {
                 items[0] = (zmq_pollitem_t){ .socket = d->zclient, .events = ZMQ_POLLIN };
                 items[1] = (zmq_pollitem_t){ .socket = d->zadmin, .events = ZMQ_POLLIN };
-                items[2] = (zmq_pollitem_t){ .fd = d->fd_listen, .events = ZMQ_POLLIN };
+                uint64_t now0 = now_usec();
+                /* out of fds: the listener is left alone for a while (polling it would spin) */
+                items[2] = (zmq_pollitem_t){ .fd = client_accepting(d, now0) ? d->fd_listen : -1,
+                                             .events = ZMQ_POLLIN };
                 items[3] = (zmq_pollitem_t){ .fd = d->sig_fd, .events = ZMQ_POLLIN };
                 items[4] = (zmq_pollitem_t){ .fd = http_fd(d), .events = ZMQ_POLLIN }; /* -1: ignored */
                 uint32_t n = d->n_clients;
@@ -347,7 +375,9 @@ int server_run(struct kvcd *d) {
                         items[FIXED + n + i] =
                                 (zmq_pollitem_t){ .fd = d->holds[i].pidfd, .events = ZMQ_POLLIN };
                 long timeout = d->watchdog_usec ? (long)(d->watchdog_usec / 2000) : 1000;
-                uint64_t now0 = now_usec(), due = admin_next_deadline(d);
+                uint64_t due = admin_next_deadline(d), due_clients = client_next_deadline(d);
+                if (due_clients < due)
+                        due = due_clients;
                 if (due != UINT64_MAX)
                         timeout = due <= now0 ? 0
                                   : (long)((due - now0) / 1000) + 1 < timeout
@@ -376,14 +406,17 @@ int server_run(struct kvcd *d) {
                 /* one admin request a round: one that arrived while this round ran waits for the
                  * next poll, which hands kvcd the side channels' hang-ups first, so an operator
                  * never sees a client that had gone before the request was sent */
-                if (items[1].revents)
+                if (items[1].revents) {
+                        handle_hangups_now(d);
                         drain_router(d, d->zadmin, CHANNEL_ADMIN, 1);
+                }
                 if (items[4].revents)
                         http_run(d);
                 if (pool_short_of_chunks(d->pool) || pool_over_capacity(d->pool))
                         client_reclaim(d);
                 uint64_t now = now_usec();
                 admin_tick(d, now);
+                client_tick(d, now);
                 restart_tick(d, now);
                 handoff_tick(d, now);
                 relocate_tick(d, now);
