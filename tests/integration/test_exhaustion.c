@@ -216,8 +216,9 @@ static int open_until_refused(struct rawpeer *p, pid_t kvcd, const uint32_t *ids
                 if (i % 32 == 31) {
                         long long rss = rss_bytes(kvcd);
                         if (rss > bound)
-                                print_error("kvcd's RSS is %lld MiB after %d hostile sessions (bound %lld MiB)\n",
-                                            rss / MIB, i + 1, bound / MIB);
+                                print_error(
+                                        "kvcd's RSS is %lld MiB after %d hostile sessions (bound %lld MiB)\n",
+                                        rss / MIB, i + 1, bound / MIB);
                         assert_true(rss > 0 && rss <= bound);
                 }
         }
@@ -243,9 +244,10 @@ static void hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back(void **s
         int64_t t0 = now_ms();
         int opened = open_until_refused(&p, d->pid, NULL, 0, 1100, bound, &code, why, sizeof(why));
         long long rss1 = rss_bytes(d->pid);
-        print_message("%d hostile sessions (256 layers, 2^20 tokens, full) in %lld ms: kvcd's RSS %lld -> %lld "
-                      "KiB (bound %lld KiB); then refused: %s\n",
-                      opened, (long long)(now_ms() - t0), base / 1024, rss1 / 1024, bound / 1024, why);
+        print_message(
+                "%d hostile sessions (256 layers, 2^20 tokens, full) in %lld ms: kvcd's RSS %lld -> %lld "
+                "KiB (bound %lld KiB); then refused: %s\n",
+                opened, (long long)(now_ms() - t0), base / 1024, rss1 / 1024, bound / 1024, why);
         assert_int_equal(opened, 1024); /* KVCD_MAX_SESSIONS_PER_CLIENT */
         assert_int_equal(code, ENOSPC);
         assert_true(rss1 <= bound);
@@ -259,8 +261,8 @@ static void hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back(void **s
         opened = open_until_refused(&q, d->pid, ids, sizeof(ids) / sizeof(ids[0]), 1024, bound, &code, why,
                                     sizeof(why));
         long long rss2 = rss_bytes(d->pid);
-        print_message("with 8192 prompt ids each: %d opened, then refused (%d): %s; kvcd's RSS %lld KiB\n", opened,
-                      code, why, rss2 / 1024);
+        print_message("with 8192 prompt ids each: %d opened, then refused (%d): %s; kvcd's RSS %lld KiB\n",
+                      opened, code, why, rss2 / 1024);
         assert_int_equal(code, ENOSPC);
         assert_true(opened > 0 && opened < 1024);
         assert_non_null(strstr(why, "heap"));
@@ -317,8 +319,9 @@ static void hello_less_flood_leaves_room_for_a_real_client(void **state) {
                         last = now_ms() - t0;
                 }
         }
-        print_message("the last connection without Hello was closed by kvcd %lld ms after the real client came\n",
-                      (long long)last);
+        print_message(
+                "the last connection without Hello was closed by kvcd %lld ms after the real client came\n",
+                (long long)last);
         assert_int_equal(open, 0);
         assert_int_equal(admin_status(&a, &clients, &sessions), 0);
         assert_int_equal(clients, 1);
@@ -364,8 +367,8 @@ static void out_of_descriptors_kvcd_keeps_serving_and_does_not_spin(void **state
                 zmq_poll(&it, 1, 50);
         }
         long long cpu = cpu_ms(d->pid) - cpu0, wall = now_ms() - t0;
-        print_message("out of descriptors: kvcd answered %d requests in %lld ms using %lld ms of CPU\n", answers,
-                      wall, cpu);
+        print_message("out of descriptors: kvcd answered %d requests in %lld ms using %lld ms of CPU\n",
+                      answers, wall, cpu);
         assert_true(cpu0 >= 0 && cpu * 4 < wall); /* spinning would take the whole interval */
 
         /* the connected client is still served */
@@ -400,9 +403,13 @@ static int teardown(void **state) {
 
 int main(void) {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back),
-                cmocka_unit_test(hello_less_flood_leaves_room_for_a_real_client),
-                cmocka_unit_test(out_of_descriptors_kvcd_keeps_serving_and_does_not_spin),
+                /* a kvcd each: what one test leaves behind when it fails is not the next one's */
+                cmocka_unit_test_setup_teardown(hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back,
+                                                setup, teardown),
+                cmocka_unit_test_setup_teardown(hello_less_flood_leaves_room_for_a_real_client, setup,
+                                                teardown),
+                cmocka_unit_test_setup_teardown(out_of_descriptors_kvcd_keeps_serving_and_does_not_spin,
+                                                setup, teardown),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        return cmocka_run_group_tests(tests, NULL, NULL);
 }
