@@ -16,6 +16,13 @@
  * beside memory the dying process still holds. A process kvcd cannot watch (gone already, or in a
  * pid namespace kvcd cannot see: SO_PEERCRED says pid 0) has its chunks scrubbed at once.
  *
+ * A connection must say Hello within KVCD_HELLO_USEC, and a uid has at most
+ * KVCD_MAX_PENDING_PER_UID connections that have not (a new one closes its oldest): connections
+ * that never say Hello cannot take the client slots from others. When accept4 fails for want of
+ * descriptors kvcd logs it once and stops polling the listener for KVCD_ACCEPT_BACKOFF_USEC at a
+ * time; the connections wait in the backlog and the connected clients are served meanwhile.
+ * A client with sessions that leaves is followed by malloc_trim(), so kvcd's RSS goes back.
+ *
  * On a device pool (the cuda backend) the WELCOME record says so and a DEVICE record with the
  * GPU's UUID follows it; chunk records carry the DEVICE_MEM flag. The records a client sends are
  * UNMAPPED, its answer to UNMAP (cooperative shrink, docs/gpu.md), and BYE; anything else it

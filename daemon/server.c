@@ -4,7 +4,12 @@
  * listening socket, every client's side-channel connection, and a signalfd. In each round the
  * side-channel events are handled before any ZeroMQ message, so a request that arrives after a
  * client died is answered with the death already accounted (tests rely on it, and so do
- * operators reading `kvcctl status` right after a crash).
+ * operators reading `kvcctl status` right after a crash). zmq_poll alone does not promise that
+ * (it reads a ZeroMQ socket's events after its poll() of the fds), so before an admin request
+ * kvcd polls the side channels once more without waiting (handle_hangups_now).
+ *
+ * Out of file descriptors, the side channel's listener is left out of the poll for a while
+ * (client_accepting): a listener that stays readable while accept4 fails would make the loop spin.
  *
  * Start-up takes an flock on $RUNTIME_DIR/kvcd.lock before touching the socket paths: binding
  * an ipc:// path that a live kvcd serves would silently steal it, so a second kvcd on the same

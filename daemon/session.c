@@ -20,6 +20,13 @@
  * within a session's guaranteed minimum that finds the pool full waits (session.wait) while the
  * arbiter's plans free memory, and is answered when they have, or refused at its deadline.
  *
+ * kvcd's own memory: a layer's block tables grow with use (doubling, up to the layer's limit, which
+ * is bounded by what the whole pool could hold), and everything a session makes kvcd allocate
+ * (its struct and layers, its policy's state, its prompt ids, masks, prefix entries, moves, and
+ * the tables as they grow) is charged to its client's heap allowance, KVCD_CLIENT_HEAP_BYTES:
+ * past it the request is refused with ENOSPC. Allocating the tables for max_tokens up front was
+ * rejected: 256 layers x 2^20 tokens is 128 MiB of kvcd for 112 KiB of pool.
+ *
  * Nothing a client says is taken on trust: lengths must fit the blocks granted, released blocks
  * must be exactly the tail of the layer's table, steps must move forward, and a session answers
  * only to the client that opened it.
