@@ -48,7 +48,7 @@ struct restart;
 /* A side-channel connection that has not said Hello within this is closed; a uid has at most
  * KVCD_MAX_PENDING_PER_UID such connections (a new one closes its oldest); when kvcd runs out of
  * file descriptors it stops accepting for KVCD_ACCEPT_BACKOFF_USEC at a time (client.c). */
-#define KVCD_HELLO_USEC          1500000u
+#define KVCD_HELLO_USEC          2000000u
 #define KVCD_MAX_PENDING_PER_UID 16u
 #define KVCD_ACCEPT_BACKOFF_USEC 250000u
 

@@ -4,7 +4,7 @@
  * - Sessions of a hostile geometry (256 layers, 2^20 tokens, policy full: a few hundred KiB of
  *   pool each) keep kvcd's resident memory within a stated bound, a client's bookkeeping past its
  *   heap allowance is refused with ENOSPC, and the memory goes back when the clients leave
- *   (VmRSS from /proc/PID/status).
+ *   (VmRSS from /proc/PID/status); a layer's limit is what the whole pool could hold.
  * - 300 side-channel connections that never say Hello leave room for a real client of the same
  *   user, and are closed by kvcd themselves within the Hello timeout.
  * - kvcd out of file descriptors (its RLIMIT_NOFILE lowered with prlimit) keeps answering the
@@ -279,6 +279,45 @@ static void hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back(void **s
         admin_close(&a);
 }
 
+/* A layer can never hold more than the whole pool: a Reserve for a context of 2^20 tokens of a
+ * geometry whose blocks are 64 KiB (a 256 MiB pool holds about 4,000 of them) is refused up front
+ * for the layer's limit, not tried block by block. */
+static void a_layers_limit_is_what_the_pool_could_hold(void **state) {
+        struct daemon *d = *state;
+        struct rawpeer p;
+        assert_int_equal(rawpeer_open(&p, d->dir, true), 0);
+        Kvc__Geometry g = KVC__GEOMETRY__INIT;
+        g.n_layers = 1;
+        g.n_heads = 8;
+        g.n_kv_heads = 8;
+        g.head_dim = 64;
+        g.dtype = KVC__DTYPE__DTYPE_F32;
+        g.max_tokens = 1u << 20;
+        Kvc__OpenSession os = KVC__OPEN_SESSION__INIT;
+        os.geometry = &g;
+        os.policy = "full";
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        env.body_case = KVC__ENVELOPE__BODY_OPEN_SESSION;
+        env.open_session = &os;
+        assert_int_equal(rawpeer_call(&p, &env, &in), 0);
+        assert_int_equal(in->body_case, KVC__ENVELOPE__BODY_SESSION_OPENED);
+        Kvc__Reserve rs = KVC__RESERVE__INIT;
+        rs.session_id = in->session_opened->session_id;
+        rs.n_tokens = 1u << 20;
+        kvc__envelope__init(&env);
+        env.body_case = KVC__ENVELOPE__BODY_RESERVE;
+        env.reserve = &rs;
+        assert_int_equal(rawpeer_call(&p, &env, &in), 0);
+        assert_int_equal(in->body_case, KVC__ENVELOPE__BODY_ERROR);
+        assert_int_equal(in->error->code, ENOSPC);
+        print_message("a Reserve of 2^20 tokens: %s\n", in->error->message);
+        const char *allows = strstr(in->error->message, "allows ");
+        assert_non_null(allows);
+        long limit = strtol(allows + 7, NULL, 10);
+        assert_true(limit > 0 && limit / 16 * 64 * 1024 <= 256l * 1024 * 1024); /* 16-token blocks */
+        rawpeer_leave(&p);
+}
+
 /* ---- 5: connections without Hello, and running out of descriptors ---- */
 
 static void hello_less_flood_leaves_room_for_a_real_client(void **state) {
@@ -406,6 +445,7 @@ int main(void) {
                 /* a kvcd each: what one test leaves behind when it fails is not the next one's */
                 cmocka_unit_test_setup_teardown(hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back,
                                                 setup, teardown),
+                cmocka_unit_test_setup_teardown(a_layers_limit_is_what_the_pool_could_hold, setup, teardown),
                 cmocka_unit_test_setup_teardown(hello_less_flood_leaves_room_for_a_real_client, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(out_of_descriptors_kvcd_keeps_serving_and_does_not_spin,
