@@ -51,6 +51,11 @@
  * this get an EMSGSIZE reply. */
 #define KVCD_ZMQ_MAXMSGSIZE     (1 << 20)
 #define KVCD_MESSAGES_PER_ROUND 1024
+/* Messages ZeroMQ queues per client connection each way: replies a client does not read are
+ * dropped past it (dropped_replies), so one that never reads holds at most this many of kvcd's
+ * replies in memory (docs/security.md). Operators' connections keep ZeroMQ's default. */
+#define KVCD_CLIENT_HWM 64
+#define KVCD_ADMIN_HWM  1000
 
 static int path_in(char *dst, size_t cap, const char *dir, const char *name) {
         int n = snprintf(dst, cap, "%s/%s", dir, name);
@@ -125,11 +130,11 @@ static int listen_fd_channel(struct kvcd *d) {
         return 0;
 }
 
-static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode, int act_fd) {
+static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode, int act_fd, int hwm) {
         void *s = zmq_socket(d->zctx, ZMQ_ROUTER);
         if (!s)
                 return -zmq_errno();
-        int one = 1, zero = 0, hwm = 1000, ivl = 2000, timeout = 10000;
+        int one = 1, zero = 0, ivl = 2000, timeout = 10000;
         int64_t max = KVCD_ZMQ_MAXMSGSIZE;
         char ep[300];
         snprintf(ep, sizeof(ep), "ipc://%s", path);
@@ -234,8 +239,8 @@ int server_start(struct kvcd *d) {
         if (!d->zctx)
                 return -ENOMEM;
         if ((r = listen_fd_channel(d)) < 0 ||
-            (r = bind_router(d, &d->zclient, d->sock_path, 0660, d->act_client_fd)) < 0 ||
-            (r = bind_router(d, &d->zadmin, d->admin_path, 0600, d->act_admin_fd)) < 0 ||
+            (r = bind_router(d, &d->zclient, d->sock_path, 0660, d->act_client_fd, KVCD_CLIENT_HWM)) < 0 ||
+            (r = bind_router(d, &d->zadmin, d->admin_path, 0600, d->act_admin_fd, KVCD_ADMIN_HWM)) < 0 ||
             (r = events_open(d)) < 0) {
                 log_error("cannot bind the sockets in %s: %s", dir, strerror(-r));
                 return r;

@@ -78,6 +78,7 @@ struct admin {
         void *ctx, *sock;
         struct wire_arena *arena;
         uint64_t next_id;
+        uint64_t errors; /* errors_total in the last Status */
 };
 
 static int admin_open(struct admin *a, const char *dir) {
@@ -104,7 +105,7 @@ static void admin_close(struct admin *a) {
         memset(a, 0, sizeof(*a));
 }
 
-/* kvcd's clients and sessions, from a Status round trip. */
+/* kvcd's clients and sessions (and a->errors), from a Status round trip. */
 static int admin_status(struct admin *a, uint32_t *ret_clients, uint32_t *ret_sessions) {
         Kvc__StatusRequest sr = KVC__STATUS_REQUEST__INIT;
         Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
@@ -137,6 +138,7 @@ static int admin_status(struct admin *a, uint32_t *ret_clients, uint32_t *ret_se
                         continue;
                 if (in->body_case != KVC__ENVELOPE__BODY_STATUS)
                         return -EPROTO;
+                a->errors = in->status->errors_total;
                 *ret_clients = in->status->clients;
                 *ret_sessions = in->status->sessions;
                 return 0;
@@ -276,6 +278,78 @@ static void hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back(void **s
         print_message("after both clients left: kvcd's RSS %lld KiB (was %lld KiB idle)\n", rss3 / 1024,
                       base / 1024);
         assert_true(rss3 <= base + 8 * MIB);
+        admin_close(&a);
+}
+
+/* A client that sends requests and never reads the answers: kvcd's queue of replies to it is
+ * bounded (KVCD_CLIENT_HWM messages; the rest are dropped), so its RSS stays within a few MiB of
+ * where it was. 1,000 StepBatches of 1,024 unknown sessions each: about 40 KiB of errors a reply. */
+static void replies_a_client_never_reads_do_not_pile_up_in_kvcd(void **state) {
+        struct daemon *d = *state;
+        struct admin a;
+        struct rawpeer p;
+        uint32_t clients, sessions;
+        assert_int_equal(admin_open(&a, d->dir), 0);
+        wait_clients(&a, 0);
+        long long base = rss_bytes(d->pid);
+        /* a peer whose ZeroMQ socket takes (almost) nothing off the connection: the replies stay
+         * on kvcd's side */
+        assert_int_equal(rawpeer_open(&p, d->dir, false), 0);
+        zmq_close(p.zsock);
+        int hwm = 1, buf = 4096, zero = 0;
+        char ep[300];
+        snprintf(ep, sizeof(ep), "ipc://%s/kvcd.sock", d->dir);
+        p.zsock = zmq_socket(p.zctx, ZMQ_DEALER);
+        assert_non_null(p.zsock);
+        assert_int_equal(zmq_setsockopt(p.zsock, ZMQ_RCVHWM, &hwm, sizeof(hwm)), 0);
+        assert_int_equal(zmq_setsockopt(p.zsock, ZMQ_RCVBUF, &buf, sizeof(buf)), 0);
+        assert_int_equal(zmq_setsockopt(p.zsock, ZMQ_LINGER, &zero, sizeof(zero)), 0);
+        assert_int_equal(zmq_connect(p.zsock, ep), 0);
+        Kvc__Hello h = KVC__HELLO__INIT;
+        h.token.data = p.token;
+        h.token.len = sizeof(p.token);
+        Kvc__Envelope hello = KVC__ENVELOPE__INIT, *in;
+        hello.body_case = KVC__ENVELOPE__BODY_HELLO;
+        hello.hello = &h;
+        assert_int_equal(rawpeer_call(&p, &hello, &in), 0);
+        assert_int_equal(in->body_case, KVC__ENVELOPE__BODY_WELCOME);
+        static Kvc__Step steps[WIRE_MAX_STEPS];
+        static Kvc__Step *sp[WIRE_MAX_STEPS];
+        static uint32_t one = 1;
+        for (uint32_t i = 0; i < WIRE_MAX_STEPS; i++) {
+                kvc__step__init(&steps[i]);
+                steps[i].session_id = 1000000 + i;
+                steps[i].step = 1;
+                steps[i].n_layer_tokens = 1;
+                steps[i].layer_tokens = &one;
+                sp[i] = &steps[i];
+        }
+        Kvc__StepBatch sb = KVC__STEP_BATCH__INIT;
+        sb.n_steps = WIRE_MAX_STEPS;
+        sb.steps = sp;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT;
+        env.body_case = KVC__ENVELOPE__BODY_STEP_BATCH;
+        env.step_batch = &sb;
+        assert_int_equal(rawpeer_call(&p, &env, &in), 0); /* one answered: it is what we think */
+        assert_int_equal(in->body_case, KVC__ENVELOPE__BODY_PLAN_BATCH);
+        assert_int_equal(in->plan_batch->n_errors, WIRE_MAX_STEPS);
+        assert_int_equal(admin_status(&a, &clients, &sessions), 0);
+        uint64_t want = a.errors + 1000ull * WIRE_MAX_STEPS;
+        for (int i = 0; i < 1000; i++)
+                assert_int_equal(rawpeer_send(&p, &env), 0);
+        /* until kvcd has handled every one (each counts its 1,024 errors) */
+        int64_t deadline = now_ms() + HARNESS_DEADLINE_MS;
+        while (a.errors < want && now_ms() < deadline)
+                assert_int_equal(admin_status(&a, &clients, &sessions), 0);
+        if (a.errors < want)
+                print_error("kvcd counted %llu errors of %llu\n", (unsigned long long)a.errors,
+                            (unsigned long long)want);
+        assert_true(a.errors >= want);
+        long long rss = rss_bytes(d->pid);
+        print_message("1000 unread replies of %zu steps' errors: kvcd's RSS %lld -> %lld KiB\n",
+                      (size_t)WIRE_MAX_STEPS, base / 1024, rss / 1024);
+        assert_true(rss <= base + 16 * MIB);
+        rawpeer_close(&p);
         admin_close(&a);
 }
 
@@ -446,6 +520,8 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back,
                                                 setup, teardown),
                 cmocka_unit_test_setup_teardown(a_layers_limit_is_what_the_pool_could_hold, setup, teardown),
+                cmocka_unit_test_setup_teardown(replies_a_client_never_reads_do_not_pile_up_in_kvcd, setup,
+                                                teardown),
                 cmocka_unit_test_setup_teardown(hello_less_flood_leaves_room_for_a_real_client, setup,
                                                 teardown),
                 cmocka_unit_test_setup_teardown(out_of_descriptors_kvcd_keeps_serving_and_does_not_spin,
