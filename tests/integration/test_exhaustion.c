@@ -43,6 +43,16 @@
 #define MAX_PENDING_PER_UID 16         /* KVCD_MAX_PENDING_PER_UID */
 #define FLOOD               300
 
+/* Under AddressSanitizer (make check builds kvcd and the tests with it) freed memory waits in a
+ * quarantine and every allocation has shadow and redzones: the RSS bounds hold for the plain
+ * build (make test) and are only printed there. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RSS_CHECKED 0
+#else
+#define RSS_CHECKED 1
+#endif
+#define assert_rss(cond) assert_true(!RSS_CHECKED || (cond))
+
 static int64_t now_ms(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -217,11 +227,11 @@ static int open_until_refused(struct rawpeer *p, pid_t kvcd, const uint32_t *ids
                 }
                 if (i % 32 == 31) {
                         long long rss = rss_bytes(kvcd);
-                        if (rss > bound)
+                        if (rss > bound && RSS_CHECKED)
                                 print_error(
                                         "kvcd's RSS is %lld MiB after %d hostile sessions (bound %lld MiB)\n",
                                         rss / MIB, i + 1, bound / MIB);
-                        assert_true(rss > 0 && rss <= bound);
+                        assert_rss(rss > 0 && rss <= bound);
                 }
         }
         return i;
@@ -252,7 +262,7 @@ static void hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back(void **s
                 opened, (long long)(now_ms() - t0), base / 1024, rss1 / 1024, bound / 1024, why);
         assert_int_equal(opened, 1024); /* KVCD_MAX_SESSIONS_PER_CLIENT */
         assert_int_equal(code, ENOSPC);
-        assert_true(rss1 <= bound);
+        assert_rss(rss1 <= bound);
 
         /* another: sessions that also hand kvcd 8192 prompt token ids each, refused at its heap
          * allowance before the session limit */
@@ -268,7 +278,7 @@ static void hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back(void **s
         assert_int_equal(code, ENOSPC);
         assert_true(opened > 0 && opened < 1024);
         assert_non_null(strstr(why, "heap"));
-        assert_true(rss2 <= bound);
+        assert_rss(rss2 <= bound);
 
         /* both leave: the memory goes back */
         rawpeer_leave(&p);
@@ -277,7 +287,7 @@ static void hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back(void **s
         long long rss3 = rss_bytes(d->pid);
         print_message("after both clients left: kvcd's RSS %lld KiB (was %lld KiB idle)\n", rss3 / 1024,
                       base / 1024);
-        assert_true(rss3 <= base + 8 * MIB);
+        assert_rss(rss3 <= base + 8 * MIB);
         admin_close(&a);
 }
 
@@ -348,7 +358,7 @@ static void replies_a_client_never_reads_do_not_pile_up_in_kvcd(void **state) {
         long long rss = rss_bytes(d->pid);
         print_message("1000 unread replies of %zu steps' errors: kvcd's RSS %lld -> %lld KiB\n",
                       (size_t)WIRE_MAX_STEPS, base / 1024, rss / 1024);
-        assert_true(rss <= base + 16 * MIB);
+        assert_rss(rss <= base + 16 * MIB);
         rawpeer_close(&p);
         admin_close(&a);
 }
