@@ -98,8 +98,7 @@ struct client {
         uint64_t connected_usec;
         bool refuses_moves;  /* it refused a plan of block moves: its chunks are not drained again */
         bool said_bye;       /* its last side-channel record was BYE: a clean disconnect */
-        uint64_t heap_bytes; /* kvcd's heap its sessions hold (session.heap_bytes), within
-                                KVCD_CLIENT_HEAP_BYTES */
+        uint64_t heap_bytes; /* kvcd's heap its sessions hold, at most KVCD_CLIENT_HEAP_BYTES */
 };
 
 /* The chunks of a client that died, held until its process has exited (client.c). */
@@ -287,8 +286,7 @@ struct kvcd {
         char last_status[128]; /* the STATUS= last sent to systemd */
         bool stopping;
         uint64_t stop_deadline_usec;       /* a graceful stop is under way until then */
-        uint64_t accept_paused_until_usec; /* out of fds: the side channel's listener is not polled until then
-                                            */
+        uint64_t accept_paused_until_usec; /* out of fds: the listener is not polled until then */
         bool fds_exhausted;                /* ... and that was logged (once, until an accept succeeds) */
 };
 
