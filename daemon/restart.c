@@ -411,8 +411,11 @@ static int claim_table(struct kvcd *d, struct session *s, struct block_table *t,
         uint32_t unit = session_unit_bytes(s, q8);
         if (n > s->max_layer_blocks || (q8 && n && !s->int8))
                 return -EPROTO;
+        int r = session_table_reserve(d, s, t, (uint32_t)n);
+        if (r < 0)
+                return r;
         for (size_t b = 0; b < n; b++) {
-                int r = pool_claim(d->pool, s->owner->id, blocks[b], unit, 1);
+                r = pool_claim(d->pool, s->owner->id, blocks[b], unit, 1);
                 if (r < 0) {
                         log_debug("session %llu: block %llu (%u bytes) cannot be claimed for client %llu: %s",
                                   (unsigned long long)s->id, (unsigned long long)blocks[b], unit,
