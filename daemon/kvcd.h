@@ -383,7 +383,8 @@ Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l,
  * -ENOSPC past max_layer_blocks or the allowance (the reason in d->refusal). */
 int session_table_reserve(struct kvcd *d, struct session *s, struct block_table *t, uint32_t n);
 /* Grows one table of layer l to n_blocks blocks from the pool (under the budget), recording the
- * new ones in out (arena memory). A failure leaves the blocks it added in the table and in out. */
+ * new ones in out (arena memory). All or nothing: a failure gives back the blocks it took, and
+ * leaves the table and out as they were. */
 int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, uint32_t n_blocks,
                        Kvc__LayerBlocks *out);
 

@@ -606,6 +606,7 @@ int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, u
                        Kvc__LayerBlocks *out) {
         struct session_layer *L = &s->layers[l];
         struct block_table *t = q8 ? &L->q8 : &L->fp;
+        size_t first = out->n_blocks;
         int r = session_table_reserve(d, s, t, n_blocks);
         if (r < 0)
                 return r;
@@ -614,8 +615,11 @@ int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, u
                 /* the prompt blocks it may share come from its prefix domain, until it published */
                 bool prefix = !q8 && s->prefix_domain && t->n < s->share_blocks && !s->publish_tried;
                 r = alloc_units_in(d, s, prefix ? s->prefix_domain : session_pool_owner(s), q8, 1, &off);
-                if (r < 0)
+                if (r < 0) { /* all or nothing: the blocks this call took go back */
+                        for (; out->n_blocks > first; out->n_blocks--)
+                                free_units(d, s, q8, t->blocks[--t->n], 1);
                         return r;
+                }
                 t->blocks[t->n++] = off;
                 out->blocks[out->n_blocks++] = off;
                 d->n.grants++;
@@ -720,7 +724,7 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
                         continue;
                 Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, false, want - L->fp.n);
                 int r = lb ? session_grow_table(d, s, l, false, want, lb) : -ENOMEM;
-                if (r < 0) { /* all or nothing: undo this request's blocks */
+                if (r < 0) { /* all or nothing: undo this request's blocks (the failed layer took none) */
                         for (size_t i = 0; i < g->n_layers; i++) {
                                 struct block_table *t = &s->layers[g->layers[i]->layer].fp;
                                 for (size_t b = 0; b < g->layers[i]->n_blocks; b++)
