@@ -63,7 +63,15 @@ HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.
 .SECONDARY:
 .DEFAULT_GOAL := all
 
-all: $(PROGRAMS) $(LIB)/libkvc.a $(LIB)/libkvc.so
+# libkvc's version (the daemon's, daemon/kvcd.h) and its soname's major: the build and the install
+# lay out libkvc.so.$(KVC_VERSION) (the file), libkvc.so.$(KVC_SOVERSION) (the soname, which a
+# program linked with -lkvc asks the loader for) and libkvc.so (the link-time name) the same way.
+KVC_VERSION := $(shell sed -n 's/^\#define KVCD_VERSION *"\(.*\)"/\1/p' daemon/kvcd.h)
+KVC_SOVERSION := $(firstword $(subst ., ,$(KVC_VERSION)))
+LIBKVC_SO := $(LIB)/libkvc.so.$(KVC_VERSION)
+LIBDIR ?= $(PREFIX)/lib
+
+all: $(PROGRAMS) $(LIB)/libkvc.a $(LIB)/libkvc.so $(LIB)/libkvc.so.$(KVC_SOVERSION) $(LIB)/pkgconfig/kvc.pc
 
 # $(call install_missing,PACKAGES): the Debian packages of the list that are not installed, with
 # apt-get (as root; otherwise it says which and fails). deps, fuzz-deps and peer-deps use it.
@@ -95,9 +103,25 @@ $(LIB)/libkvc.a: $(LIBKVC_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(LIB)/libkvc.so: $(LIBKVC_OBJ)
+$(LIBKVC_SO): $(LIBKVC_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(LDFLAGS) -Wl,-soname,libkvc.so.0 $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libkvc.so.$(KVC_SOVERSION) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
+
+$(LIB)/libkvc.so.$(KVC_SOVERSION): $(LIBKVC_SO)
+	ln -sfn $(notdir $<) $@
+
+$(LIB)/libkvc.so: $(LIB)/libkvc.so.$(KVC_SOVERSION)
+	ln -sfn $(notdir $<) $@
+
+# kvc.pc for the install (pkg-config --cflags --libs kvc); PREFIX and LIBDIR are those of the build
+# that made it, so `make install PREFIX=...` remakes it when they change.
+$(LIB)/pkgconfig/kvc.pc: client/lib/kvc.pc.in daemon/kvcd.h $(LIB)/.prefix-$(subst /,_,$(PREFIX)$(LIBDIR))
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g' $< > $@
+
+$(LIB)/.prefix-%:
+	@mkdir -p $(dir $@)
+	rm -f $(LIB)/.prefix-* && touch $@
 
 $(BIN)/kvcd: $(DAEMON_OBJ) $(PROTO_OBJ) $(KERNEL_OBJ)
 	@mkdir -p $(dir $@)
@@ -169,12 +193,15 @@ cuda:
 endif
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
-	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 $(LIB)/libkvc.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 0755 $(LIB)/libkvc.so $(DESTDIR)$(PREFIX)/lib/libkvc.so.0
-	ln -sf libkvc.so.0 $(DESTDIR)$(PREFIX)/lib/libkvc.so
-	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man1 man/kvcctl.1 man/kvc-run.1
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include
+	install -m 0755 $(PROGRAMS) $(BUILD)/bin/kvc-load $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(LIB)/libkvc.a $(DESTDIR)$(LIBDIR)/
+	install -m 0755 $(LIBKVC_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sfn libkvc.so.$(KVC_VERSION) $(DESTDIR)$(LIBDIR)/libkvc.so.$(KVC_SOVERSION)
+	ln -sfn libkvc.so.$(KVC_SOVERSION) $(DESTDIR)$(LIBDIR)/libkvc.so
+	install -m 0644 $(LIB)/pkgconfig/kvc.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man1 man/kvcctl.1 man/kvc-run.1 man/kvc-eval.1 \
+		man/kvc-load.1
 	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man8 man/kvcd.8
 	install -m 0644 client/lib/kvc.h $(DESTDIR)$(PREFIX)/include/
 	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/sysusers.d

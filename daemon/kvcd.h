@@ -54,6 +54,8 @@ struct kvcd_config {
         uint64_t stop_timeout_usec; /* SIGTERM waits this long for open sessions to end */
         bool fd_store;              /* keep chunks and the state record in systemd's fd store */
         uint64_t resume_grace_usec; /* after a restart, clients have this long to resume */
+        /* the numeric IPv4 or IPv6 address of the metrics endpoint; NULL: 127.0.0.1 */
+        const char *metrics_address;
 };
 
 struct kvcd_counters {
@@ -69,6 +71,10 @@ struct kvcd_counters {
         uint64_t evictions;
         uint64_t chunks_drained;   /* drains started: chunks whose blocks are to move out (relocate.c) */
         uint64_t blocks_relocated; /* blocks moved */
+        /* sessions that looked for a shared prefix at open, those that attached one, its tokens */
+        uint64_t prefix_lookups, prefix_hits, prefix_hit_tokens;
+        /* opens and reservations refused for memory or admission, by reason (metrics.h) */
+        uint64_t refusals[REFUSAL_N];
 };
 
 struct client {
@@ -211,6 +217,8 @@ struct session {
         } handoff;                /* while exported and not yet imported */
         struct block_move *moves; /* [WIRE_MAX_MOVES], the outstanding plan's moves (relocate.c) */
         uint32_t n_moves;
+        /* OpenSession.model_id ("": none), a metrics label */
+        char model_id[WIRE_MAX_NAME + 1];
 };
 
 struct kvcd {
@@ -274,6 +282,10 @@ struct kvcd {
         char last_status[128]; /* the STATUS= last sent to systemd */
         bool stopping;
         uint64_t stop_deadline_usec; /* a graceful stop is under way until then */
+        /* wall-clock time of the start (kvcd_start_time_seconds) */
+        uint64_t started_unix_usec;
+        /* the limit behind the last -ENOSPC (budget.c), for kvcd_refusals_total */
+        enum refusal_reason refusal_reason;
 };
 
 /* client.c */
