@@ -32,8 +32,9 @@ LDFLAGS += $(if $(SAN),$(SAN_FLAGS))
 LDLIBS_ZMQ := -lzmq -lprotobuf-c
 LDLIBS := -lm
 
+# prometheus: for promtool, which tests/integration/test_metrics.c runs on the metrics texts
 DEB_PACKAGES := build-essential pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
-	libsystemd-dev libcmocka-dev libmicrohttpd-dev systemd
+	libsystemd-dev libcmocka-dev libmicrohttpd-dev systemd prometheus
 
 GEN := $(BUILD)/gen/kvc.pb-c.c
 GEN_H := $(BUILD)/gen/kvc.pb-c.h
