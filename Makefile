@@ -6,8 +6,10 @@
 #   make check      the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer
 #   make demo       start kvcd in a temporary runtime directory, run kvc-run on the real model, stop
 #   make quality    the quality lab: every policy on the real model, table and plots in bench/quality
+#   make quality-plots  only the plots, from the committed bench/quality/results.csv (seconds)
 #   make cuda       the CUDA kernels (CUDA=1; default on when nvcc is found)
-#   make install    into $(DESTDIR)$(PREFIX)
+#   make install    into $(DESTDIR)$(PREFIX): programs, libkvc (libkvc.so.0.1.0 with its soname link
+#                   libkvc.so.0 and libkvc.so; libkvc.a), kvc.pc, kvc.h, man pages, systemd units
 #
 # Builds go to $(BUILD) (build/, or build/san for `make check`). No probing of the host beyond
 # looking for nvcc.
@@ -60,7 +62,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c tests/integration/sdharness.c)
 
-.PHONY: all deps test check demo cuda install clean tests quality quality-deps
+.PHONY: all deps test check demo cuda install clean tests quality quality-deps quality-plots
 .SECONDARY:
 .DEFAULT_GOAL := all
 
@@ -183,6 +185,9 @@ QUALITY_SEQUENCES ?= 64
 quality: quality-deps
 	@$(MAKE) --no-print-directory all
 	@bench/quality.sh $(BUILD) $(QUALITY_SEQUENCES)
+
+quality-plots: quality-deps
+	@bench/quality.sh --plot
 
 include kernels/cuda.mk
 include tests/fuzz/fuzz.mk
