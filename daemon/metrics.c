@@ -127,7 +127,7 @@ static void tally_add(struct tally *t, const char *value, uint64_t bytes) {
         uint32_t i = 0;
         while (i < t->n && strcmp(t->row[i].value, value) != 0)
                 i++;
-        if (i == t->n && t->n == METRICS_MAX_LABEL_VALUES) {
+        if (i == t->n && t->n >= METRICS_MAX_LABEL_VALUES) { /* full: the rest is "other", one row more */
                 value = "other";
                 for (i = 0; i < t->n && strcmp(t->row[i].value, value) != 0; i++)
                         ;

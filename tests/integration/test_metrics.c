@@ -9,7 +9,8 @@
  *     idle connection itself (issue 19: kvcd never ran libmicrohttpd's timeouts, so sixteen idle
  *     connections stopped the endpoint for good);
  *   - a URL or headers above the limits get 414 and 431, also above libmicrohttpd's buffer;
- *   - --metrics-address takes numeric addresses only.
+ *   - the model label keeps METRICS_MAX_LABEL_VALUES values, the rest is "other";
+ *   - --metrics-address serves IPv6 (where the machine has ::1) and takes numeric addresses only.
  * Every wait is a poll() with a deadline; the port is one the kernel chose free just before. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -270,7 +271,7 @@ static void endpoint_and_kvcctl_metrics_pass_promtool_and_hold_the_series(void *
         assert_non_null(strstr(m, "\nkvcd_build_info{version=\"0.1.0\",compiler=\""));
         assert_true(sample(m, "kvcd_backend_info{backend=\"host\"}") == 1);
         double start = sample(m, "kvcd_start_time_seconds");
-        assert_true(start > (double)time(NULL) - 600 && start <= (double)time(NULL));
+        assert_true(start > (double)time(NULL) - 600 && start <= (double)time(NULL) + 1);
         assert_true(sample(m, "process_resident_memory_bytes") > 1 << 20);
         assert_true(sample(m, "process_open_fds") > 3);
         assert_true(sample(m, "process_cpu_seconds_total") >= 0);
@@ -359,6 +360,61 @@ static void endpoint_answers_oversized_urls_with_414_and_headers_with_431(void *
         free(path);
 }
 
+static void model_label_keeps_sixteen_values_and_counts_the_rest_as_other(void **state) {
+        struct daemon *d = *state;
+        struct kvc_client *c = client(d);
+        struct kvc_session *s[18];
+        char names[18][16];
+        for (int i = 0; i < 18; i++) {
+                snprintf(names[i], sizeof(names[i]), "model-%02d", i);
+                struct kvc_session_config cfg = config(NULL, names[i]);
+                assert_int_equal(kvc_session_open(c, &cfg, &s[i]), 0);
+        }
+        char *m = scrape();
+        int named = 0;
+        for (const char *p = m; (p = strstr(p, "\nkvcd_model_sessions{model=\"model-")); p++)
+                named++;
+        assert_int_equal(named, 16);
+        assert_true(sample(m, "kvcd_model_sessions{model=\"other\"}") == 2);
+        assert_true(sample(m, "kvcd_policy_sessions{policy=\"window\"}") == 18);
+        free(m);
+        for (int i = 0; i < 18; i++)
+                assert_int_equal(kvc_session_close(s[i], NULL), 0);
+        kvc_disconnect(c);
+}
+
+static void metrics_address_serves_ipv6_too(void **state) {
+        (void)state;
+        int probe = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT };
+        socklen_t len = sizeof(sa);
+        if (probe < 0 || bind(probe, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+            getsockname(probe, (struct sockaddr *)&sa, &len) < 0) {
+                if (probe >= 0)
+                        close(probe);
+                skip(); /* no IPv6 loopback here */
+        }
+        close(probe);
+        char p6[8];
+        snprintf(p6, sizeof(p6), "%u", ntohs(sa.sin6_port));
+        struct daemon d6 = { 0 };
+        const char *extra[] = { "--metrics-port", p6, "--metrics-address", "::1", NULL };
+        assert_int_equal(harness_daemon_start(&d6, extra, NULL), 0);
+        int s = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(s >= 0);
+        assert_int_equal(connect(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+        assert_int_equal(send(s, req, sizeof(req) - 1, MSG_NOSIGNAL), (ssize_t)sizeof(req) - 1);
+        char head[64] = "";
+        struct pollfd pf = { .fd = s, .events = POLLIN };
+        assert_int_equal(poll(&pf, 1, HARNESS_DEADLINE_MS), 1);
+        assert_true(recv(s, head, sizeof(head) - 1, 0) > 12);
+        assert_memory_equal(head, "HTTP/1.1 200", 12);
+        close(s);
+        int st = harness_daemon_stop(&d6);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static void metrics_address_takes_numeric_addresses_only(void **state) {
         (void)state;
         struct daemon d2 = { 0 };
@@ -373,6 +429,8 @@ int main(void) {
                 cmocka_unit_test(endpoint_and_kvcctl_metrics_pass_promtool_and_hold_the_series),
                 cmocka_unit_test(endpoint_answers_again_within_its_timeout_after_a_flood_of_idle_connections),
                 cmocka_unit_test(endpoint_answers_oversized_urls_with_414_and_headers_with_431),
+                cmocka_unit_test(model_label_keeps_sixteen_values_and_counts_the_rest_as_other),
+                cmocka_unit_test(metrics_address_serves_ipv6_too),
                 cmocka_unit_test(metrics_address_takes_numeric_addresses_only),
         };
         return cmocka_run_group_tests(tests, group_start, harness_group_stop);
