@@ -43,9 +43,17 @@ static char *sh(const char *fmt, ...) {
         return out;
 }
 
+/* The compiler, with the sanitizers when this build has them (make check): a library built with
+ * them links only into a program built with them. */
 static const char *cc(void) {
+        static char buf[256];
         const char *c = getenv("CC");
-        return c && *c ? c : "cc";
+#if defined(__SANITIZE_ADDRESS__)
+        snprintf(buf, sizeof(buf), "%s -fsanitize=address,undefined", c && *c ? c : "cc");
+#else
+        snprintf(buf, sizeof(buf), "%s", c && *c ? c : "cc");
+#endif
+        return buf;
 }
 
 /* The three names of libkvc in dir: the links point where they should, the soname is .so.0. */
