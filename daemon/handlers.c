@@ -524,12 +524,15 @@ static void retry_wait(struct kvcd *d, struct session *s, uint64_t now) {
         Kvc__Envelope env = KVC__ENVELOPE__INIT;
         Kvc__Grant *g = NULL;
         bool open = s->wait.kind == WAIT_OPEN;
+        d->refusal_reason = REFUSAL_CAPACITY;
         int r = open ? session_retry_open(d, s, why, sizeof(why))
                      : session_retry_reserve(d, s, &g, why, sizeof(why));
         if (r == -EINPROGRESS && now < s->wait.deadline_usec)
                 return;
         env.version = WIRE_VERSION;
         env.request_id = s->wait.request_id;
+        if (r == -ENOSPC)
+                count_refusal(d, s->ten, d->refusal_reason);
         if (r == -EINPROGRESS) {
                 count_refusal(d, s->ten, REFUSAL_WAIT_TIMEOUT);
                 r = -ENOSPC;
