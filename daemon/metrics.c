@@ -90,9 +90,10 @@ static void histogram(struct out *o, const char *name, const char *help, const s
 }
 
 static const char *const refusal_names[REFUSAL_N] = {
-        [REFUSAL_CAPACITY] = "capacity",       [REFUSAL_QUOTA] = "quota",
-        [REFUSAL_SESSION_MAX] = "session_max", [REFUSAL_TENANT] = "tenant_access",
-        [REFUSAL_DRAINING] = "draining",       [REFUSAL_WAIT_TIMEOUT] = "wait_timeout",
+        [REFUSAL_CAPACITY] = "capacity",         [REFUSAL_QUOTA] = "quota",
+        [REFUSAL_SESSION_MAX] = "session_max",   [REFUSAL_TENANT] = "tenant_access",
+        [REFUSAL_DRAINING] = "draining",         [REFUSAL_WAIT_TIMEOUT] = "wait_timeout",
+        [REFUSAL_POLICY_LIMIT] = "policy_limit",
 };
 
 /* A label value, escaped as the exposition format wants (backslash, quote, newline). */
@@ -282,7 +283,7 @@ int metrics_render(const struct kvcd *d, char *buf, size_t cap) {
                          (double)d->budget.tenants[i]->refusals);
         family(&o, "kvcd_refusals_total", "counter",
                "Opens and reservations refused, by reason: capacity, quota, session_max, tenant_access, "
-               "draining, wait_timeout.");
+               "draining, wait_timeout, policy_limit.");
         for (int i = 0; i < REFUSAL_N; i++)
                 labelled(&o, "kvcd_refusals_total", "reason", refusal_names[i], (double)d->n.refusals[i]);
 

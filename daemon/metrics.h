@@ -21,6 +21,7 @@ enum refusal_reason {
         REFUSAL_TENANT,       /* a tenant bound to another uid or gid */
         REFUSAL_DRAINING,     /* kvcd is draining (kvcctl drain, SIGTERM) */
         REFUSAL_WAIT_TIMEOUT, /* waited KVCD_WAIT_USEC for memory being taken back, in vain */
+        REFUSAL_POLICY_LIMIT, /* more tokens a layer than the session's policy allows */
         REFUSAL_N
 };
 

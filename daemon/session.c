@@ -631,6 +631,7 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
         if (n_tokens > s->max_layer_tokens) {
                 snprintf(why, why_len, "room for %u tokens asked; policy %s allows %u per layer", n_tokens,
                          s->policy_name, s->max_layer_tokens);
+                d->refusal_reason = REFUSAL_POLICY_LIMIT;
                 return -ENOSPC;
         }
         budget_demand(d, s, bytes_for(s, NULL, n_tokens));

@@ -234,6 +234,19 @@ static void endpoint_and_kvcctl_metrics_pass_promtool_and_hold_the_series(void *
         struct kvc_session_config big = config("team-a", "smollm2");
         big.min_bytes = 8u << 20;
         assert_int_equal(kvc_session_open(c, &big, &refused), -ENOSPC);
+        /* a minimum above the node's capacity: refused, for the capacity */
+        struct kvc_session_config huge = config(NULL, "smollm2");
+        huge.min_bytes = 128u << 20;
+        assert_int_equal(kvc_session_open(c, &huge, &refused), -ENOSPC);
+        /* a reservation above the session's own maximum: refused, for it */
+        struct kvc_session_config capped = config(NULL, "smollm2");
+        struct kvc_session *small = NULL;
+        capped.max_bytes = 48u << 10;
+        assert_int_equal(kvc_session_open(c, &capped, &small), 0);
+        assert_int_equal(kvc_session_reserve(small, 64), -ENOSPC);
+        /* and one above what its policy keeps a layer: refused, for the policy's limit */
+        assert_int_equal(kvc_session_reserve(small, 4096), -ENOSPC);
+        assert_int_equal(kvc_session_close(small, NULL), 0);
 
         char *m = scrape();
         assert_promtool_clean(m, "GET /metrics");
@@ -261,7 +274,10 @@ static void endpoint_and_kvcctl_metrics_pass_promtool_and_hold_the_series(void *
         assert_true(sample(m, "kvcd_tenant_refusals_total{tenant=\"team-a\"}") == 1);
         assert_true(sample(m, "kvcd_tenant_sessions{tenant=\"team-a\"}") == 1);
         assert_true(sample(m, "kvcd_refusals_total{reason=\"quota\"}") == 1);
-        assert_true(sample(m, "kvcd_refusals_total{reason=\"capacity\"}") == 0);
+        assert_true(sample(m, "kvcd_refusals_total{reason=\"capacity\"}") == 1);
+        assert_true(sample(m, "kvcd_refusals_total{reason=\"session_max\"}") == 1);
+        assert_true(sample(m, "kvcd_refusals_total{reason=\"policy_limit\"}") == 1);
+        assert_true(sample(m, "kvcd_tenant_refusals_total{tenant=\"default\"}") == 3);
         assert_true(sample(m, "kvcd_refusals_total{reason=\"draining\"}") == 0);
         assert_true(sample(m, "kvcd_policy_sessions{policy=\"window\"}") == 2);
         assert_true(sample(m, "kvcd_model_sessions{model=\"smollm2\"}") == 2);
