@@ -399,6 +399,58 @@ static void model_label_keeps_sixteen_values_and_counts_the_rest_as_other(void *
         kvc_disconnect(c);
 }
 
+static void every_tenant_kvcd_can_hold_fits_the_text_and_names_are_escaped(void **state) {
+        (void)state;
+        enum { TENANTS = 255 }; /* BUDGET_MAX_TENANTS, less the default tenant */
+        char p2[8], spec[96];
+        uint16_t port2 = free_port();
+        assert_true(port2 > 0);
+        snprintf(p2, sizeof(p2), "%u", port2);
+        /* 64-byte names, the longest; the first, declared on the command line, with the two bytes
+         * the format escapes (the wire refuses them in names, the command line does not) */
+        snprintf(spec, sizeof(spec), "q\"\\-%060d:quota=1M", 0);
+        const char *extra[] = { "--metrics-port", p2, "--tenant", spec, NULL };
+        struct daemon d2 = { 0 };
+        assert_int_equal(harness_daemon_start(&d2, extra, NULL), 0);
+        for (int i = 1; i < TENANTS; i++) {
+                char name[80], quota[16];
+                snprintf(name, sizeof(name), "tnt-%060d", i);
+                snprintf(quota, sizeof(quota), "%dM", i + 1);
+                const char *argv[] = { harness_bin("kvcctl"),
+                                       "--socket",
+                                       d2.dir,
+                                       "budget",
+                                       "set",
+                                       "--tenant",
+                                       name,
+                                       "--quota",
+                                       quota,
+                                       NULL };
+                char *out = harness_output(argv);
+                assert_non_null(out);
+                free(out);
+        }
+        uint16_t saved = port;
+        port = port2;
+        char *m = scrape();
+        port = saved;
+        assert_promtool_clean(m, "GET /metrics with 255 tenants");
+        int quotas = 0;
+        for (const char *p = m; (p = strstr(p, "\nkvcd_tenant_quota_bytes{")); p++)
+                quotas++;
+        assert_int_equal(quotas, TENANTS);
+        assert_non_null(strstr(m, "kvcd_tenant_quota_bytes{tenant=\"q\\\"\\\\-0000"));
+        print_message("%d tenants: %zu bytes of metrics\n", TENANTS, strlen(m));
+        free(m);
+        const char *ctl[] = { harness_bin("kvcctl"), "--socket", d2.dir, "metrics", NULL };
+        char *k = harness_output(ctl); /* the admin reply carries it whole too */
+        assert_non_null(k);
+        assert_promtool_clean(k, "kvcctl metrics with 255 tenants");
+        free(k);
+        int st = harness_daemon_stop(&d2);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 static void metrics_address_serves_ipv6_too(void **state) {
         (void)state;
         int probe = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -446,6 +498,7 @@ int main(void) {
                 cmocka_unit_test(endpoint_answers_again_within_its_timeout_after_a_flood_of_idle_connections),
                 cmocka_unit_test(endpoint_answers_oversized_urls_with_414_and_headers_with_431),
                 cmocka_unit_test(model_label_keeps_sixteen_values_and_counts_the_rest_as_other),
+                cmocka_unit_test(every_tenant_kvcd_can_hold_fits_the_text_and_names_are_escaped),
                 cmocka_unit_test(metrics_address_serves_ipv6_too),
                 cmocka_unit_test(metrics_address_takes_numeric_addresses_only),
         };
