@@ -38,6 +38,11 @@ LDLIBS := -lm
 DEB_PACKAGES := build-essential pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
 	libsystemd-dev libcmocka-dev libmicrohttpd-dev systemd prometheus
 
+# msgpack-c (libmsgpack-dev, 4.0 on Debian 12): kvcd's vLLM-format KV events (daemon/events_vllm.c).
+# Linked into kvcd and the unit tests only: libkvc and the clients do not need it.
+DEB_PACKAGES += libmsgpack-dev
+LDLIBS_MSGPACK := -lmsgpackc
+
 GEN := $(BUILD)/gen/kvc.pb-c.c
 GEN_H := $(BUILD)/gen/kvc.pb-c.h
 PROTO_SRC := proto/wire.c proto/fdwire.c
@@ -128,7 +133,7 @@ $(LIB)/.prefix-%:
 
 $(BIN)/kvcd: $(DAEMON_OBJ) $(PROTO_OBJ) $(KERNEL_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) -lsystemd -lmicrohttpd $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) -lsystemd -lmicrohttpd $(LDLIBS_MSGPACK) $(LDLIBS)
 
 $(BIN)/kvcctl: $(call obj,client/kvcctl.c) $(LIB)/libkvc.a
 	@mkdir -p $(dir $@)
@@ -149,11 +154,12 @@ $(BUILD)/tests/test_model $(BUILD)/tests/test_gguf $(BUILD)/tests/test_bpe $(BUI
 $(BUILD)/tests/test_pool $(BUILD)/tests/test_notify: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_cuda_backend: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
+$(BUILD)/tests/test_events: $(call obj,daemon/events_vllm.c daemon/events_ring.c)
 $(BUILD)/tests/test_budget $(BUILD)/tests/test_gather: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ)) \
 	$(call obj,tests/unit/sim.c)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) $(filter %.o,$^) $(TEST_LIBS) -o $@ -lcmocka -lsystemd -lmicrohttpd $(LDLIBS_ZMQ) $(LDLIBS)
+	$(CC) $(LDFLAGS) $(filter %.o,$^) $(TEST_LIBS) -o $@ -lcmocka -lsystemd -lmicrohttpd $(LDLIBS_ZMQ) $(LDLIBS_MSGPACK) $(LDLIBS)
 
 $(BUILD)/tests/test_%: $(BUILD)/obj/tests/integration/test_%.o $(HARNESS_OBJ) $(TEST_LIBS)
 	@mkdir -p $(dir $@)
@@ -164,7 +170,7 @@ tests: all $(UNIT_TESTS) $(INTEGRATION_TESTS) $(if $(filter 1,$(CUDA)),cuda) cud
 # The CUDA kernels run on the CPU under tests/gpu/emu as one more test program (any machine).
 test: deps model
 	@$(MAKE) --no-print-directory tests
-	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/engine/dequant.sh tests/gpu/emulate.sh tests/gpu/ipc_fake.sh tests/systemd/verify.sh tests/systemd/man.sh \
+	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/engine/dequant.sh tests/gpu/emulate.sh tests/gpu/ipc_fake.sh tests/systemd/verify.sh tests/systemd/man.sh tests/python/run.sh tests/systemd/deploy.sh tests/python/binding.sh \
 		$(FUZZ_REPLAY_TESTS)
 
 check: deps
@@ -193,6 +199,7 @@ include kernels/cuda.mk
 include tests/fuzz/fuzz.mk
 include bench/bench.mk
 include client/engine/engine.mk
+include tests/python/python.mk
 ifneq ($(CUDA),1)
 cuda:
 	@echo "CUDA=0: nvcc not found, the CUDA kernels are not built"

@@ -32,8 +32,13 @@ wait_for() {
 
 "$bin/kvcd" --runtime-dir "$dir/run" --capacity 512M --log-level info 2>"$dir/kvcd.log" &
 pid=$!
-# kvcctl's connection waits for the socket to appear: this returns once kvcd answers
-ctl --timeout 10000 status >/dev/null
+# kvcctl says at once (exit 3) that nothing listens until kvcd has bound its socket: ask again
+# until it answers (at most 10 s)
+for _ in $(seq 100); do
+        ctl status >/dev/null 2>&1 && break
+        sleep 0.1
+done
+ctl status >/dev/null
 
 echo "== SmolLM2-135M-Instruct (GGUF, Q4_1) through kvcd: two chats under the same system prompt"
 echo

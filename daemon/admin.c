@@ -1,6 +1,7 @@
-/* admin.c: what operators can ask of kvcd besides status and sessions: evict a session, drain,
- * audit the accounting, metrics, budgets. Handlers for the admin rows of handlers.c's table,
- * and the deferred answer of a drain. */
+/* admin.c: what operators can ask of kvcd besides the counters of status and the rows of
+ * sessions: evict a session, drain, audit the accounting, metrics, budgets, and the parts of
+ * status that are about budgets and kvcd's own memory (tenants against their quotas, RSS).
+ * Handlers for the admin rows of handlers.c's table, and the deferred answer of a drain. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,19 +119,12 @@ int admin_metrics(struct kvcd *d, Kvc__Envelope *reply) {
         return 0;
 }
 
-int admin_budgets(struct kvcd *d, Kvc__Envelope *reply) {
-        struct pool_stats ps;
+/* The tenants as TenantBudget rows in d->out (a quota of "no limit" reads as the capacity). */
+static int tenant_rows(struct kvcd *d, uint64_t capacity, Kvc__TenantBudget ***ret, size_t *ret_n) {
         const struct budget *bu = &d->budget;
-        Kvc__Budgets *b = wire_arena_alloc(d->out, sizeof(*b));
         Kvc__TenantBudget **v = wire_arena_alloc(d->out, (bu->n_tenants + 1) * sizeof(*v));
-        if (!b || !v)
+        if (!v)
                 return -ENOMEM;
-        pool_get_stats(d->pool, &ps);
-        kvc__budgets__init(b);
-        b->capacity_bytes = ps.capacity_bytes;
-        b->used_bytes = ps.used_bytes;
-        b->default_quota_bytes = bu->default_quota == BUDGET_NO_LIMIT ? ps.capacity_bytes : bu->default_quota;
-        b->tenants = v;
         for (uint32_t i = 0; i < bu->n_tenants; i++) {
                 const struct tenant *t = bu->tenants[i];
                 Kvc__TenantBudget *tb = wire_arena_alloc(d->out, sizeof(*tb));
@@ -139,15 +133,56 @@ int admin_budgets(struct kvcd *d, Kvc__Envelope *reply) {
                 kvc__tenant_budget__init(tb);
                 tb->name = (char *)t->name;
                 uint64_t q = budget_quota(bu, t);
-                tb->quota_bytes = q == BUDGET_NO_LIMIT ? ps.capacity_bytes : q;
+                tb->quota_bytes = q == BUDGET_NO_LIMIT ? capacity : q;
                 tb->used_bytes = t->used_bytes;
                 tb->sessions = t->n_sessions;
                 tb->reserved_bytes = t->reserved_bytes;
                 tb->uid = t->uid;
                 tb->gid = t->gid;
                 tb->declared = t->declared;
-                b->tenants[b->n_tenants++] = tb;
+                v[i] = tb;
         }
+        *ret = v;
+        *ret_n = bu->n_tenants;
+        return 0;
+}
+
+/* VmRSS and RssAnon of /proc/self/status, in bytes; 0 where the kernel does not say. */
+static void own_memory(uint64_t *ret_rss, uint64_t *ret_anon) {
+        char line[128];
+        unsigned long long kib;
+        *ret_rss = *ret_anon = 0;
+        FILE *f = fopen("/proc/self/status", "re");
+        if (!f)
+                return;
+        while (fgets(line, sizeof(line), f)) {
+                if (sscanf(line, "VmRSS: %llu kB", &kib) == 1)
+                        *ret_rss = (uint64_t)kib * 1024u;
+                else if (sscanf(line, "RssAnon: %llu kB", &kib) == 1)
+                        *ret_anon = (uint64_t)kib * 1024u;
+        }
+        fclose(f);
+}
+
+int admin_status_extras(struct kvcd *d, Kvc__Status *s) {
+        own_memory(&s->rss_bytes, &s->rss_anon_bytes);
+        return tenant_rows(d, s->capacity_bytes, &s->tenants, &s->n_tenants);
+}
+
+int admin_budgets(struct kvcd *d, Kvc__Envelope *reply) {
+        struct pool_stats ps;
+        const struct budget *bu = &d->budget;
+        Kvc__Budgets *b = wire_arena_alloc(d->out, sizeof(*b));
+        if (!b)
+                return -ENOMEM;
+        pool_get_stats(d->pool, &ps);
+        kvc__budgets__init(b);
+        b->capacity_bytes = ps.capacity_bytes;
+        b->used_bytes = ps.used_bytes;
+        b->default_quota_bytes = bu->default_quota == BUDGET_NO_LIMIT ? ps.capacity_bytes : bu->default_quota;
+        int r = tenant_rows(d, ps.capacity_bytes, &b->tenants, &b->n_tenants);
+        if (r < 0)
+                return r;
         reply->body_case = KVC__ENVELOPE__BODY_BUDGETS;
         reply->budgets = b;
         return 0;

@@ -1,5 +1,5 @@
-/* admin.h: the operator requests (evict, drain, audit, metrics, budgets) and the drain's
- * deferred answer. */
+/* admin.h: the operator requests (evict, drain, audit, metrics, budgets), status's tenants and
+ * RSS, and the drain's deferred answer. */
 #pragma once
 
 #include <stdbool.h>
@@ -17,6 +17,9 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
 int admin_audit(struct kvcd *d, Kvc__Envelope *reply);
 int admin_metrics(struct kvcd *d, Kvc__Envelope *reply);
 int admin_budgets(struct kvcd *d, Kvc__Envelope *reply);
+/* Fills the parts of a Status about budgets and kvcd's memory: each tenant's use against its
+ * quota (in d->out) and kvcd's RSS. -ENOMEM when the reply arena is full. */
+int admin_status_extras(struct kvcd *d, Kvc__Status *s);
 int admin_budget_set(struct kvcd *d, const Kvc__BudgetSet *m, Kvc__Envelope *reply, char *why,
                      size_t why_len);
 int admin_evict(struct kvcd *d, uint64_t id, Kvc__Envelope *reply, char *why, size_t why_len);

@@ -16,6 +16,13 @@
  * beside memory the dying process still holds. A process kvcd cannot watch (gone already, or in a
  * pid namespace kvcd cannot see: SO_PEERCRED says pid 0) has its chunks scrubbed at once.
  *
+ * A connection must say Hello within KVCD_HELLO_USEC, and a uid has at most
+ * KVCD_MAX_PENDING_PER_UID connections that have not (a new one closes its oldest): connections
+ * that never say Hello cannot take the client slots from others. When accept4 fails for want of
+ * descriptors kvcd logs it once and stops polling the listener for KVCD_ACCEPT_BACKOFF_USEC at a
+ * time; the connections wait in the backlog and the connected clients are served meanwhile.
+ * A client with sessions that leaves is followed by malloc_trim(), so kvcd's RSS goes back.
+ *
  * On a device pool (the cuda backend) the WELCOME record says so and a DEVICE record with the
  * GPU's UUID follows it; chunk records carry the DEVICE_MEM flag. The records a client sends are
  * UNMAPPED, its answer to UNMAP (cooperative shrink, docs/gpu.md), and BYE; anything else it
@@ -23,6 +30,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -52,21 +60,83 @@ static int random_bytes(uint8_t *buf, size_t n) {
         return 0;
 }
 
+bool client_accepting(const struct kvcd *d, uint64_t now) {
+        return now >= d->accept_paused_until_usec;
+}
+
+uint64_t client_next_deadline(const struct kvcd *d) {
+        uint64_t due = d->accept_paused_until_usec > now_usec() ? d->accept_paused_until_usec : UINT64_MAX;
+        for (uint32_t i = 0; i < d->n_clients; i++)
+                if (!d->clients[i]->bound && d->clients[i]->connected_usec + KVCD_HELLO_USEC < due)
+                        due = d->clients[i]->connected_usec + KVCD_HELLO_USEC;
+        return due;
+}
+
+void client_tick(struct kvcd *d, uint64_t now) {
+        for (uint32_t i = d->n_clients; i-- > 0;) { /* from the end: client_destroy moves the last here */
+                struct client *c = d->clients[i];
+                if (c->bound || now < c->connected_usec + KVCD_HELLO_USEC)
+                        continue;
+                log_info("client %llu (pid %d) said no Hello within %.1f s: closed",
+                         (unsigned long long)c->id, (int)c->pid, KVCD_HELLO_USEC / 1e6);
+                client_destroy(d, c, false);
+        }
+}
+
+/* A uid's connections that have not said Hello yet are at most KVCD_MAX_PENDING_PER_UID: at the
+ * limit its oldest is closed, so a flood of them neither takes the client slots from others nor
+ * keeps the same user's real client (which says Hello at once) out. */
+static void make_room_for_pending(struct kvcd *d, uid_t uid) {
+        struct client *oldest = NULL;
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < d->n_clients; i++) {
+                struct client *c = d->clients[i];
+                if (c->bound || c->uid != uid)
+                        continue;
+                n++;
+                if (!oldest || c->connected_usec < oldest->connected_usec)
+                        oldest = c;
+        }
+        if (n < KVCD_MAX_PENDING_PER_UID)
+                return;
+        log_debug("uid %u has %u connections without Hello: its oldest (client %llu) is closed",
+                  (unsigned)uid, n, (unsigned long long)oldest->id);
+        client_destroy(d, oldest, false);
+}
+
 int client_accept(struct kvcd *d) {
         int fd = accept4(d->fd_listen, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+                /* the connection stays queued; polling a listener we cannot accept from would spin */
+                if (!d->fds_exhausted)
+                        log_warning("cannot accept a client: %s; new connections wait (%.2f s back-off "
+                                    "while out of descriptors), connected clients are served",
+                                    strerror(errno), KVCD_ACCEPT_BACKOFF_USEC / 1e6);
+                d->fds_exhausted = true;
+                d->accept_paused_until_usec = now_usec() + KVCD_ACCEPT_BACKOFF_USEC;
+                return 0;
+        }
         if (fd < 0)
                 return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+        if (d->fds_exhausted) {
+                log_notice("accepting clients again");
+                d->fds_exhausted = false;
+        }
 
+        struct ucred cred;
+        socklen_t len = sizeof(cred);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+                close(fd);
+                return 1;
+        }
+        make_room_for_pending(d, cred.uid);
         if (d->n_clients >= KVCD_MAX_CLIENTS) {
                 log_warning("refusing a client: %u clients connected (the limit)", d->n_clients);
                 close(fd);
                 return 1;
         }
-        struct ucred cred;
-        socklen_t len = sizeof(cred);
         struct client *c = calloc(1, sizeof(*c));
-        if (!c || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 ||
-            random_bytes(c->token, sizeof(c->token)) < 0) {
+        if (!c || random_bytes(c->token, sizeof(c->token)) < 0) {
                 int r = c ? -errno : -ENOMEM;
                 free(c);
                 close(fd);
@@ -281,4 +351,6 @@ void client_destroy(struct kvcd *d, struct client *c, bool died) {
         }
         close(c->fd);
         free(c);
+        if (n_sessions)
+                malloc_trim(0); /* what its sessions' bookkeeping took goes back to the system */
 }

@@ -162,13 +162,15 @@ static int handle_open_session(struct request *rq) {
         return 0;
 }
 
+/* The session id names, if it is this client's. Another client's session is answered exactly as a
+ * missing one (ENOENT, the same message): a different answer would tell a client which ids exist
+ * (docs/protocol.md, docs/security.md). */
 static int lookup(struct request *rq, uint64_t id, struct session **ret) {
         int r = session_lookup(rq->d, rq->client, id, ret);
-        if (r == -ENOENT)
+        if (r == -ENOENT || r == -EPERM) {
                 snprintf(rq->why, sizeof(rq->why), "no session %llu", (unsigned long long)id);
-        else if (r == -EPERM)
-                snprintf(rq->why, sizeof(rq->why), "session %llu belongs to another client",
-                         (unsigned long long)id);
+                return -ENOENT;
+        }
         return r;
 }
 
@@ -224,6 +226,7 @@ static int handle_step_batch(struct request *rq) {
         if (!pb || !plans || !grants || !errors || !shared)
                 return -ENOMEM;
         kvc__plan_batch__init(pb);
+        d->n.step_batches++;
         pb->plans = plans;
         pb->grants = grants;
         pb->errors = errors;
@@ -333,6 +336,10 @@ static int handle_status(struct request *rq) {
                         for (uint32_t l = 0; l < x->n_layers; l++)
                                 s->int8_bytes += (uint64_t)x->layers[l].q8.n * x->q8_layout.block_bytes;
         prefix_totals(d, &s->shared_blocks, &s->shared_bytes);
+        s->step_batches_total = d->n.step_batches;
+        int r = admin_status_extras(d, s);
+        if (r < 0)
+                return r;
         rq->reply.body_case = KVC__ENVELOPE__BODY_STATUS;
         rq->reply.status = s;
         return 0;
@@ -379,6 +386,8 @@ static int handle_list_sessions(struct request *rq) {
                 i->max_bytes = budget_max(d, s);
                 i->cap_bytes = s->cap_bytes;
                 i->priority = s->priority;
+                uint64_t last = s->stepped && s->last_step_usec ? s->last_step_usec : s->opened_usec;
+                i->idle_usec = now > last ? now - last : 0;
                 for (uint32_t layer = 0; layer < s->n_layers; layer++)
                         i->int8_bytes += (uint64_t)s->layers[layer].q8.n * s->q8_layout.block_bytes;
                 l->sessions[l->n_sessions++] = i;
@@ -611,7 +620,9 @@ void handle_frame(struct kvcd *d, enum channel ch, void *zsock, const uint8_t *r
         kvc__envelope__init(&rq.reply);
         rq.reply.version = WIRE_VERSION;
 
-        r = wire_decode(d->in, data, len, WIRE_REQUEST_MAX_BYTES, &env, rq.why, sizeof(rq.why));
+        /* a request whose fields do not validate is answered under its own id: its sender's wait ends */
+        r = wire_decode_request(d->in, data, len, WIRE_REQUEST_MAX_BYTES, &env, &rq.reply.request_id, rq.why,
+                                sizeof(rq.why));
         if (r == 0) {
                 rq.env = env;
                 rq.reply.request_id = env->request_id;

@@ -35,6 +35,7 @@ struct policy;
 struct pool;
 struct prefix_block;
 struct restart;
+struct events;
 
 #define KVCD_VERSION                 "0.1.0"
 #define KVCD_MAX_CLIENTS             256u
@@ -42,6 +43,15 @@ struct restart;
 #define KVCD_MAX_SESSIONS_PER_CLIENT 1024u
 #define KVCD_ROUTING_ID_MAX          255u
 #define KVCD_WAIT_USEC               2000000u /* a request waits this long for memory the arbiter reclaims */
+/* kvcd's own heap for one client's sessions (their structs, block tables, policy state, prompt
+ * ids, masks, prefix entries): past it a request is refused with ENOSPC (docs/security.md) */
+#define KVCD_CLIENT_HEAP_BYTES (32ull << 20)
+/* A side-channel connection that has not said Hello within this is closed; a uid has at most
+ * KVCD_MAX_PENDING_PER_UID such connections (a new one closes its oldest); when kvcd runs out of
+ * file descriptors it stops accepting for KVCD_ACCEPT_BACKOFF_USEC at a time (client.c). */
+#define KVCD_HELLO_USEC          2000000u
+#define KVCD_MAX_PENDING_PER_UID 16u
+#define KVCD_ACCEPT_BACKOFF_USEC 250000u
 
 struct kvcd_config {
         const char *runtime_dir;
@@ -54,6 +64,12 @@ struct kvcd_config {
         uint64_t stop_timeout_usec; /* SIGTERM waits this long for open sessions to end */
         bool fd_store;              /* keep chunks and the state record in systemd's fd store */
         uint64_t resume_grace_usec; /* after a restart, clients have this long to resume */
+        /* KV events (events.c) */
+        const char *events_format;          /* "kvcd" (NULL: the same) or "vllm" */
+        const char *events_endpoint;        /* a second endpoint for the PUB socket (tcp://), or NULL */
+        const char *events_replay_endpoint; /* a second endpoint for the replay ROUTER, or NULL */
+        uint32_t events_replay_buffer;      /* messages kept for replay; 0: no replay socket */
+        bool events_token_ids;              /* publish the prompts' token ids */
         /* the numeric IPv4 or IPv6 address of the metrics endpoint; NULL: 127.0.0.1 */
         const char *metrics_address;
 };
@@ -71,6 +87,7 @@ struct kvcd_counters {
         uint64_t evictions;
         uint64_t chunks_drained;   /* drains started: chunks whose blocks are to move out (relocate.c) */
         uint64_t blocks_relocated; /* blocks moved */
+        uint64_t step_batches;     /* StepBatch messages handled (steps counts their summaries) */
         /* sessions that looked for a shared prefix at open, those that attached one, its tokens */
         uint64_t prefix_lookups, prefix_hits, prefix_hit_tokens;
         /* opens and reservations refused for memory or admission, by reason (metrics.h) */
@@ -93,8 +110,9 @@ struct client {
         struct client *orphan_next;
         uint64_t adopted_from; /* after a restart: the id of the connection this one took over */
         uint64_t connected_usec;
-        bool refuses_moves; /* it refused a plan of block moves: its chunks are not drained again */
-        bool said_bye;      /* its last side-channel record was BYE: a clean disconnect */
+        bool refuses_moves;  /* it refused a plan of block moves: its chunks are not drained again */
+        bool said_bye;       /* its last side-channel record was BYE: a clean disconnect */
+        uint64_t heap_bytes; /* kvcd's heap its sessions hold, at most KVCD_CLIENT_HEAP_BYTES */
 };
 
 /* The chunks of a client that died, held until its process has exited (client.c). */
@@ -107,8 +125,9 @@ struct exit_hold {
 
 /* One block table: the blocks of one class (full precision or INT8) of one layer, in slot order. */
 struct block_table {
-        uint64_t *blocks; /* pool offsets; capacity max_layer_blocks */
+        uint64_t *blocks; /* pool offsets; room for cap, grown with use up to max_layer_blocks */
         uint32_t n;
+        uint32_t cap;
 };
 
 /* A layer: slots [0, n_q8) in the INT8 table, slots [n_q8, n_tokens) in the full-precision one. */
@@ -165,6 +184,7 @@ struct session {
         uint32_t prompt_tokens;
         uint64_t appended; /* tokens appended to layer 0 since the session opened */
         uint64_t last_step;
+        uint64_t last_step_usec; /* when it came (kvcctl top marks sessions idle for long) */
         bool stepped;
         uint64_t next_plan_id;
         uint64_t pending_plan_id; /* 0: none outstanding */
@@ -217,6 +237,7 @@ struct session {
         } handoff;                /* while exported and not yet imported */
         struct block_move *moves; /* [WIRE_MAX_MOVES], the outstanding plan's moves (relocate.c) */
         uint32_t n_moves;
+        uint64_t heap_bytes; /* kvcd's heap this session holds, charged to its owner's heap_bytes */
         /* OpenSession.model_id ("": none), a metrics label */
         char model_id[WIRE_MAX_NAME + 1];
 };
@@ -231,6 +252,8 @@ struct kvcd {
         void *zevents; /* PUB for KV events */
         int events_fd; /* a socket-activated listening fd for it, or -1 */
         uint64_t event_seq;
+        /* the rest of the KV event publisher's state (events.c) */
+        struct events *events;
         int fd_listen;
         int act_client_fd; /* listening sockets passed by systemd, or -1 */
         int act_admin_fd;
@@ -281,7 +304,9 @@ struct kvcd {
         uint64_t watchdog_usec;
         char last_status[128]; /* the STATUS= last sent to systemd */
         bool stopping;
-        uint64_t stop_deadline_usec; /* a graceful stop is under way until then */
+        uint64_t stop_deadline_usec;       /* a graceful stop is under way until then */
+        uint64_t accept_paused_until_usec; /* out of fds: the listener is not polled until then */
+        bool fds_exhausted;                /* ... and that was logged (once, until an accept succeeds) */
         /* wall-clock time of the start (kvcd_start_time_seconds) */
         uint64_t started_unix_usec;
         /* the limit behind the last -ENOSPC (budget.c), for kvcd_refusals_total */
@@ -289,8 +314,15 @@ struct kvcd {
 };
 
 /* client.c */
-/* Accepts one pending connection: 1 when one was taken (or refused), 0 when none waited. */
+/* Accepts one pending connection: 1 when one was taken (or refused), 0 when none waited or kvcd
+ * is out of file descriptors (it then stops accepting for a while: client_accepting()). */
 int client_accept(struct kvcd *d);
+/* Whether the listening socket is to be polled now (not while backing off from EMFILE). */
+bool client_accepting(const struct kvcd *d, uint64_t now);
+/* Closes the connections that did not say Hello in time; call every loop round. */
+void client_tick(struct kvcd *d, uint64_t now);
+/* When client_tick() or client_accepting() next has something to do (UINT64_MAX: never). */
+uint64_t client_next_deadline(const struct kvcd *d);
 struct client *client_by_rid(struct kvcd *d, const uint8_t *rid, size_t len);
 struct client *client_by_token(struct kvcd *d, const uint8_t *token);
 /* Sends the fd of chunk idx to c (read_only: to map without write access; a client that already
@@ -359,6 +391,9 @@ uint32_t session_shared_tokens(const struct session *s);
  * to g (arena memory); NULL when the arena is full. */
 Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, bool q8,
                                       uint32_t max_blocks);
+/* Makes room in table t of s for n entries (its heap grows, within the client's allowance):
+ * -ENOSPC past max_layer_blocks or the allowance (the reason in d->refusal). */
+int session_table_reserve(struct kvcd *d, struct session *s, struct block_table *t, uint32_t n);
 /* Grows one table of layer l to n_blocks blocks from the pool (under the budget), recording the
  * new ones in out (arena memory). A failure leaves the blocks it added in the table and in out. */
 int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, uint32_t n_blocks,

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "events.h"
 #include "http.h"
 #include "kvcd.h"
 #include "log.h"
@@ -48,6 +49,15 @@ static void usage(FILE *f) {
                 "sessions\n"
                 "                       before kvcd closes them and scrubs their memory (default 30)\n"
                 "  --log-level LEVEL    error, warning, notice, info (default), debug\n"
+                "  --events-format FMT  the KV events' wire format: kvcd (protobuf, default; kvcctl events\n"
+                "                       reads it) or vllm (vLLM 0.10.2's msgpack KVEventBatch, for routers)\n"
+                "  --events-endpoint EP also publish the KV events on EP (tcp://ADDR:PORT, for routers on\n"
+                "                       other machines; the ipc socket in the runtime directory stays)\n"
+                "  --events-replay-buffer N  keep the last N KV event messages and serve them on the replay\n"
+                "                       socket (kvcd.events.replay.sock; default 0: no replay socket)\n"
+                "  --events-replay-endpoint EP  also serve replay requests on EP (tcp://ADDR:PORT)\n"
+                "  --events-token-ids   put the prompts' token ids in the KV events (default: empty lists;\n"
+                "                       see docs/security.md)\n"
                 "  -h, --help           this text\n"
                 "  -V, --version        the version\n"
                 "Exit status: 0 stopped cleanly, 1 failed, 2 bad usage, 69 the backend cannot run here (no\n"
@@ -72,6 +82,11 @@ int main(int argc, char **argv) {
                 { "metrics-address", required_argument, NULL, 'A' },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, 'V' },
+                { "events-format", required_argument, NULL, 'E' },
+                { "events-endpoint", required_argument, NULL, 'e' },
+                { "events-replay-buffer", required_argument, NULL, 'R' },
+                { "events-replay-endpoint", required_argument, NULL, 'P' },
+                { "events-token-ids", no_argument, NULL, 'T' },
                 {},
         };
         struct kvcd d = { .cfg = { .backend = "host",
@@ -146,10 +161,42 @@ int main(int argc, char **argv) {
                         }
                         log_set_level(r);
                         break;
+                case 'E':
+                        if (!events_format_known(optarg)) {
+                                fprintf(stderr, "kvcd: unknown events format %s (kvcd or vllm)\n", optarg);
+                                return 2;
+                        }
+                        d.cfg.events_format = optarg;
+                        break;
+                case 'e':
+                case 'P':
+                        if (strncmp(optarg, "tcp://", 6) != 0 && strncmp(optarg, "ipc://", 6) != 0) {
+                                fprintf(stderr, "kvcd: %s is not a tcp:// or ipc:// endpoint\n", optarg);
+                                return 2;
+                        }
+                        *(c == 'e' ? &d.cfg.events_endpoint : &d.cfg.events_replay_endpoint) = optarg;
+                        break;
+                case 'R': {
+                        char *end;
+                        unsigned long n = strtoul(optarg, &end, 10);
+                        if (*end || !*optarg || optarg[0] == '-' || n > EVENTS_REPLAY_MAX) {
+                                fprintf(stderr,
+                                        "kvcd: --events-replay-buffer %s is not a count from 0 to %u\n",
+                                        optarg, EVENTS_REPLAY_MAX);
+                                return 2;
+                        }
+                        d.cfg.events_replay_buffer = (uint32_t)n;
+                        break;
+                }
+                case 'T': d.cfg.events_token_ids = true; break;
                 case 'h': usage(stdout); return 0;
                 case 'V': printf("kvcd %s\n", KVCD_VERSION); return 0;
                 default: usage(stderr); return 2;
                 }
+        }
+        if (d.cfg.events_replay_endpoint && !d.cfg.events_replay_buffer) {
+                fprintf(stderr, "kvcd: --events-replay-endpoint needs --events-replay-buffer N\n");
+                return 2;
         }
         if (optind < argc) {
                 fprintf(stderr, "kvcd: unexpected argument %s\n", argv[optind]);

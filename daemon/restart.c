@@ -16,7 +16,10 @@
  * change every few steps and are not recorded: the client's account of them is the truth, and a
  * block it does not claim is free after the restart. The record lives in a shared memfd, so
  * every write is in the store the moment it is made, whatever kills kvcd next. A slot becomes
- * valid when its in_use word is set, after everything else in it is written.
+ * valid when its in_use word is set, after everything else in it is written. The first Resume
+ * from a new connection renames the old one in the whole record at once (adopt_in_record: a
+ * guard word in the header, which the next start completes), so a kvcd killed again between two
+ * Resumes of one client still finds all of that client's sessions and chunks under one owner.
  *
  * What does not survive: the policies' own counters (SCOPE's steps, SnapKV's observation, the
  * sampling generator: the policy starts afresh from its parameters), the KV event hash chains,
@@ -49,7 +52,11 @@ struct state_header {
         uint64_t next_session_id;
         uint64_t next_client_id;
         uint64_t clean; /* 1: stopped cleanly, nothing to restore */
-        uint64_t reserved[3];
+        /* an adoption under way (restart_resume): every owner adopt_from in the record becomes
+         * adopt_to. Set before the record's owners are rewritten and cleared after, so a kvcd
+         * killed in between finishes the rewrite when it restores (adopt_to is written first) */
+        uint64_t adopt_from, adopt_to;
+        uint64_t reserved[1];
         /* uint64_t chunk_owner[n_chunks], then n_slots slots */
 };
 
@@ -167,6 +174,27 @@ static int new_record(struct kvcd *d, struct restart *rs) {
         return 0;
 }
 
+/* Every owner from in the record (chunks and session slots) becomes to. */
+static void rename_owner(struct state_header *h, uint64_t from, uint64_t to) {
+        for (uint32_t i = 0; i < h->n_chunks; i++)
+                if (chunk_owners(h)[i] == from)
+                        chunk_owners(h)[i] = to;
+        for (uint32_t i = 0; i < h->n_slots; i++) {
+                struct state_slot *sl = slot_at(h, i);
+                if (sl->in_use && sl->owner == from)
+                        sl->owner = to;
+        }
+}
+
+/* The record's owners from become to, all or (after a kill at any point) none until the next
+ * restore completes it. */
+static void adopt_in_record(struct state_header *h, uint64_t from, uint64_t to) {
+        h->adopt_to = to;
+        __atomic_store_n(&h->adopt_from, from, __ATOMIC_RELEASE);
+        rename_owner(h, from, to);
+        __atomic_store_n(&h->adopt_from, 0, __ATOMIC_RELEASE);
+}
+
 /* Maps a kept record; -EINVAL when it does not describe this pool or was closed cleanly. */
 static int open_record(struct kvcd *d, struct restart *rs, int fd) {
         struct state_header h;
@@ -228,6 +256,8 @@ int restart_begin(struct kvcd *d) {
         bool restoring = state >= 0 && open_record(d, rs, state) == 0;
         if (state >= 0 && !restoring)
                 log_warning("the kept state record does not describe this pool: starting afresh");
+        if (restoring && rs->hdr->adopt_from) /* the last kvcd was killed mid-adoption: finish it */
+                adopt_in_record(rs->hdr, rs->hdr->adopt_from, rs->hdr->adopt_to);
 
         uint32_t chunks = 0, sessions = 0;
         for (size_t i = 0; i < rs->n_kept; i++) {
@@ -381,8 +411,11 @@ static int claim_table(struct kvcd *d, struct session *s, struct block_table *t,
         uint32_t unit = session_unit_bytes(s, q8);
         if (n > s->max_layer_blocks || (q8 && n && !s->int8))
                 return -EPROTO;
+        int r = session_table_reserve(d, s, t, (uint32_t)n);
+        if (r < 0)
+                return r;
         for (size_t b = 0; b < n; b++) {
-                int r = pool_claim(d->pool, s->owner->id, blocks[b], unit, 1);
+                r = pool_claim(d->pool, s->owner->id, blocks[b], unit, 1);
                 if (r < 0) {
                         log_debug("session %llu: block %llu (%u bytes) cannot be claimed for client %llu: %s",
                                   (unsigned long long)s->id, (unsigned long long)blocks[b], unit,
@@ -406,7 +439,9 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
                 return -ENOENT;
         }
         struct client *o = s->owner;
-        if (c->adopted_from && c->adopted_from != o->id) {
+        /* once c adopted an old connection, that orphan carries c's id (below): its other
+         * sessions come back to c; another old connection's do not */
+        if (c->adopted_from && o->adopted_from != c->id) {
                 snprintf(why, why_len, "session %llu belonged to another connection",
                          (unsigned long long)m->session_id);
                 return -EPERM;
@@ -425,10 +460,11 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
                 }
         }
         if (!c->adopted_from) { /* the chunks of the old connection are this one's now */
+                /* and so are its sessions in the record, resumed or not yet, in one step: a kvcd
+                 * killed again before the client resumed them all restores them under one owner,
+                 * with its chunks, and the client's next Resume finds them together */
+                adopt_in_record(d->restart->hdr, o->id, c->id);
                 pool_transfer_owner(d->pool, o->id, c->id);
-                for (uint32_t i = 0; i < pool_n_chunks(d->pool); i++)
-                        if (pool_chunk_owner(d->pool, i) == c->id)
-                                restart_record_chunk_owner(d, i, c->id);
                 c->adopted_from = o->id;
                 o->id = c->id; /* its remaining sessions' blocks are claimed under the new id too */
                 o->adopted_from = c->id;

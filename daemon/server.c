@@ -4,16 +4,25 @@
  * listening socket, every client's side-channel connection, and a signalfd. In each round the
  * side-channel events are handled before any ZeroMQ message, so a request that arrives after a
  * client died is answered with the death already accounted (tests rely on it, and so do
- * operators reading `kvcctl status` right after a crash).
+ * operators reading `kvcctl status` right after a crash). zmq_poll alone does not promise that
+ * (it reads a ZeroMQ socket's events after its poll() of the fds), so before an admin request
+ * kvcd polls the side channels once more without waiting (handle_hangups_now).
+ *
+ * Out of file descriptors, the side channel's listener is left out of the poll for a while
+ * (client_accepting): a listener that stays readable while accept4 fails would make the loop spin.
  *
  * Start-up takes an flock on $RUNTIME_DIR/kvcd.lock before touching the socket paths: binding
  * an ipc:// path that a live kvcd serves would silently steal it, so a second kvcd on the same
- * directory refuses to start instead. READY=1 goes to systemd (or a test's fake NOTIFY_SOCKET)
+ * directory refuses to start instead. The directory must be kvcd's own and writable by nobody
+ * else, and the lock is opened without following symlinks (docs/security.md, "Runtime directory
+ * and credentials"): in a directory another user made, that user would choose what kvcd creates
+ * and which sockets clients reach. READY=1 goes to systemd (or a test's fake NOTIFY_SOCKET)
  * once every socket is bound.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +54,11 @@
  * this get an EMSGSIZE reply. */
 #define KVCD_ZMQ_MAXMSGSIZE     (1 << 20)
 #define KVCD_MESSAGES_PER_ROUND 1024
+/* Messages ZeroMQ queues per client connection each way: replies a client does not read are
+ * dropped past it (dropped_replies), so one that never reads holds at most this many of kvcd's
+ * replies in memory (docs/security.md). Operators' connections keep ZeroMQ's default. */
+#define KVCD_CLIENT_HWM 64
+#define KVCD_ADMIN_HWM  1000
 
 static int path_in(char *dst, size_t cap, const char *dir, const char *name) {
         int n = snprintf(dst, cap, "%s/%s", dir, name);
@@ -53,10 +67,56 @@ static int path_in(char *dst, size_t cap, const char *dir, const char *name) {
                        : 0;
 }
 
-static int take_lock(struct kvcd *d) {
-        d->lock_fd = open(d->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+/* The runtime directory, made 0750 if missing, opened without following a symlink: an fd on it
+ * (*ret_fd) once it is ours and nobody else can write in it. A directory somebody else made (a
+ * squatter in /tmp: kvcd would create files and serve sockets where that user controls the names)
+ * is refused with -EPERM, one others may write in with -EACCES; why says which. */
+static int open_runtime_dir(const char *dir, int *ret_fd, char *why, size_t why_len) {
+        struct stat st;
+        if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
+                int r = -errno;
+                snprintf(why, why_len, "cannot create it: %s", strerror(errno));
+                return r;
+        }
+        int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0 || fstat(fd, &st) < 0) {
+                int r = -errno;
+                snprintf(why, why_len, "%s",
+                         errno == ELOOP || errno == ENOTDIR ? "not a directory (a symlink?)"
+                                                            : strerror(errno));
+                if (fd >= 0)
+                        close(fd);
+                return r;
+        }
+        if (st.st_uid != geteuid()) {
+                snprintf(why, why_len,
+                         "it belongs to uid %u, not to kvcd's uid %u: refusing a directory "
+                         "somebody else made",
+                         (unsigned)st.st_uid, (unsigned)geteuid());
+                close(fd);
+                return -EPERM;
+        }
+        if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+                snprintf(why, why_len, "mode %04o lets others create and replace files in it (at most 0755)",
+                         (unsigned)(st.st_mode & 07777));
+                close(fd);
+                return -EACCES;
+        }
+        *ret_fd = fd;
+        return 0;
+}
+
+/* kvcd.lock in the runtime directory dir_fd: opened without following a symlink (ELOOP), and only
+ * a plain file of ours with one link is taken. -EBUSY when another kvcd holds it. */
+static int take_lock(struct kvcd *d, int dir_fd) {
+        struct stat st;
+        d->lock_fd = openat(dir_fd, "kvcd.lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (d->lock_fd < 0)
                 return -errno;
+        if (fstat(d->lock_fd, &st) < 0)
+                return -errno;
+        if (!S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != geteuid())
+                return -EPERM;
         if (flock(d->lock_fd, LOCK_EX | LOCK_NB) < 0)
                 return errno == EWOULDBLOCK ? -EBUSY : -errno;
         return 0;
@@ -119,11 +179,11 @@ static int listen_fd_channel(struct kvcd *d) {
         return 0;
 }
 
-static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode, int act_fd) {
+static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode, int act_fd, int hwm) {
         void *s = zmq_socket(d->zctx, ZMQ_ROUTER);
         if (!s)
                 return -zmq_errno();
-        int one = 1, zero = 0, hwm = 1000, ivl = 2000, timeout = 10000;
+        int one = 1, zero = 0, ivl = 2000, timeout = 10000;
         int64_t max = KVCD_ZMQ_MAXMSGSIZE;
         char ep[300];
         snprintf(ep, sizeof(ep), "ipc://%s", path);
@@ -168,9 +228,11 @@ int server_start(struct kvcd *d) {
 
         d->fd_listen = d->sig_fd = d->lock_fd = d->events_fd = d->act_client_fd = d->act_admin_fd = -1;
         bool activated = take_activated_sockets(d) > 0;
-        if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
-                log_error("cannot create runtime directory %s: %s", dir, strerror(errno));
-                return -errno;
+        char why_dir[256];
+        int dir_fd = -1;
+        if ((r = open_runtime_dir(dir, &dir_fd, why_dir, sizeof(why_dir))) < 0) {
+                log_error("runtime directory %s: %s", dir, why_dir);
+                return r;
         }
         if ((r = path_in(d->sock_path, sizeof(d->sock_path), dir, "kvcd.sock")) < 0 ||
             (r = path_in(d->fd_path, sizeof(d->fd_path), dir, "kvcd.fd.sock")) < 0 ||
@@ -178,15 +240,20 @@ int server_start(struct kvcd *d) {
             (r = path_in(d->events_path, sizeof(d->events_path), dir, "kvcd.events.sock")) < 0 ||
             (r = path_in(d->lock_path, sizeof(d->lock_path), dir, "kvcd.lock")) < 0) {
                 log_error("runtime directory path too long for a socket: %s", dir);
+                close(dir_fd);
                 return r;
         }
-        r = activated ? 0 : take_lock(d); /* systemd owns activated paths: nobody can steal them */
+        r = activated ? 0 : take_lock(d, dir_fd); /* systemd owns activated paths: nobody can steal them */
+        close(dir_fd);
         if (r == -EBUSY) {
                 log_error("another kvcd is serving %s: refusing to start", dir);
                 return r;
         }
         if (r < 0) {
-                log_error("cannot lock %s: %s", d->lock_path, strerror(-r));
+                log_error("cannot lock %s: %s", d->lock_path,
+                          r == -ELOOP   ? "it is a symlink: refusing to follow it"
+                          : r == -EPERM ? "not a plain file of kvcd's own with one link"
+                                        : strerror(-r));
                 return r;
         }
         uint64_t max =
@@ -228,8 +295,8 @@ int server_start(struct kvcd *d) {
         if (!d->zctx)
                 return -ENOMEM;
         if ((r = listen_fd_channel(d)) < 0 ||
-            (r = bind_router(d, &d->zclient, d->sock_path, 0660, d->act_client_fd)) < 0 ||
-            (r = bind_router(d, &d->zadmin, d->admin_path, 0600, d->act_admin_fd)) < 0 ||
+            (r = bind_router(d, &d->zclient, d->sock_path, 0660, d->act_client_fd, KVCD_CLIENT_HWM)) < 0 ||
+            (r = bind_router(d, &d->zadmin, d->admin_path, 0600, d->act_admin_fd, KVCD_ADMIN_HWM)) < 0 ||
             (r = events_open(d)) < 0) {
                 log_error("cannot bind the sockets in %s: %s", dir, strerror(-r));
                 return r;
@@ -328,8 +395,32 @@ static void notify_status(struct kvcd *d) {
                 memcpy(d->last_status, status, sizeof(status));
 }
 
+/* Handles the side-channel hang-ups and process exits the kernel has seen by now, without waiting.
+ * Called before an admin request: zmq_poll reports a ZeroMQ socket's messages as of when it looks
+ * at that socket, which can be after it looked at the side channels, so a request sent after a
+ * client hung up could otherwise be answered with the client still there. */
+static void handle_hangups_now(struct kvcd *d) {
+        struct pollfd p[2 * KVCD_MAX_CLIENTS];
+        struct client *owners[KVCD_MAX_CLIENTS];
+        uint32_t n = d->n_clients, n_holds = d->n_holds;
+        for (uint32_t i = 0; i < n; i++) {
+                owners[i] = d->clients[i];
+                p[i] = (struct pollfd){ .fd = owners[i]->fd, .events = POLLIN };
+        }
+        for (uint32_t i = 0; i < n_holds; i++)
+                p[n + i] = (struct pollfd){ .fd = d->holds[i].pidfd, .events = POLLIN };
+        if (poll(p, n + n_holds, 0) <= 0)
+                return;
+        for (uint32_t i = 0; i < n; i++)
+                if (p[i].revents && (client_drain(d, owners[i]) < 0 || (p[i].revents & POLLERR)))
+                        client_destroy(d, owners[i], !owners[i]->said_bye);
+        for (uint32_t i = n_holds; i-- > 0;)
+                if (p[n + i].revents)
+                        client_exited(d, i);
+}
+
 int server_run(struct kvcd *d) {
-        enum { FIXED = 5 };
+        enum { FIXED = 6 };
         zmq_pollitem_t items[FIXED + 2 * KVCD_MAX_CLIENTS];
         struct client *owners[KVCD_MAX_CLIENTS];
         uint64_t next_ping = 0;
@@ -337,9 +428,14 @@ int server_run(struct kvcd *d) {
         while (!d->stopping) {
                 items[0] = (zmq_pollitem_t){ .socket = d->zclient, .events = ZMQ_POLLIN };
                 items[1] = (zmq_pollitem_t){ .socket = d->zadmin, .events = ZMQ_POLLIN };
-                items[2] = (zmq_pollitem_t){ .fd = d->fd_listen, .events = ZMQ_POLLIN };
+                uint64_t now0 = now_usec();
+                /* out of fds: the listener is left alone for a while (polling it would spin) */
+                items[2] = (zmq_pollitem_t){ .fd = client_accepting(d, now0) ? d->fd_listen : -1,
+                                             .events = ZMQ_POLLIN };
                 items[3] = (zmq_pollitem_t){ .fd = d->sig_fd, .events = ZMQ_POLLIN };
                 items[4] = (zmq_pollitem_t){ .fd = http_fd(d), .events = ZMQ_POLLIN }; /* -1: ignored */
+                items[5] =
+                        (zmq_pollitem_t){ .socket = events_replay_socket(d), .fd = -1, .events = ZMQ_POLLIN };
                 uint32_t n = d->n_clients;
                 for (uint32_t i = 0; i < n; i++) {
                         owners[i] = d->clients[i];
@@ -350,7 +446,9 @@ int server_run(struct kvcd *d) {
                         items[FIXED + n + i] =
                                 (zmq_pollitem_t){ .fd = d->holds[i].pidfd, .events = ZMQ_POLLIN };
                 long timeout = d->watchdog_usec ? (long)(d->watchdog_usec / 2000) : 1000;
-                uint64_t now0 = now_usec(), due = admin_next_deadline(d);
+                uint64_t due = admin_next_deadline(d), due_clients = client_next_deadline(d);
+                if (due_clients < due)
+                        due = due_clients;
                 if (due != UINT64_MAX)
                         timeout = due <= now0 ? 0
                                   : (long)((due - now0) / 1000) + 1 < timeout
@@ -382,13 +480,18 @@ int server_run(struct kvcd *d) {
                 /* one admin request a round: one that arrived while this round ran waits for the
                  * next poll, which hands kvcd the side channels' hang-ups first, so an operator
                  * never sees a client that had gone before the request was sent */
-                if (items[1].revents)
+                if (items[1].revents) {
+                        handle_hangups_now(d);
                         drain_router(d, d->zadmin, CHANNEL_ADMIN, 1);
+                }
                 http_run(d); /* every round: it also closes the connections that timed out */
+                if (items[5].revents)
+                        events_replay_run(d);
                 if (pool_short_of_chunks(d->pool) || pool_over_capacity(d->pool))
                         client_reclaim(d);
                 uint64_t now = now_usec();
                 admin_tick(d, now);
+                client_tick(d, now);
                 restart_tick(d, now);
                 handoff_tick(d, now);
                 relocate_tick(d, now);

@@ -20,6 +20,13 @@
  * within a session's guaranteed minimum that finds the pool full waits (session.wait) while the
  * arbiter's plans free memory, and is answered when they have, or refused at its deadline.
  *
+ * kvcd's own memory: a layer's block tables grow with use (doubling, up to the layer's limit, which
+ * is bounded by what the whole pool could hold), and everything a session makes kvcd allocate
+ * (its struct and layers, its policy's state, its prompt ids, masks, prefix entries, moves, and
+ * the tables as they grow) is charged to its client's heap allowance, KVCD_CLIENT_HEAP_BYTES:
+ * past it the request is refused with ENOSPC. Allocating the tables for max_tokens up front was
+ * rejected: 256 layers x 2^20 tokens is 128 MiB of kvcd for 112 KiB of pool.
+ *
  * Nothing a client says is taken on trust: lengths must fit the blocks granted, released blocks
  * must be exactly the tail of the layer's table, steps must move forward, and a session answers
  * only to the client that opened it.
@@ -162,7 +169,54 @@ static int capacity_error(struct kvcd *d, int r, char *why, size_t why_len, cons
         return r;
 }
 
+/* kvcd's heap for s grows by bytes (shrinks when negative), charged to its owner: -ENOSPC past
+ * the owner's allowance, the reason in d->refusal (a refusal of its own: not worth waiting). */
+static int heap_charge(struct kvcd *d, struct session *s, int64_t bytes) {
+        struct client *c = s->owner;
+        if (bytes > 0 && c->heap_bytes + (uint64_t)bytes > KVCD_CLIENT_HEAP_BYTES) {
+                snprintf(d->refusal, sizeof(d->refusal),
+                         "kvcd's bookkeeping for this client would take %llu bytes of its heap (at most "
+                         "%llu per client)",
+                         (unsigned long long)(c->heap_bytes + (uint64_t)bytes),
+                         (unsigned long long)KVCD_CLIENT_HEAP_BYTES);
+                d->refusal_own = true;
+                return -ENOSPC;
+        }
+        c->heap_bytes += (uint64_t)bytes;
+        s->heap_bytes += (uint64_t)bytes;
+        return 0;
+}
+
+int session_table_reserve(struct kvcd *d, struct session *s, struct block_table *t, uint32_t n) {
+        if (n <= t->cap)
+                return 0;
+        if (n > s->max_layer_blocks) {
+                snprintf(d->refusal, sizeof(d->refusal), "%u blocks in a layer; at most %u", n,
+                         s->max_layer_blocks);
+                d->refusal_own = true;
+                return -ENOSPC;
+        }
+        uint32_t cap = t->cap < 8 ? 8 : t->cap * 2; /* doubling: appends cost O(1) each */
+        if (cap < n)
+                cap = n;
+        if (cap > s->max_layer_blocks)
+                cap = s->max_layer_blocks;
+        int r = heap_charge(d, s, (int64_t)(cap - t->cap) * (int64_t)sizeof(uint64_t));
+        if (r < 0)
+                return r;
+        uint64_t *b = realloc(t->blocks, (size_t)cap * sizeof(uint64_t));
+        if (!b) {
+                heap_charge(d, s, -(int64_t)(cap - t->cap) * (int64_t)sizeof(uint64_t));
+                return -ENOMEM;
+        }
+        t->blocks = b;
+        t->cap = cap;
+        return 0;
+}
+
 static struct session *session_free(struct session *s) {
+        if (s->owner)
+                s->owner->heap_bytes -= s->heap_bytes;
         free(s->shared);
         free(s->mask);
         free(s->mask_next);
@@ -277,6 +331,11 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
         uint64_t max_layer = (uint64_t)lim.max_layer_tokens + shared_max; /* masked shared slots stay */
         s->max_layer_tokens = max_layer < g->max_tokens ? (uint32_t)max_layer : g->max_tokens;
         s->max_layer_blocks = (s->max_layer_tokens + T - 1) / T;
+        uint64_t pool_blocks = pool_va_bytes(d->pool) / s->layout.block_bytes; /* all the pool could hold */
+        if (s->max_layer_blocks > pool_blocks) {
+                s->max_layer_blocks = (uint32_t)pool_blocks;
+                s->max_layer_tokens = s->max_layer_blocks * T;
+        }
         if (s->model_key) {
                 s->mask_stride = (shared_max + 63) / 64 * 8;
                 s->shared = calloc(s->share_blocks ? s->share_blocks : 1, sizeof(*s->shared));
@@ -288,17 +347,33 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
                 }
         }
 
+        /* kvcd's own heap for it, all but the block tables (they grow with use): refused past the
+         * client's allowance before the tables take any */
+        uint64_t prompt_blocks = m->n_prompt_token_ids / 16; /* events.c's 16-token blocks */
+        uint64_t heap = sizeof(*s) + sizeof(*s->policy) + s->policy->ops->state_bytes(&s->policy->setup) +
+                        (uint64_t)s->n_layers * sizeof(*s->layers) +
+                        prompt_blocks * (16 * sizeof(uint32_t) + sizeof(uint64_t)) + /* events.c */
+                        (uint64_t)WIRE_MAX_MOVES * sizeof(struct block_move) +       /* relocate.c */
+                        (s->model_key ? (uint64_t)s->share_blocks *
+                                                        (sizeof(*s->shared) + sizeof(struct prefix_block) +
+                                                         s->n_layers * sizeof(uint64_t)) +
+                                                2 * ((uint64_t)s->n_layers * s->mask_stride + 1)
+                                      : 0);
+        if ((r = heap_charge(d, s, (int64_t)heap)) < 0) {
+                snprintf(why, why_len, "%s", d->refusal);
+                session_free(s);
+                return r;
+        }
         s->layers = calloc(s->n_layers, sizeof(*s->layers));
         if (!s->layers) {
                 session_free(s);
                 return -ENOMEM;
         }
-        for (uint32_t l = 0; l < s->n_layers; l++) {
-                s->layers[l].fp.blocks = calloc(s->max_layer_blocks, sizeof(uint64_t));
-                s->layers[l].q8.blocks = calloc(s->int8 ? s->max_layer_blocks : 1, sizeof(uint64_t));
-                if (!s->layers[l].fp.blocks || !s->layers[l].q8.blocks) {
+        for (uint32_t l = 0; s->share_blocks && l < s->n_layers; l++) { /* prefix_attach() fills them */
+                if ((r = session_table_reserve(d, s, &s->layers[l].fp, s->share_blocks)) < 0) {
+                        snprintf(why, why_len, "%s", d->refusal);
                         session_free(s);
-                        return -ENOMEM;
+                        return r;
                 }
         }
         r = plan_scratch_reserve(&d->scratch, (size_t)s->n_kv_heads * s->max_layer_blocks * T);
@@ -500,6 +575,8 @@ void session_close(struct kvcd *d, struct session *s) {
 
 void session_move(struct session *s, struct client *to) {
         struct client *from = s->owner;
+        from->heap_bytes -= s->heap_bytes; /* its bookkeeping goes with it */
+        to->heap_bytes += s->heap_bytes;
         if (s->prev)
                 s->prev->next = s->next;
         else
@@ -531,13 +608,14 @@ int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, u
                        Kvc__LayerBlocks *out) {
         struct session_layer *L = &s->layers[l];
         struct block_table *t = q8 ? &L->q8 : &L->fp;
-        if (n_blocks > s->max_layer_blocks)
-                return -ENOSPC;
+        int r = session_table_reserve(d, s, t, n_blocks);
+        if (r < 0)
+                return r;
         while (t->n < n_blocks) {
                 uint64_t off;
                 /* the prompt blocks it may share come from its prefix domain, until it published */
                 bool prefix = !q8 && s->prefix_domain && t->n < s->share_blocks && !s->publish_tried;
-                int r = alloc_units_in(d, s, prefix ? s->prefix_domain : session_pool_owner(s), q8, 1, &off);
+                r = alloc_units_in(d, s, prefix ? s->prefix_domain : session_pool_owner(s), q8, 1, &off);
                 if (r < 0)
                         return r;
                 t->blocks[t->n++] = off;
@@ -695,6 +773,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         s->stats.peak_tokens = st->layer_tokens[l];
         }
         s->last_step = st->step;
+        s->last_step_usec = now_usec();
         s->stepped = true;
         s->stats.steps++;
         events_session_progress(d, s);

@@ -417,7 +417,11 @@ static int v_empty(const Kvc__Envelope *env, char *why, size_t why_len) {
 static int v_status(const Kvc__Envelope *env, char *why, size_t why_len) {
         const Kvc__Status *m = env->status;
         int r = check_text(m->version, WIRE_MAX_NAME, "version", why, why_len);
-        return r < 0 ? r : check_text(m->backend, WIRE_MAX_NAME, "backend", why, why_len);
+        if (r == 0)
+                r = check_text(m->backend, WIRE_MAX_NAME, "backend", why, why_len);
+        for (size_t i = 0; r == 0 && i < m->n_tenants; i++)
+                r = check_text(m->tenants[i]->name, WIRE_MAX_NAME, "tenant", why, why_len);
+        return r;
 }
 
 static int v_session_list(const Kvc__Envelope *env, char *why, size_t why_len) {
@@ -625,8 +629,8 @@ int wire_validate(const Kvc__Envelope *env, char *why, size_t why_len) {
         return fail(-EPROTO, why, why_len, "unknown message kind %d", (int)env->body_case);
 }
 
-int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes, Kvc__Envelope **ret,
-                char *why, size_t why_len) {
+int wire_decode_request(struct wire_arena *a, const void *data, size_t len, size_t max_bytes,
+                        Kvc__Envelope **ret, uint64_t *ret_request_id, char *why, size_t why_len) {
         if (len > max_bytes)
                 return fail(-EMSGSIZE, why, why_len, "frame of %zu bytes exceeds %zu", len, max_bytes);
         wire_arena_reset(a);
@@ -638,10 +642,18 @@ int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_b
                 return fail(-EPROTO, why, why_len, "not a kvc envelope (%zu bytes)", len);
         }
         int r = wire_validate(env, why, why_len);
-        if (r < 0)
+        if (r < 0) {
+                *ret_request_id = env->request_id;
                 return r;
+        }
         *ret = env;
         return 0;
+}
+
+int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes, Kvc__Envelope **ret,
+                char *why, size_t why_len) {
+        uint64_t ignored;
+        return wire_decode_request(a, data, len, max_bytes, ret, &ignored, why, why_len);
 }
 
 size_t wire_event_packed_size(const Kvc__KvEventBatch *b) {

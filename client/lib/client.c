@@ -8,6 +8,11 @@
  * A broken connection (-ENOTCONN) inside a call is handed to resume.c, which reconnects when kvcd
  * keeps the pool across its restarts, and the call is sent again.
  *
+ * Before a byte goes to kvcd, the side channel's peer (SO_PEERCRED), the runtime directory and
+ * kvcd.sock must belong to a user allowed to be kvcd (check_daemon): a fake kvcd in a directory
+ * another user made (/tmp/kvcd-$UID) would otherwise receive our sessions and hand us memfds it
+ * reads. docs/security.md, "Runtime directory and credentials".
+ *
  * Device pools (kvcd's cuda backend, docs/gpu.md): kvcd says so on the side channel, with the
  * GPU's UUID; kvc_connect then loads the driver (kernels/cuda/driver.h) and reserves the range on
  * that GPU (devpool.c). The host path never touches the driver.
@@ -16,6 +21,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +72,101 @@ int kvc_default_runtime_dir(char *buf, size_t len) {
         else
                 n = snprintf(buf, len, "/tmp/kvcd-%u", (unsigned)getuid());
         return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+/* A user name or a uid: 0, or -EINVAL when nobody is called that. */
+static int resolve_uid(const char *name, uid_t *ret) {
+        char *end, buf[4096];
+        struct passwd pw, *found = NULL;
+        unsigned long v = strtoul(name, &end, 10);
+        if (*name && !*end && v < (uid_t)-1) {
+                *ret = (uid_t)v;
+                return 0;
+        }
+        if (getpwnam_r(name, &pw, buf, sizeof(buf), &found) != 0 || !found)
+                return -EINVAL;
+        *ret = found->pw_uid;
+        return 0;
+}
+
+/* Who may be kvcd: o->daemon_user or $KVC_DAEMON_UID pins one user; otherwise root, this
+ * process's uid (a kvcd started by hand) and the user "kvcd" that systemd/kvcd.service runs as.
+ * Either way a side channel listened on by pid 1 as root is the service manager's (socket
+ * activation: SO_PEERCRED names whoever called listen()). */
+static int daemon_users(struct kvc_client *c, const struct kvc_options *o) {
+        const char *pin = o->daemon_user && *o->daemon_user ? o->daemon_user : getenv("KVC_DAEMON_UID");
+        if (pin && *pin) {
+                c->pinned = true;
+                if (resolve_uid(pin, &c->daemon_uid) < 0) {
+                        snprintf(connect_error, sizeof(connect_error), "kvcd's user %s: no such user", pin);
+                        return -EINVAL;
+                }
+                return 0;
+        }
+        c->has_service_uid = resolve_uid(KVC_SERVICE_USER, &c->service_uid) == 0;
+        return 0;
+}
+
+static bool daemon_allowed(const struct kvc_client *c, uid_t uid) {
+        if (c->pinned)
+                return uid == c->daemon_uid;
+        return uid == 0 || uid == getuid() || uid == geteuid() ||
+               (c->has_service_uid && uid == c->service_uid);
+}
+
+static const char *allowed_text(const struct kvc_client *c, char *buf, size_t len) {
+        if (c->pinned)
+                snprintf(buf, len, "only uid %u (KVC_DAEMON_UID)", (unsigned)c->daemon_uid);
+        else if (c->has_service_uid)
+                snprintf(buf, len, "root, uid %u or the user %s (uid %u)", (unsigned)getuid(),
+                         KVC_SERVICE_USER, (unsigned)c->service_uid);
+        else
+                snprintf(buf, len, "root or uid %u", (unsigned)getuid());
+        return buf;
+}
+
+/* The connected side channel's peer (SO_PEERCRED: the kernel's word), then the runtime directory
+ * and kvcd.sock: all must belong to a user allowed to be kvcd, and nobody else may write in the
+ * directory (else they could put their own kvcd.sock beside the real side channel). -EPERM, the
+ * reason in c->error. Called before a byte is sent or anything is mapped. */
+static int check_daemon(struct kvc_client *c) {
+        struct ucred cr;
+        socklen_t len = sizeof(cr);
+        struct stat st;
+        char allowed[160], dir[256];
+        if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
+                return client_error(c, -errno, "SO_PEERCRED on %s: %s", c->fd_path, strerror(errno));
+        /* under socket activation the listening socket is the service manager's (pid 1, root) */
+        bool activated = cr.uid == 0 && cr.pid == 1;
+        if (!daemon_allowed(c, cr.uid) && !activated)
+                return client_error(c, -EPERM, "%s is served by uid %u (pid %d), not by kvcd's user (%s)",
+                                    c->fd_path, (unsigned)cr.uid, (int)cr.pid,
+                                    allowed_text(c, allowed, sizeof(allowed)));
+        const char *slash = strrchr(c->sock_path, '/');
+        snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - c->sock_path) : 1,
+                 slash ? c->sock_path : ".");
+        if (!dir[0])
+                snprintf(dir, sizeof(dir), "/");
+        /* a symlink for the directory (in /tmp, anyone's) could be pointed elsewhere after the
+         * checks: only one of an allowed user is followed */
+        if (lstat(dir, &st) == 0 && S_ISLNK(st.st_mode) && !daemon_allowed(c, st.st_uid) && st.st_uid != 0)
+                return client_error(c, -EPERM, "kvcd's runtime directory %s is a symlink of uid %u", dir,
+                                    (unsigned)st.st_uid);
+        if (stat(dir, &st) < 0)
+                return client_error(c, -errno, "%s: %s", dir, strerror(errno));
+        if ((!daemon_allowed(c, st.st_uid) && st.st_uid != 0) || (st.st_mode & (S_IWGRP | S_IWOTH)))
+                return client_error(
+                        c, -EPERM,
+                        "kvcd's runtime directory %s belongs to uid %u with mode %04o: it must be "
+                        "kvcd's (%s) and writable by nobody else",
+                        dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+                        allowed_text(c, allowed, sizeof(allowed)));
+        if (lstat(c->sock_path, &st) < 0)
+                return client_error(c, -errno, "%s: %s", c->sock_path, strerror(errno));
+        if (!S_ISSOCK(st.st_mode) || (!daemon_allowed(c, st.st_uid) && st.st_uid != 0))
+                return client_error(c, -EPERM, "%s is not a socket of kvcd's user (%s): uid %u", c->sock_path,
+                                    allowed_text(c, allowed, sizeof(allowed)), (unsigned)st.st_uid);
+        return 0;
 }
 
 /* kvcd.sock and kvcd.fd.sock from a runtime directory or a kvcd.sock path. */
@@ -215,6 +316,8 @@ int client_open_channels(struct kvc_client *c, bool *ret_device, uint8_t uuid[16
         c->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
         if (c->fd < 0 || connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
                 return -errno;
+        if ((r = check_daemon(c)) < 0)
+                return r;
         r = fdwire_recv(c->fd, &m, &fd, c->timeout_ms);
         if (r == 0 && (m.kind != FDWIRE_WELCOME || fd >= 0)) {
                 if (fd >= 0)
@@ -286,12 +389,16 @@ int kvc_connect(const struct kvc_options *opt, struct kvc_client **ret) {
         snprintf(c->name, sizeof(c->name), "%s", o.name ? o.name : "libkvc");
         int r = socket_paths(o.socket, c->sock_path, c->fd_path, sizeof(c->sock_path));
         if (r == 0)
+                r = daemon_users(c, &o);
+        if (r == 0)
                 r = wire_arena_new(WIRE_REPLY_MAX_BYTES * 2, &c->arena);
         bool device = false;
         Kvc__Envelope *in = NULL;
         if (r == 0)
                 r = client_open_channels(c, &device, c->device_uuid, &in);
         if (r < 0) {
+                if (!connect_error[0] && c->error[0])
+                        snprintf(connect_error, sizeof(connect_error), "%s", c->error);
                 kvc_disconnect(c);
                 return r;
         }

@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "block.h"
 #include "cuda/driver.h"
@@ -32,7 +33,8 @@
 #pragma GCC visibility push(hidden)
 
 #define KVC_DEFAULT_TIMEOUT_MS 10000
-#define KVC_MAX_PENDING        64u /* StepBatches in flight */
+#define KVC_SERVICE_USER       "kvcd" /* systemd/kvcd.service's User= */
+#define KVC_MAX_PENDING        64u    /* StepBatches in flight */
 #define MAPPED_RW              1
 #define MAPPED_RO              2
 
@@ -140,6 +142,11 @@ struct kvc_client {
         int step_error; /* first per-step error kvcd reported since the last flush */
 
         char error[WIRE_MAX_MESSAGE + 64];
+
+        /* who may be kvcd (client.c, daemon_allowed): with pinned, daemon_uid alone; otherwise
+         * root, our own uid, and service_uid (the user kvcd's unit runs as) when it exists */
+        bool pinned, has_service_uid;
+        uid_t daemon_uid, service_uid;
 };
 
 /* ---- client.c: the connection and its envelopes ---- */

@@ -48,14 +48,19 @@ struct kvc_client;
 struct kvc_session;
 
 struct kvc_options {
-        const char *socket; /* kvcd's runtime directory or its kvcd.sock; NULL: $KVC_SOCKET, else
-                               $XDG_RUNTIME_DIR/kvcd, else /tmp/kvcd-$UID */
-        const char *name;   /* shown to operators; at most 64 bytes */
-        int timeout_ms;     /* for every wait on kvcd; 0: 10000 */
-        uint32_t plan_lag;  /* steps the client may run ahead of kvcd's answers (default 0) */
-        int resume_ms;      /* when kvcd restarts under its service manager (it said so), how long
-                               to keep trying to reconnect and resume every session: 0: 30000;
-                               negative: never (calls fail with ENOTCONN at once) */
+        const char *socket;      /* kvcd's runtime directory or its kvcd.sock; NULL: $KVC_SOCKET, else
+                                    $XDG_RUNTIME_DIR/kvcd, else /tmp/kvcd-$UID */
+        const char *name;        /* shown to operators; at most 64 bytes */
+        int timeout_ms;          /* for every wait on kvcd; 0: 10000 */
+        uint32_t plan_lag;       /* steps the client may run ahead of kvcd's answers (default 0) */
+        int resume_ms;           /* when kvcd restarts under its service manager (it said so), how long
+                                    to keep trying to reconnect and resume every session: 0: 30000;
+                                    negative: never (calls fail with ENOTCONN at once) */
+        const char *daemon_user; /* the only user (a name or a uid) kvcd may run as; NULL:
+                               $KVC_DAEMON_UID, else root, this process's uid or the user "kvcd"
+                               (the unit's User=); and root as pid 1 (socket activation). Checked
+                               on the side channel (SO_PEERCRED), the runtime directory and
+                               kvcd.sock before a byte is sent: EPERM */
 };
 
 /* A kvcd that keeps its pool in systemd's fd store (kvcd --fd-store) comes back after a crash

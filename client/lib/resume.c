@@ -2,7 +2,9 @@
  * systemd's fd store), a hung-up side channel is not the end: the client connects again until
  * resume_ms passes, checks the pool is the same one, resumes every session from its own tables
  * (the client's tables are the truth), and sends again the StepBatches kvcd had not answered.
- * Sessions kvcd did not keep are marked closed; the others go on.
+ * Sessions kvcd did not keep are marked closed; the others go on. A connection that breaks again
+ * during all this (kvcd killed once more) is not kvcd's answer: the resume starts over, within the
+ * same resume_ms.
  */
 #define _GNU_SOURCE
 #include "internal.h"
@@ -69,9 +71,18 @@ static int resume_session(struct kvc_client *c, struct kvc_session *s) {
         return r;
 }
 
+/* A failure of the connection itself rather than kvcd's answer: kvcd died again (or is not back
+ * yet). Such a failure says nothing about the session, so the resume is tried again. */
+static bool transport_failure(int r) {
+        return r == -ECONNREFUSED || r == -ENOTCONN || r == -ECONNRESET || r == -EPIPE;
+}
+
 /* kvcd went away (its side channel hung up). When it said it keeps our pool across a restart:
  * connect again until resume_ms passes, resume every session, and send again the step batches
- * it had not answered. Otherwise, or when that fails, -ENOTCONN. */
+ * it had not answered. When kvcd dies again during the resume (a crash loop, or systemd's restart
+ * killed), the whole resume starts over on the next kvcd within the same resume_ms: only kvcd's
+ * own refusal of a session (it did not keep it) loses that session. Otherwise, or when that
+ * fails, -ENOTCONN. */
 int resume_recover(struct kvc_client *c) {
         if (!c->resumable || c->recovering || c->resume_ms < 0)
                 return client_error(c, -ENOTCONN, "kvcd closed the connection");
@@ -85,30 +96,39 @@ int resume_recover(struct kvc_client *c) {
                 client_close_channels(c);
                 r = client_open_channels(c, &device, uuid, &in);
                 /* kvcd not back yet: no listener, a refused connection, or no Welcome in time */
-                bool again = r == -ENOENT || r == -ECONNREFUSED || r == -ETIMEDOUT || r == -ENOTCONN ||
-                             r == -ECONNRESET || r == -EPIPE;
-                if (r == 0 || !again || now_ms() >= deadline)
+                if (r < 0 && (transport_failure(r) || r == -ENOENT || r == -ETIMEDOUT) &&
+                    now_ms() < deadline) {
+                        poll(NULL, 0, 50);
+                        continue;
+                }
+                if (r == 0 &&
+                    (in->welcome->chunk_bytes != c->chunk_bytes || in->welcome->pool_bytes != c->pool_bytes ||
+                     device != (c->dev != NULL) || (device && memcmp(uuid, c->device_uuid, 16) != 0)))
+                        r = client_error(c, -ESTALE, "kvcd came back with another pool");
+                if (r < 0)
                         break;
-                poll(NULL, 0, 50);
-        }
-        if (r == 0 &&
-            (in->welcome->chunk_bytes != c->chunk_bytes || in->welcome->pool_bytes != c->pool_bytes ||
-             device != (c->dev != NULL) || (device && memcmp(uuid, c->device_uuid, 16) != 0)))
-                r = client_error(c, -ESTALE, "kvcd came back with another pool");
-        if (r == 0) {
                 c->client_id = in->welcome->client_id;
                 c->resumable = in->welcome->resumable;
-                for (struct kvc_session *s = c->sessions; s; s = s->next) {
+                bool again = false;
+                for (struct kvc_session *s = c->sessions; s && !again; s = s->next) {
                         if (s->closed_by_kvcd)
                                 continue;
                         int q = resume_session(c, s);
-                        if (q < 0) /* kvcd did not keep it: the session is lost, the others go on */
+                        if (q < 0 && transport_failure(q))
+                                again = true; /* kvcd died during the resume: say nothing yet */
+                        else if (q < 0) /* kvcd did not keep it: the session is lost, the others go on */
                                 s->closed_by_kvcd = -q;
                 }
-                for (uint32_t i = 0; i < c->n_pending && r == 0; i++) {
+                for (uint32_t i = 0; i < c->n_pending && !again; i++) {
                         const struct sent_batch *b = &c->sent[(c->pending_head + i) % KVC_MAX_PENDING];
                         r = client_send_packed(c, b->bytes, b->len);
+                        again = r < 0;
                 }
+                if (!again)
+                        break;
+                r = client_error(c, -ENOTCONN, "kvcd went away again during the resume");
+                if (now_ms() >= deadline)
+                        break;
         }
         c->recovering = false;
         if (r < 0)

@@ -1,8 +1,10 @@
 # tests/fuzz/fuzz.mk: the fuzz targets, included by the Makefile (after its variables).
 #
-# Five targets, one file each with LLVMFuzzerTestOneInput: fuzz_wire.c (wire decoding and
+# Six targets, one file each with LLVMFuzzerTestOneInput: fuzz_wire.c (wire decoding and
 # validation), fuzz_plan.c (libkvc against a hostile daemon), fuzz_model.c and fuzz_tokenizer.c
-# (kvc-run's llama2.c loaders), fuzz_gguf.c (the GGUF reader and llama.c's checks). Each is built twice:
+# (kvc-run's llama2.c loaders), fuzz_gguf.c (the GGUF reader and llama.c's checks), fuzz_bpe.c
+# (the byte-level BPE tokenizer: hostile vocabularies and merges, GGUF tokenizer keys, and
+# SmolLM2's real vocabulary when the model cache has it). Each is built twice:
 #
 #   $(BUILD)/fuzz/replay-TARGET   $(CC) with the project's flags (and ASan/UBSan under SAN=1),
 #                                 linked with replay.c: replays the checked-in corpus
@@ -30,12 +32,12 @@
 # the system library; without network it falls back to the library alone and says so. The replay
 # binaries link the system library, as the programs do.
 
-FUZZ_TARGETS ?= wire plan model tokenizer gguf
+FUZZ_TARGETS ?= wire plan model tokenizer gguf bpe
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_TOKENIZER ?= ../shared/models/stories260K/tok512.bin
 FUZZ_DIR := $(BUILD)/fuzz
-FUZZ_ALL := wire plan model tokenizer gguf
+FUZZ_ALL := wire plan model tokenizer gguf bpe
 
 FUZZ_REPLAY_BINS := $(patsubst %,$(FUZZ_DIR)/replay-%,$(FUZZ_ALL))
 FUZZ_REPLAY_TESTS := tests/fuzz/replay.sh
@@ -53,6 +55,7 @@ $(FUZZ_DIR)/replay-wire: $(call obj,tests/fuzz/fuzz_wire.c) $(PROTO_OBJ)
 $(FUZZ_DIR)/replay-plan: $(call obj,tests/fuzz/fuzz_plan.c) $(LIB)/libkvc.a
 $(FUZZ_DIR)/replay-model: $(call obj,tests/fuzz/fuzz_model.c) $(MODEL_OBJ)
 $(FUZZ_DIR)/replay-gguf: $(call obj,tests/fuzz/fuzz_gguf.c) $(MODEL_OBJ)
+$(FUZZ_DIR)/replay-bpe: $(call obj,tests/fuzz/fuzz_bpe.c) $(MODEL_OBJ)
 $(FUZZ_DIR)/replay-tokenizer: $(call obj,tests/fuzz/fuzz_tokenizer.c) $(BUILD)/obj/client/engine/tokenizer.o
 $(FUZZ_DIR)/replay-%: $(FUZZ_REPLAY_MAIN)
 	@mkdir -p $(dir $@)
@@ -99,6 +102,8 @@ $(FUZZ_DIR)/fuzz-wire: $(call fuzz_obj,tests/fuzz/fuzz_wire.c) $(FUZZ_PROTO_OBJ)
 $(FUZZ_DIR)/fuzz-plan: $(call fuzz_obj,tests/fuzz/fuzz_plan.c) $(FUZZ_LIBKVC_OBJ)
 $(FUZZ_DIR)/fuzz-model: $(call fuzz_obj,tests/fuzz/fuzz_model.c $(MODEL_SRC))
 $(FUZZ_DIR)/fuzz-gguf: $(call fuzz_obj,tests/fuzz/fuzz_gguf.c $(MODEL_SRC))
+# the tokenizer and what it reads: clang 14 does not know matmul.c's __builtin_cpu_supports("f16c")
+$(FUZZ_DIR)/fuzz-bpe: $(call fuzz_obj,tests/fuzz/fuzz_bpe.c $(addprefix client/engine/,bpe.c gguf.c qtype.c unicode_tables.c))
 $(FUZZ_DIR)/fuzz-tokenizer: $(call fuzz_obj,tests/fuzz/fuzz_tokenizer.c client/engine/tokenizer.c)
 $(FUZZ_DIR)/fuzz-%:
 	@mkdir -p $(dir $@)

@@ -7,7 +7,7 @@ set -u
 cd "$(dirname "$0")/../.."
 build=${1:-build}
 rc=0
-for t in wire plan model tokenizer gguf; do
+for t in wire plan model tokenizer gguf bpe; do
         bin=$build/fuzz/replay-$t
         if [ ! -x "$bin" ]; then
                 echo "$bin is missing: make tests first"

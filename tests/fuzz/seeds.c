@@ -1025,6 +1025,106 @@ static void tokenizer_seeds(const char *tok_path) {
         free(v.p);
 }
 
+/* ---- bpe: [flags][ids][spec][0][text] (tests/fuzz/fuzz_bpe.c) ---- */
+
+static void bpe_seed(const char *name, uint8_t flags, uint8_t ids, const char *spec, const char *text,
+                     size_t text_len) {
+        struct buf b = { 0 };
+        put_u8(&b, flags);
+        put_u8(&b, ids);
+        put(&b, spec, strlen(spec));
+        put_u8(&b, 0);
+        put(&b, text, text_len);
+        write_file("bpe", name, b.p, b.n);
+        free(b.p);
+}
+
+static void gguf_str(struct buf *b, const char *s) {
+        uint64_t n = strlen(s);
+        put(b, &n, 8);
+        put(b, s, n);
+}
+
+static void gguf_key(struct buf *b, const char *key, uint32_t type) {
+        gguf_str(b, key);
+        put(b, &type, 4);
+}
+
+static void gguf_strings(struct buf *b, const char *key, const char *const *v, uint64_t n) {
+        uint32_t elem = 8;
+        gguf_key(b, key, 9);
+        put(b, &elem, 4);
+        put(b, &n, 8);
+        for (uint64_t i = 0; i < n; i++)
+                gguf_str(b, v[i]);
+}
+
+static void bpe_seeds(void) {
+        /* tokens in GPT-2's alphabet (U+0120 'Ġ' is the space), merges that build " the" and
+         * "he", a control token and a user-defined one */
+        static const char merges[] = "1\xc4\xa0t\n1he\n1\xc4\xa0the\n1ll\n1\xc4\xa0"
+                                     "1\n"
+                                     "3<|im_start|>\n3<|im_end|>\n4<tool>\n2<unk>\n"
+                                     "m\xc4\xa0 t\nmh e\nm\xc4\xa0t he\nml l\nm\xc4\xa0 1\n";
+        static const char text[] = "<|im_start|>user\nthe  hello  the 123 1 11 it's THE\t\n<|im_end|><tool>";
+        static const char utf8[] = "caf\xc3\xa9 \xe2\x98\x83 \xf0\x9f\x98\x80 \xff\xc0\x80 na\xc3\xafve\r\n";
+        bpe_seed("alphabet-merges-special", 4 | 16 | 32, 0x01 | 0x2 << 4, merges, text, sizeof(text) - 1);
+        bpe_seed("alphabet-merges-smollm", 4 | 8, 0, merges, text, sizeof(text) - 1);
+        bpe_seed("alphabet-utf8", 4 | 8 | 16, 0, "", utf8, sizeof(utf8) - 1);
+        bpe_seed("no-alphabet", 16, 0, "1a\n1b\n1ab\nma b\n3<s>\n", "ab <s>ba\xff", 9);
+        bpe_seed("bad-type", 4, 0, "9x\n", "x", 1);
+        bpe_seed("bad-merge-result", 4, 0, "mq z\n", "qz", 2);
+        bpe_seed("bad-merge-shape", 4, 0, "mqz\n", "qz", 2);
+        bpe_seed("bad-alphabet", 0, 0, "1 \x01\n", "x", 1);
+        bpe_seed("bos-outside", 32, 0x0f, "1a\n", "a", 1);
+        static const char chat[] =
+                "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                "Hugging Face<|im_end|>\n<|im_start|>user\nWhat is 2+2? \xc3\xa9\xe2\x82\xac"
+                "<|im_end|>\n";
+        struct buf b = { 0 }; /* the real vocabulary: the whole input after flags is the text */
+        put_u8(&b, 2 | 8 | 16 | 32);
+        put_u8(&b, 0);
+        put(&b, chat, sizeof(chat) - 1);
+        write_file("bpe", "smollm2-chat", b.p, b.n);
+        free(b.p);
+
+        /* a GGUF file with only the tokenizer's keys */
+        static const char *const toks[] = { "<|endoftext|>",
+                                            "a",
+                                            "b",
+                                            "ab",
+                                            "\xc4\xa0",
+                                            "\xc4\xa0"
+                                            "ab" };
+        static const char *const mrg[] = { "a b", "\xc4\xa0 ab" };
+        int32_t types[] = { 3, 1, 1, 1, 1, 1 };
+        struct buf g = { 0 };
+        uint32_t version = 3, u32 = 0, i32 = 5;
+        uint64_t n_tensors = 0, n_kv = 7, n_types = 6;
+        put_u8(&g, 3); /* fuzz_bpe's flags: a GGUF file */
+        put_u8(&g, 0);
+        put(&g, "GGUF", 4);
+        put(&g, &version, 4);
+        put(&g, &n_tensors, 8);
+        put(&g, &n_kv, 8);
+        gguf_key(&g, "tokenizer.ggml.model", 8);
+        gguf_str(&g, "gpt2");
+        gguf_key(&g, "tokenizer.ggml.pre", 8);
+        gguf_str(&g, "smollm");
+        gguf_strings(&g, "tokenizer.ggml.tokens", toks, 6);
+        gguf_strings(&g, "tokenizer.ggml.merges", mrg, 2);
+        gguf_key(&g, "tokenizer.ggml.token_type", 9);
+        put(&g, &i32, 4);
+        put(&g, &n_types, 8);
+        put(&g, types, sizeof(types));
+        gguf_key(&g, "tokenizer.ggml.bos_token_id", 4);
+        put(&g, &u32, 4);
+        gguf_key(&g, "tokenizer.ggml.eos_token_id", 4);
+        put(&g, &u32, 4);
+        write_file("bpe", "gguf-tokenizer", g.p, g.n);
+        free(g.p);
+}
+
 int main(int argc, char **argv) {
         if (argc != 3) {
                 fprintf(stderr, "usage: kvc-fuzz-seeds CORPUS_DIR TOKENIZER_FILE\n");
@@ -1037,5 +1137,6 @@ int main(int argc, char **argv) {
         plan_seeds();
         model_seeds();
         tokenizer_seeds(argv[2]);
+        bpe_seeds();
         return 0;
 }

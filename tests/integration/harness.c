@@ -248,7 +248,7 @@ int harness_spawn_stderr(struct proc *p, const char *const *argv, int *ret_err_f
 char *harness_read_all(int fd) {
         size_t len = 0, cap = 1024;
         char *out = malloc(cap);
-        int64_t deadline = now_ms() + HARNESS_DEADLINE_MS;
+        int64_t deadline = now_ms() + harness_client_deadline_ms;
         while (out) {
                 struct pollfd pf = { .fd = fd, .events = POLLIN };
                 int64_t left = deadline - now_ms();
@@ -303,7 +303,7 @@ int harness_fd_count(pid_t pid, const char *prefix, int *ret_matching) {
 
 ssize_t harness_read_some(struct proc *p, char *buf, size_t n) {
         size_t got = 0;
-        int64_t deadline = now_ms() + HARNESS_DEADLINE_MS;
+        int64_t deadline = now_ms() + harness_client_deadline_ms;
         while (got < n) {
                 struct pollfd pf = { .fd = p->out_fd, .events = POLLIN };
                 int64_t left = deadline - now_ms();

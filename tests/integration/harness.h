@@ -11,8 +11,9 @@
 
 #define HARNESS_DEADLINE_MS 20000
 
-/* How long harness_finish (and so harness_run, harness_output) waits for a client's output:
- * HARNESS_DEADLINE_MS unless a test of a real-size model sets more. */
+/* How long harness_finish (and so harness_run, harness_output), harness_read_some and
+ * harness_read_all wait for a client's output: HARNESS_DEADLINE_MS unless a test sets more (a
+ * real-size model; clients under the sanitizers on a loaded machine). */
 extern int harness_client_deadline_ms;
 
 struct daemon {

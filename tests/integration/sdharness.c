@@ -211,6 +211,10 @@ int sdsvc_start(struct sdsvc *s, const char *const *extra) {
 
         pid_t pid = fork();
         if (pid == 0) {
+                /* stderr first: log_fd's number may be one of 3, 4, ... that the passed fds fill
+                 * next (kvcd then logged into a pool chunk) */
+                if (log_fd >= 0)
+                        dup2(log_fd, STDERR_FILENO);
                 /* fds above the ones to fill, then down into 3, 4, ... (dup2 clears CLOEXEC) */
                 for (size_t i = 0; i < n_fds; i++)
                         if ((fds[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, (int)(3 + n_fds + 64))) < 0)
@@ -218,8 +222,6 @@ int sdsvc_start(struct sdsvc *s, const char *const *extra) {
                 for (size_t i = 0; i < n_fds; i++)
                         if (dup2(fds[i], (int)(3 + i)) < 0)
                                 _exit(127);
-                if (log_fd >= 0)
-                        dup2(log_fd, STDERR_FILENO);
                 put_uint(listen_pid + strlen("LISTEN_PID="), (unsigned long)getpid());
                 execve(argv[0], (char *const *)argv, (char *const *)envp);
                 _exit(127);

@@ -68,11 +68,15 @@ static int teardown(void **state) {
         return ok && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
 
-/* Receives one message and asserts it is an Error with code. */
+/* Receives one message and asserts it is an Error with code, answering the request sent last
+ * (a refusal under id 0 would leave a client waiting for its timeout), or id 0 where the frame
+ * was not a request at all. */
 static void expect_error(struct rawpeer *p, int code) {
         Kvc__Envelope *in;
         assert_int_equal(rawpeer_recv(p, 10000, &in), 0);
         assert_int_equal(in->body_case, KVC__ENVELOPE__BODY_ERROR);
+        if (in->request_id != 0)
+                assert_int_equal(in->request_id, p->next_id);
         assert_int_equal(in->error->code, code);
         assert_true(strlen(in->error->message) > 0);
 }
@@ -195,7 +199,26 @@ static void unknown_session_gets_enoent(void **state) {
         rawpeer_close(&p);
 }
 
-static void another_clients_session_gets_eperm(void **state) {
+/* The Error a request naming session sid gets, its message with the id cut out. */
+static void error_for_close(struct rawpeer *p, uint64_t sid, int *ret_code, char *msg, size_t len) {
+        Kvc__CloseSession cs = KVC__CLOSE_SESSION__INIT;
+        cs.session_id = sid;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        env.body_case = KVC__ENVELOPE__BODY_CLOSE_SESSION;
+        env.close_session = &cs;
+        assert_int_equal(rawpeer_call(p, &env, &in), 0);
+        assert_int_equal(in->body_case, KVC__ENVELOPE__BODY_ERROR);
+        *ret_code = (int)in->error->code;
+        char id[32];
+        snprintf(id, sizeof(id), "%llu", (unsigned long long)sid);
+        const char *at = strstr(in->error->message, id);
+        assert_non_null(at);
+        snprintf(msg, len, "%.*s#%s", (int)(at - in->error->message), in->error->message, at + strlen(id));
+}
+
+/* Another client's session is answered exactly as a session that does not exist (code and
+ * message), so no client learns which ids are open (issue 19, item 6: it was EPERM). */
+static void another_clients_session_is_answered_as_a_missing_one(void **state) {
         struct fixture *f = *state;
         struct rawpeer owner, thief;
         uint64_t sid;
@@ -204,18 +227,24 @@ static void another_clients_session_gets_eperm(void **state) {
         assert_int_equal(rawpeer_open_session(&owner, "full", 0, &sid), 0);
 
         Kvc__Step st = step_for(sid, 1);
-        expect_step_error(&thief, &st, EPERM);
+        expect_step_error(&thief, &st, ENOENT);
+        Kvc__Step none = step_for(sid + 1000000, 1);
+        expect_step_error(&thief, &none, ENOENT);
 
-        Kvc__CloseSession cs = KVC__CLOSE_SESSION__INIT;
-        cs.session_id = sid;
-        Kvc__Envelope env = KVC__ENVELOPE__INIT;
-        env.body_case = KVC__ENVELOPE__BODY_CLOSE_SESSION;
-        env.close_session = &cs;
-        assert_int_equal(rawpeer_send(&thief, &env), 0);
-        expect_error(&thief, EPERM);
+        int foreign_code, missing_code;
+        char foreign[256], missing[256];
+        error_for_close(&thief, sid, &foreign_code, foreign, sizeof(foreign));
+        error_for_close(&thief, sid + 1000000, &missing_code, missing, sizeof(missing));
+        assert_int_equal(foreign_code, ENOENT);
+        assert_int_equal(missing_code, ENOENT);
+        assert_string_equal(foreign, missing);
 
         /* the owner still has it, and closes it */
-        Kvc__Envelope *in;
+        Kvc__CloseSession cs = KVC__CLOSE_SESSION__INIT;
+        cs.session_id = sid;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        env.body_case = KVC__ENVELOPE__BODY_CLOSE_SESSION;
+        env.close_session = &cs;
         assert_int_equal(rawpeer_call(&owner, &env, &in), 0);
         assert_int_equal(in->body_case, KVC__ENVELOPE__BODY_SESSION_CLOSED);
         rawpeer_close(&thief);
@@ -373,8 +402,11 @@ static void bad_geometry_and_unknown_policy_are_refused(void **state) {
         Kvc__Envelope env = KVC__ENVELOPE__INIT;
         env.body_case = KVC__ENVELOPE__BODY_OPEN_SESSION;
         env.open_session = &os;
-        assert_int_equal(rawpeer_send(&p, &env), 0);
-        expect_error(&p, EINVAL);
+        Kvc__Envelope *in;
+        assert_int_equal(rawpeer_call(&p, &env, &in), 0); /* fails validation, answered under its id */
+        assert_int_equal(in->body_case, KVC__ENVELOPE__BODY_ERROR);
+        assert_int_equal(in->error->code, EINVAL);
+        assert_int_equal(in->request_id, p.next_id);
         g.n_layers = 4;
         assert_int_equal(rawpeer_send(&p, &env), 0);
         expect_error(&p, EINVAL);
@@ -405,7 +437,7 @@ int main(void) {
                 cmocka_unit_test(wrong_version_gets_eproto),
                 cmocka_unit_test(requests_before_hello_get_eperm),
                 cmocka_unit_test(unknown_session_gets_enoent),
-                cmocka_unit_test(another_clients_session_gets_eperm),
+                cmocka_unit_test(another_clients_session_is_answered_as_a_missing_one),
                 cmocka_unit_test(nan_and_infinities_in_a_summary_get_einval),
                 cmocka_unit_test(steps_out_of_order_and_overclaimed_lengths_are_refused),
                 cmocka_unit_test(plans_acknowledged_twice_or_unknown_are_refused),

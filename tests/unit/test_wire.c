@@ -398,6 +398,8 @@ static void error_fx_init(struct error_fx *f) {
 struct status_fx {
         Kvc__Envelope env;
         Kvc__Status m;
+        Kvc__TenantBudget t[2];
+        Kvc__TenantBudget *tp[2];
 };
 
 static void status_fx_init(struct status_fx *f) {
@@ -416,6 +418,19 @@ static void status_fx_init(struct status_fx *f) {
         f->m.plans_total = 3900;
         f->m.client_deaths = 1;
         f->m.errors_total = 17;
+        f->m.rss_bytes = 40u << 20;
+        f->m.rss_anon_bytes = 3u << 20;
+        f->m.step_batches_total = 250000;
+        for (int i = 0; i < 2; i++) {
+                f->t[i] = (Kvc__TenantBudget)KVC__TENANT_BUDGET__INIT;
+                f->t[i].name = i ? "search" : "batch";
+                f->t[i].used_bytes = (uint64_t)(i + 1) << 20;
+                f->t[i].quota_bytes = 1ull << 30;
+                f->t[i].sessions = (uint32_t)i + 2;
+                f->tp[i] = &f->t[i];
+        }
+        f->m.tenants = f->tp;
+        f->m.n_tenants = 2;
         env_init(&f->env, KVC__ENVELOPE__BODY_STATUS, &f->m);
 }
 
@@ -684,6 +699,14 @@ static void wire_round_trips_status(void **state) {
         assert_int_equal(m->sessions, 5);
         assert_int_equal(m->steps_total, 1000000);
         assert_int_equal(m->plans_total, 3900);
+        assert_int_equal(m->rss_bytes, 40u << 20);
+        assert_int_equal(m->rss_anon_bytes, 3u << 20);
+        assert_int_equal(m->step_batches_total, 250000);
+        assert_int_equal(m->n_tenants, 2);
+        assert_string_equal(m->tenants[1]->name, "search");
+        assert_int_equal(m->tenants[1]->used_bytes, 2u << 20);
+        assert_int_equal(m->tenants[1]->quota_bytes, 1ull << 30);
+        assert_int_equal(m->tenants[1]->sessions, 3);
         assert_int_equal(m->client_deaths, 1);
         assert_int_equal(m->errors_total, 17);
 }
@@ -1238,7 +1261,10 @@ static void wire_rejects_bad_status(void **state) {
         REJECT(status, f->m.version = "esc\x1b[0m", "version has a control character");
         REJECT(status, f->m.backend = repeat('b', WIRE_MAX_NAME + 1), "backend longer");
         REJECT(status, f->m.backend = "ho\rst", "backend has a control character");
+        REJECT(status, f->t[1].name = repeat('t', WIRE_MAX_NAME + 1), "tenant longer");
+        REJECT(status, f->t[0].name = "te\x1bnant", "tenant has a control character");
         ACCEPT(status, (f->m.version = "", f->m.backend = ""));
+        ACCEPT(status, f->m.n_tenants = 0);
 }
 
 static void wire_rejects_bad_session_list(void **state) {

@@ -1,0 +1,57 @@
+"""kvcd: Python access to kvcd, the KV-cache daemon, over libkvc (ctypes; no compiled extension).
+
+    import numpy as np, kvcd
+    with kvcd.connect(name="demo") as client:
+        geo = kvcd.Geometry(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, max_tokens=64)
+        with client.open_session(geo, policy="window", budget=32) as s:
+            s.append(0, 0, k, v); out = s.attend(0, q)
+            s.step(0, logits); client.flush()
+
+kvcd.client has the connection and its sessions, kvcd.admin what kvcctl does, kvcd.errors the
+exceptions (one per errno). docs/python.md is the guide.
+"""
+
+from .client import (
+    Block,
+    Client,
+    Geometry,
+    Handoff,
+    LayerView,
+    Session,
+    SessionStats,
+    Summary,
+    connect,
+    default_runtime_dir,
+    summarize,
+)
+from .errors import (
+    KvcAlready,
+    KvcBusy,
+    KvcDtypeError,
+    KvcError,
+    KvcInvalid,
+    KvcMessageSize,
+    KvcNoDevice,
+    KvcNoSpace,
+    KvcNotConnected,
+    KvcNotFound,
+    KvcNotPermitted,
+    KvcNotSupported,
+    KvcPermission,
+    KvcProtocol,
+    KvcShutdown,
+    KvcStale,
+    KvcTimeout,
+    error_for,
+)
+from ._lib import LibraryNotFound
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Block", "Client", "Geometry", "Handoff", "LayerView", "Session", "SessionStats", "Summary",
+    "connect", "default_runtime_dir", "summarize", "error_for", "LibraryNotFound",
+    "KvcError", "KvcAlready", "KvcBusy", "KvcDtypeError", "KvcInvalid", "KvcMessageSize", "KvcNoDevice",
+    "KvcNoSpace", "KvcNotConnected", "KvcNotFound", "KvcNotPermitted", "KvcNotSupported", "KvcPermission",
+    "KvcProtocol", "KvcShutdown", "KvcStale", "KvcTimeout",
+]
