@@ -6,8 +6,10 @@
 #   make check      the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer
 #   make demo       start kvcd in a temporary runtime directory, run kvc-run on the real model, stop
 #   make quality    the quality lab: every policy on the real model, table and plots in bench/quality
+#   make quality-plots  only the plots, from the committed bench/quality/results.csv (seconds)
 #   make cuda       the CUDA kernels (CUDA=1; default on when nvcc is found)
-#   make install    into $(DESTDIR)$(PREFIX)
+#   make install    into $(DESTDIR)$(PREFIX): programs, libkvc (libkvc.so.0.1.0 with its soname link
+#                   libkvc.so.0 and libkvc.so; libkvc.a), kvc.pc, kvc.h, man pages, systemd units
 #
 # Builds go to $(BUILD) (build/, or build/san for `make check`). No probing of the host beyond
 # looking for nvcc.
@@ -32,8 +34,9 @@ LDFLAGS += $(if $(SAN),$(SAN_FLAGS))
 LDLIBS_ZMQ := -lzmq -lprotobuf-c
 LDLIBS := -lm
 
+# prometheus: for promtool, which tests/integration/test_metrics.c runs on the metrics texts
 DEB_PACKAGES := build-essential pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler \
-	libsystemd-dev libcmocka-dev libmicrohttpd-dev systemd
+	libsystemd-dev libcmocka-dev libmicrohttpd-dev systemd prometheus
 
 # msgpack-c (libmsgpack-dev, 4.0 on Debian 12): kvcd's vLLM-format KV events (daemon/events_vllm.c).
 # Linked into kvcd and the unit tests only: libkvc and the clients do not need it.
@@ -64,11 +67,19 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c tests/integration/sdharness.c)
 
-.PHONY: all deps test check demo cuda install clean tests quality quality-deps
+.PHONY: all deps test check demo cuda install clean tests quality quality-deps quality-plots
 .SECONDARY:
 .DEFAULT_GOAL := all
 
-all: $(PROGRAMS) $(LIB)/libkvc.a $(LIB)/libkvc.so
+# libkvc's version (the daemon's, daemon/kvcd.h) and its soname's major: the build and the install
+# lay out libkvc.so.$(KVC_VERSION) (the file), libkvc.so.$(KVC_SOVERSION) (the soname, which a
+# program linked with -lkvc asks the loader for) and libkvc.so (the link-time name) the same way.
+KVC_VERSION := $(shell sed -n 's/^\#define KVCD_VERSION *"\(.*\)"/\1/p' daemon/kvcd.h)
+KVC_SOVERSION := $(firstword $(subst ., ,$(KVC_VERSION)))
+LIBKVC_SO := $(LIB)/libkvc.so.$(KVC_VERSION)
+LIBDIR ?= $(PREFIX)/lib
+
+all: $(PROGRAMS) $(LIB)/libkvc.a $(LIB)/libkvc.so $(LIB)/libkvc.so.$(KVC_SOVERSION) $(LIB)/pkgconfig/kvc.pc
 
 # $(call install_missing,PACKAGES): the Debian packages of the list that are not installed, with
 # apt-get (as root; otherwise it says which and fails). deps, fuzz-deps and peer-deps use it.
@@ -100,9 +111,25 @@ $(LIB)/libkvc.a: $(LIBKVC_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(LIB)/libkvc.so: $(LIBKVC_OBJ)
+$(LIBKVC_SO): $(LIBKVC_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(LDFLAGS) -Wl,-soname,libkvc.so.0 $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
+	$(CC) -shared $(LDFLAGS) -Wl,-soname,libkvc.so.$(KVC_SOVERSION) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
+
+$(LIB)/libkvc.so.$(KVC_SOVERSION): $(LIBKVC_SO)
+	ln -sfn $(notdir $<) $@
+
+$(LIB)/libkvc.so: $(LIB)/libkvc.so.$(KVC_SOVERSION)
+	ln -sfn $(notdir $<) $@
+
+# kvc.pc for the install (pkg-config --cflags --libs kvc); PREFIX and LIBDIR are those of the build
+# that made it, so `make install PREFIX=...` remakes it when they change.
+$(LIB)/pkgconfig/kvc.pc: client/lib/kvc.pc.in daemon/kvcd.h $(LIB)/.prefix-$(subst /,_,$(PREFIX)$(LIBDIR))
+	@mkdir -p $(dir $@)
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(LIBDIR)|g' -e 's|@VERSION@|$(KVC_VERSION)|g' $< > $@
+
+$(LIB)/.prefix-%:
+	@mkdir -p $(dir $@)
+	rm -f $(LIB)/.prefix-* && touch $@
 
 $(BIN)/kvcd: $(DAEMON_OBJ) $(PROTO_OBJ) $(KERNEL_OBJ)
 	@mkdir -p $(dir $@)
@@ -165,6 +192,9 @@ quality: quality-deps
 	@$(MAKE) --no-print-directory all
 	@bench/quality.sh $(BUILD) $(QUALITY_SEQUENCES)
 
+quality-plots: quality-deps
+	@bench/quality.sh --plot
+
 include kernels/cuda.mk
 include tests/fuzz/fuzz.mk
 include bench/bench.mk
@@ -176,12 +206,15 @@ cuda:
 endif
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
-	install -m 0755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 $(LIB)/libkvc.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 0755 $(LIB)/libkvc.so $(DESTDIR)$(PREFIX)/lib/libkvc.so.0
-	ln -sf libkvc.so.0 $(DESTDIR)$(PREFIX)/lib/libkvc.so
-	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man1 man/kvcctl.1 man/kvc-run.1
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(PREFIX)/include
+	install -m 0755 $(PROGRAMS) $(BUILD)/bin/kvc-load $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(LIB)/libkvc.a $(DESTDIR)$(LIBDIR)/
+	install -m 0755 $(LIBKVC_SO) $(DESTDIR)$(LIBDIR)/
+	ln -sfn libkvc.so.$(KVC_VERSION) $(DESTDIR)$(LIBDIR)/libkvc.so.$(KVC_SOVERSION)
+	ln -sfn libkvc.so.$(KVC_SOVERSION) $(DESTDIR)$(LIBDIR)/libkvc.so
+	install -m 0644 $(LIB)/pkgconfig/kvc.pc $(DESTDIR)$(LIBDIR)/pkgconfig/
+	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man1 man/kvcctl.1 man/kvc-run.1 man/kvc-eval.1 \
+		man/kvc-load.1
 	install -D -m 0644 -t $(DESTDIR)$(PREFIX)/share/man/man8 man/kvcd.8
 	install -m 0644 client/lib/kvc.h $(DESTDIR)$(PREFIX)/include/
 	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/lib/sysusers.d

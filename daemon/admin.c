@@ -104,7 +104,7 @@ int admin_audit(struct kvcd *d, Kvc__Envelope *reply) {
 }
 
 int admin_metrics(struct kvcd *d, Kvc__Envelope *reply) {
-        size_t cap = 64 * 1024;
+        size_t cap = METRICS_MAX_BYTES;
         char *text = wire_arena_alloc(d->out, cap);
         Kvc__Metrics *m = wire_arena_alloc(d->out, sizeof(*m));
         if (!text || !m)

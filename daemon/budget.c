@@ -159,6 +159,7 @@ static int resolve(struct budget *b, const struct client *c, const char *asked, 
                                  "tenant %s is bound to %s %lld; this client runs as uid %u gid %u", name,
                                  t->uid >= 0 ? "uid" : "gid", (long long)(t->uid >= 0 ? t->uid : t->gid),
                                  c->uid, c->gid);
+                        t->refusals++;
                         return -EACCES;
                 }
         } else {
@@ -198,14 +199,18 @@ int budget_admit(struct kvcd *d, struct session *s, struct client *c, const Kvc_
                          "session's minimum of %.2f MiB does not fit",
                          mib(cap), mib(b->reserved_bytes), mib(min));
                 r = -ENOSPC;
+                d->refusal_reason = REFUSAL_CAPACITY;
         } else if (t->reserved_bytes + min > quota) {
                 snprintf(why, why_len,
                          "quota of tenant %s: %.1f MiB, of which %.1f MiB are guaranteed to its %u other "
                          "sessions; this session's minimum of %.2f MiB does not fit",
                          t->name, mib(quota), mib(t->reserved_bytes), t->n_sessions, mib(min));
                 r = -ENOSPC;
+                d->refusal_reason = REFUSAL_QUOTA;
         }
         if (r < 0) {
+                if (r == -ENOSPC)
+                        t->refusals++;
                 drop_if_unused(b, t);
                 return r;
         }
@@ -254,6 +259,7 @@ int budget_may_grow(struct kvcd *d, const struct session *s, uint64_t n, char *w
         if (s->bytes + n > s->cap_bytes) {
                 bool arbiter = s->cap_bytes < budget_max(d, s);
                 d->refusal_own = true;
+                d->refusal_reason = REFUSAL_SESSION_MAX;
                 snprintf(why, why_len, "session %llu holds %llu bytes; %s is %llu", (unsigned long long)s->id,
                          (unsigned long long)s->bytes,
                          arbiter ? "the arbiter's cap while memory is short" : "its maximum",
@@ -269,6 +275,7 @@ int budget_may_grow(struct kvcd *d, const struct session *s, uint64_t n, char *w
                          "quota of tenant %s: %.1f MiB, %.1f MiB in use, %.1f MiB guaranteed to its other "
                          "sessions",
                          t->name, mib(quota), mib(t->used_bytes), mib(t->unmet_bytes - own));
+                d->refusal_reason = REFUSAL_QUOTA;
                 return -ENOSPC;
         }
         if (n <= own)
@@ -278,6 +285,7 @@ int budget_may_grow(struct kvcd *d, const struct session *s, uint64_t n, char *w
                 snprintf(why, why_len,
                          "node capacity: %.1f MiB, %.1f MiB in use, %.1f MiB guaranteed to other sessions",
                          mib(cap), mib(u), mib(b->unmet_bytes - own));
+                d->refusal_reason = REFUSAL_CAPACITY;
                 return -ENOSPC;
         }
         return 0;

@@ -47,6 +47,7 @@ struct tenant {
         uint64_t demand_bytes;   /* sum of its sessions' demands */
         uint64_t shared_bytes;   /* shared prefix blocks its sessions published (in used_bytes too) */
         uint32_t n_sessions;
+        uint64_t refusals; /* its sessions' opens and reservations refused (kvcd_tenant_refusals_total) */
 };
 
 struct budget {

@@ -122,17 +122,28 @@ static void log_opened(const struct kvcd *d, const struct session *s) {
                 s->model_key ? ", sharing its prefix" : "");
 }
 
+/* A request for memory refused: counted by reason (metrics.h), and for its tenant when known. */
+static void count_refusal(struct kvcd *d, struct tenant *t, enum refusal_reason reason) {
+        d->n.refusals[reason]++;
+        if (t)
+                t->refusals++;
+}
+
 static int handle_open_session(struct request *rq) {
         struct kvcd *d = rq->d;
         struct session *s;
         if (d->draining) {
                 d->n.admission_refusals++;
+                count_refusal(d, NULL, REFUSAL_DRAINING);
                 snprintf(rq->why, sizeof(rq->why), "kvcd is draining: no new sessions");
                 return -ESHUTDOWN;
         }
+        d->refusal_reason = REFUSAL_CAPACITY;
         int r = session_open(d, rq->client, rq->env->open_session, &s, rq->why, sizeof(rq->why));
-        if (r == -ENOSPC || r == -EACCES)
+        if (r == -ENOSPC || r == -EACCES) { /* budget_admit counted it for the tenant */
                 d->n.admission_refusals++;
+                count_refusal(d, NULL, r == -EACCES ? REFUSAL_TENANT : d->refusal_reason);
+        }
         if (r < 0)
                 return r;
         if (r == 1) { /* answered when its plan buffer is there */
@@ -175,12 +186,15 @@ static int handle_reserve(struct request *rq) {
                          (unsigned long long)s->id);
                 return -EBUSY;
         }
+        rq->d->refusal_reason = REFUSAL_CAPACITY;
         r = session_reserve(rq->d, s, m->n_tokens, &g, rq->why, sizeof(rq->why));
         if (r == -EINPROGRESS) { /* answered when the arbiter's plans have freed memory */
                 session_wait_for_memory(rq->d, s, WAIT_RESERVE, m->n_tokens, rq->env->request_id);
                 rq->no_reply = true;
                 return 0;
         }
+        if (r == -ENOSPC)
+                count_refusal(rq->d, s->ten, rq->d->refusal_reason);
         if (r < 0)
                 return r;
         rq->reply.body_case = KVC__ENVELOPE__BODY_GRANT;
@@ -519,13 +533,17 @@ static void retry_wait(struct kvcd *d, struct session *s, uint64_t now) {
         Kvc__Envelope env = KVC__ENVELOPE__INIT;
         Kvc__Grant *g = NULL;
         bool open = s->wait.kind == WAIT_OPEN;
+        d->refusal_reason = REFUSAL_CAPACITY;
         int r = open ? session_retry_open(d, s, why, sizeof(why))
                      : session_retry_reserve(d, s, &g, why, sizeof(why));
         if (r == -EINPROGRESS && now < s->wait.deadline_usec)
                 return;
         env.version = WIRE_VERSION;
         env.request_id = s->wait.request_id;
+        if (r == -ENOSPC)
+                count_refusal(d, s->ten, d->refusal_reason);
         if (r == -EINPROGRESS) {
+                count_refusal(d, s->ten, REFUSAL_WAIT_TIMEOUT);
                 r = -ENOSPC;
                 snprintf(why, sizeof(why),
                          "%s: waited %.1f s for memory being taken back (from other sessions, or other "

@@ -70,6 +70,8 @@ struct kvcd_config {
         const char *events_replay_endpoint; /* a second endpoint for the replay ROUTER, or NULL */
         uint32_t events_replay_buffer;      /* messages kept for replay; 0: no replay socket */
         bool events_token_ids;              /* publish the prompts' token ids */
+        /* the numeric IPv4 or IPv6 address of the metrics endpoint; NULL: 127.0.0.1 */
+        const char *metrics_address;
 };
 
 struct kvcd_counters {
@@ -86,6 +88,10 @@ struct kvcd_counters {
         uint64_t chunks_drained;   /* drains started: chunks whose blocks are to move out (relocate.c) */
         uint64_t blocks_relocated; /* blocks moved */
         uint64_t step_batches;     /* StepBatch messages handled (steps counts their summaries) */
+        /* sessions that looked for a shared prefix at open, those that attached one, its tokens */
+        uint64_t prefix_lookups, prefix_hits, prefix_hit_tokens;
+        /* opens and reservations refused for memory or admission, by reason (metrics.h) */
+        uint64_t refusals[REFUSAL_N];
 };
 
 struct client {
@@ -232,6 +238,8 @@ struct session {
         struct block_move *moves; /* [WIRE_MAX_MOVES], the outstanding plan's moves (relocate.c) */
         uint32_t n_moves;
         uint64_t heap_bytes; /* kvcd's heap this session holds, charged to its owner's heap_bytes */
+        /* OpenSession.model_id ("": none), a metrics label */
+        char model_id[WIRE_MAX_NAME + 1];
 };
 
 struct kvcd {
@@ -299,6 +307,10 @@ struct kvcd {
         uint64_t stop_deadline_usec;       /* a graceful stop is under way until then */
         uint64_t accept_paused_until_usec; /* out of fds: the listener is not polled until then */
         bool fds_exhausted;                /* ... and that was logged (once, until an accept succeeds) */
+        /* wall-clock time of the start (kvcd_start_time_seconds) */
+        uint64_t started_unix_usec;
+        /* the limit behind the last -ENOSPC (budget.c), for kvcd_refusals_total */
+        enum refusal_reason refusal_reason;
 };
 
 /* client.c */

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "events.h"
+#include "http.h"
 #include "kvcd.h"
 #include "log.h"
 #include "pool.h"
@@ -33,8 +34,11 @@ static void usage(FILE *f) {
                 "                       declare a tenant: the uid or gid whose sessions may charge it, and\n"
                 "                       its quota (repeatable; default: no quota of its own)\n"
                 "  --default-quota BYTES  the quota of every tenant without one (default: none)\n"
-                "  --metrics-port PORT  serve Prometheus metrics on http://127.0.0.1:PORT/metrics (default: "
+                "  --metrics-port PORT  serve Prometheus metrics on http://ADDR:PORT/metrics (default: "
                 "off)\n"
+                "  --metrics-address ADDR\n"
+                "                       the numeric IPv4 or IPv6 address it listens on (default 127.0.0.1;\n"
+                "                       0.0.0.0 or :: for every interface, for a central Prometheus)\n"
                 "  --stop-timeout SEC   on SIGTERM, refuse new sessions and wait this long for open ones\n"
                 "                       to end before stopping (default 10; a second SIGTERM stops at once)\n"
                 "  --fd-store           keep the pool chunks and a state record in systemd's fd store, so\n"
@@ -75,6 +79,7 @@ int main(int argc, char **argv) {
                 { "resume-grace", required_argument, NULL, 'g' },
                 { "tenant", required_argument, NULL, 't' },
                 { "default-quota", required_argument, NULL, 'Q' },
+                { "metrics-address", required_argument, NULL, 'A' },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, 'V' },
                 { "events-format", required_argument, NULL, 'E' },
@@ -119,6 +124,16 @@ int main(int argc, char **argv) {
                         }
                         *(c == 's' ? &d.cfg.stop_timeout_usec : &d.cfg.resume_grace_usec) =
                                 (uint64_t)(sec * 1e6);
+                        break;
+                }
+                case 'A': {
+                        struct sockaddr_storage sa;
+                        socklen_t len;
+                        if (http_parse_address(optarg, &sa, &len) < 0) {
+                                fprintf(stderr, "kvcd: %s is not a numeric IPv4 or IPv6 address\n", optarg);
+                                return 2;
+                        }
+                        d.cfg.metrics_address = optarg;
                         break;
                 }
                 case 't':

@@ -67,6 +67,7 @@ static void domain_gc(struct kvcd *d, uint64_t domain) {
 uint32_t prefix_attach(struct kvcd *d, struct session *s) {
         if (!s->model_key || !s->share_blocks || !s->block_hashes)
                 return 0;
+        d->n.prefix_lookups++;
         uint32_t n = 0, T = s->layout.block_tokens;
         uint64_t chunk = pool_chunk_bytes(d->pool);
         uint8_t *sent = calloc((pool_n_chunks(d->pool) + 7) / 8, 1); /* each chunk once */
@@ -98,9 +99,12 @@ uint32_t prefix_attach(struct kvcd *d, struct session *s) {
         s->n_shared_blocks = n;
         for (uint32_t l = 0; l < s->n_layers; l++)
                 s->layers[l].n_tokens = n * T;
-        if (n)
+        if (n) {
+                d->n.prefix_hits++;
+                d->n.prefix_hit_tokens += (uint64_t)n * T;
                 log_info("session %llu attached a shared prefix of %u tokens", (unsigned long long)s->id,
                          n * T);
+        }
         return n;
 }
 

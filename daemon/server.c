@@ -307,11 +307,14 @@ int server_start(struct kvcd *d) {
         histogram_init(&d->plan_latency, latency_bounds, sizeof(latency_bounds) / sizeof(latency_bounds[0]));
         histogram_init(&d->confidence, confidence_bounds,
                        sizeof(confidence_bounds) / sizeof(confidence_bounds[0]));
-        if (d->cfg.metrics_port && (r = http_start(d, d->cfg.metrics_port)) < 0) {
-                log_error("cannot serve metrics on 127.0.0.1:%u: %s", d->cfg.metrics_port, strerror(-r));
+        if (d->cfg.metrics_port && (r = http_start(d)) < 0) {
+                log_error("cannot serve metrics on %s port %u: %s",
+                          d->cfg.metrics_address ? d->cfg.metrics_address : HTTP_DEFAULT_ADDRESS,
+                          d->cfg.metrics_port, strerror(-r));
                 return r;
         }
         d->started_usec = now_usec();
+        d->started_unix_usec = unix_usec();
         uint64_t wd = 0;
         if (sd_watchdog_enabled(0, &wd) > 0)
                 d->watchdog_usec = wd;
@@ -451,6 +454,9 @@ int server_run(struct kvcd *d) {
                                   : (long)((due - now0) / 1000) + 1 < timeout
                                           ? (long)((due - now0) / 1000) + 1
                                           : timeout;
+                long http_ms = http_timeout_ms(d); /* its idle connections time out */
+                if (http_ms >= 0 && http_ms < timeout)
+                        timeout = http_ms;
                 if (zmq_poll(items, (int)(FIXED + n + n_holds), timeout) < 0 && zmq_errno() != EINTR) {
                         log_error("zmq_poll: %s", zmq_strerror(zmq_errno()));
                         return -zmq_errno();
@@ -478,8 +484,7 @@ int server_run(struct kvcd *d) {
                         handle_hangups_now(d);
                         drain_router(d, d->zadmin, CHANNEL_ADMIN, 1);
                 }
-                if (items[4].revents)
-                        http_run(d);
+                http_run(d); /* every round: it also closes the connections that timed out */
                 if (items[5].revents)
                         events_replay_run(d);
                 if (pool_short_of_chunks(d->pool) || pool_over_capacity(d->pool))

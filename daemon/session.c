@@ -96,6 +96,7 @@ static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, boo
         uint32_t unit = session_unit_bytes(s, q8);
         d->refusal[0] = '\0';
         d->refusal_own = false;
+        d->refusal_reason = REFUSAL_CAPACITY; /* unless a budget limit says otherwise */
         int r = budget_may_grow(d, s, (uint64_t)n * unit, d->refusal, sizeof(d->refusal));
         if (r < 0)
                 return r;
@@ -256,6 +257,7 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
         s->dtype = g->dtype;
         snprintf(s->tenant, sizeof(s->tenant), "%s", m->tenant && *m->tenant ? m->tenant : "default");
         snprintf(s->policy_name, sizeof(s->policy_name), "%s", m->policy);
+        snprintf(s->model_id, sizeof(s->model_id), "%s", m->model_id ? m->model_id : "");
         s->opened_usec = now_usec();
 
         r = block_layout_init(&s->layout, 16, g->n_kv_heads, g->head_dim, dtype_of(g->dtype));
@@ -711,6 +713,7 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
         if (n_tokens > s->max_layer_tokens) {
                 snprintf(why, why_len, "room for %u tokens asked; policy %s allows %u per layer", n_tokens,
                          s->policy_name, s->max_layer_tokens);
+                d->refusal_reason = REFUSAL_POLICY_LIMIT;
                 return -ENOSPC;
         }
         budget_demand(d, s, bytes_for(s, NULL, n_tokens));

@@ -1,7 +1,8 @@
 #!/bin/sh
 # man.sh: the manual pages say what the programs say. Every long option that `kvcd --help`
-# prints is in man/kvcd.8; every option of `kvc-run --help` is in man/kvc-run.1; every verb and
-# option of `kvcctl --help` is in man/kvcctl.1. The pages are compared after roff's escapes are
+# prints is in man/kvcd.8; every option of `kvc-run --help` is in man/kvc-run.1, of `kvc-eval
+# --help` in man/kvc-eval.1, of `kvc-load --help` in man/kvc-load.1; every verb and option of
+# `kvcctl --help` is in man/kvcctl.1. Every program `make install` installs has its page. The pages are compared after roff's escapes are
 # taken out (\- is a hyphen, \fB..\fR are fonts). When groff is installed, each page must also
 # format with `groff -man -ww -z` without a single warning.
 # Usage: tests/systemd/man.sh [BUILD]   (default build)
@@ -56,6 +57,8 @@ check_options() {
 
 help kvcd
 help kvc-run
+help kvc-eval
+help kvc-load
 help kvcctl
 
 page man/kvcd.8
@@ -63,6 +66,12 @@ check_options kvcd man/kvcd.8
 
 page man/kvc-run.1
 check_options kvc-run man/kvc-run.1
+
+page man/kvc-eval.1
+check_options kvc-eval man/kvc-eval.1
+
+page man/kvc-load.1
+check_options kvc-load man/kvc-load.1
 
 page man/kvcctl.1
 check_options kvcctl man/kvcctl.1
@@ -81,7 +90,7 @@ done <"$tmp/verbs"
 groff_note="groff not installed: formatting not checked"
 if command -v groff >/dev/null 2>&1; then
         groff_note="groff -ww clean"
-        for p in man/kvcd.8 man/kvc-run.1 man/kvcctl.1; do
+        for p in man/kvcd.8 man/kvc-run.1 man/kvc-eval.1 man/kvc-load.1 man/kvcctl.1; do
                 checked=$((checked + 1))
                 if ! out=$(groff -man -ww -z "$here/$p" 2>&1) || [ -n "$out" ]; then
                         echo "man: groff warns about $p:"
