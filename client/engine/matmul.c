@@ -32,6 +32,7 @@
  * both paths (subnormal scales too), so they cannot make the two differ.
  */
 #include "matmul.h"
+#include "cpu.h"
 
 #include <errno.h>
 #include <math.h>
@@ -437,7 +438,7 @@ int matmul_isa_supported(enum matmul_isa isa) {
         case MATMUL_ISA_PLAIN: return 1;
         case MATMUL_ISA_AVX2:
 #if MATMUL_HAVE_AVX2
-                return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 0;
+                return cpu_has_avx2_f16c();
 #else
                 return 0;
 #endif

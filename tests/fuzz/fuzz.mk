@@ -102,7 +102,7 @@ $(FUZZ_DIR)/fuzz-wire: $(call fuzz_obj,tests/fuzz/fuzz_wire.c) $(FUZZ_PROTO_OBJ)
 $(FUZZ_DIR)/fuzz-plan: $(call fuzz_obj,tests/fuzz/fuzz_plan.c) $(FUZZ_LIBKVC_OBJ)
 $(FUZZ_DIR)/fuzz-model: $(call fuzz_obj,tests/fuzz/fuzz_model.c $(MODEL_SRC))
 $(FUZZ_DIR)/fuzz-gguf: $(call fuzz_obj,tests/fuzz/fuzz_gguf.c $(MODEL_SRC))
-# the tokenizer and what it reads: clang 14 does not know matmul.c's __builtin_cpu_supports("f16c")
+# the tokenizer and what it reads (not the whole engine: the fuzzer need not build the products)
 $(FUZZ_DIR)/fuzz-bpe: $(call fuzz_obj,tests/fuzz/fuzz_bpe.c $(addprefix client/engine/,bpe.c gguf.c qtype.c unicode_tables.c))
 $(FUZZ_DIR)/fuzz-tokenizer: $(call fuzz_obj,tests/fuzz/fuzz_tokenizer.c client/engine/tokenizer.c)
 $(FUZZ_DIR)/fuzz-%:
