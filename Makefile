@@ -111,7 +111,9 @@ $(BIN)/kvc-run: $(call obj,client/kvc-run.c) $(MODEL_OBJ) $(LIB)/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
 
-$(BIN)/kvc-eval: $(call obj,client/kvc-eval.c) $(MODEL_OBJ) $(LIB)/libkvc.a
+# kvc-eval's parts by concern (client/eval/: statistics, tasks)
+EVAL_SRC := $(wildcard client/eval/*.c)
+$(BIN)/kvc-eval: $(call obj,client/kvc-eval.c) $(call obj,$(EVAL_SRC)) $(MODEL_OBJ) $(LIB)/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
 

@@ -1,6 +1,8 @@
 /* test_eval.c: the quality lab's harness checks itself, on the real model through a real kvcd:
- * the full cache reproduces the model's own perplexity (computed without kvcd), and a window at
- * least as long as the sequence is the full cache. */
+ * the full cache reproduces the model's own perplexity (computed without kvcd), a window at least
+ * as long as the sequence is the full cache, bytes are what kvcd charges (its peak, reported at
+ * close), tokens held show the plan's slack, every figure carries its interval, results go to
+ * the directory asked for only when the run completes. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <setjmp.h>
@@ -10,19 +12,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "harness.h"
 
 static char *eval_output;
+static char out_dir[512];
 
 static int setup(void **state) {
         static struct daemon d;
         if (harness_daemon_start(&d, NULL, NULL) < 0)
                 return -1;
         *state = &d;
-        const char *argv[] = { harness_bin("kvc-eval"), "--socket", d.dir, "--quick", NULL };
+        snprintf(out_dir, sizeof(out_dir), "%s/eval-out", d.root);
+        const char *argv[] = {
+                harness_bin("kvc-eval"), "--socket", d.dir, "--quick", "--out", out_dir, NULL
+        };
         int st;
         if (harness_run(argv, &eval_output, &st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
                 return -1;
@@ -75,11 +82,94 @@ static void a_short_window_costs_quality_and_saves_bytes(void **state) {
         assert_true(field("full", "name_n") > 0);
 }
 
+/* Bytes are kvcd's: blocks granted at their full size with the side arrays, so more than the live
+ * tokens as FP16; the peak is kvcd's own. Budget 32 with a block of slack holds 32..47 tokens. */
+static void bytes_are_what_kvcd_charges_and_tokens_show_the_slack(void **state) {
+        (void)state;
+        assert_true(field("window-32", "avg_charged_bytes") > field("window-32", "avg_kv_bytes"));
+        assert_true(field("window-32", "peak_charged_bytes") >= field("window-32", "avg_charged_bytes"));
+        assert_true(field("full", "peak_charged_bytes") > field("window-32", "peak_charged_bytes"));
+        assert_true(field("window-32", "avg_tokens_held") >= 32);
+        assert_true(field("window-32", "avg_tokens_held") < 48);
+        assert_true(field("window-32", "peak_tokens_held") <= 47);
+        assert_true(field("window-32", "peak_tokens_held") >= 33);
+        /* the full cache has no reserve beyond its layers' blocks */
+        assert_true(field("full", "close_extra_bytes") == 0);
+}
+
+/* Every perplexity and KL carries its story-clustered interval, around the estimate. */
+static void every_figure_has_its_interval(void **state) {
+        (void)state;
+        const char *labels[] = { "full", "window-32", "conf-32" };
+        for (size_t i = 0; i < 3; i++) {
+                assert_true(field(labels[i], "ppl_lo") <= field(labels[i], "ppl"));
+                assert_true(field(labels[i], "ppl_hi") >= field(labels[i], "ppl"));
+                assert_true(field(labels[i], "ppl_hi") > field(labels[i], "ppl_lo"));
+                assert_true(field(labels[i], "sequences") == 3);
+        }
+        assert_true(field("window-32", "kl_hi") > field("window-32", "kl"));
+        assert_true(field("window-32", "kl_lo") < field("window-32", "kl"));
+}
+
+/* The run wrote its files in --out, complete (no .partial left), and says which split it scored. */
+static void results_land_in_the_directory_asked_for(void **state) {
+        (void)state;
+        const char *names[] = { "results.md", "results.csv", "results.jsonl", "confidence_kl.csv" };
+        char path[600];
+        for (size_t i = 0; i < 4; i++) {
+                snprintf(path, sizeof(path), "%s/%s", out_dir, names[i]);
+                size_t len;
+                char *text = harness_slurp(path, &len);
+                assert_non_null(text);
+                assert_true(len > 0);
+                free(text);
+                snprintf(path, sizeof(path), "%s/%s.partial", out_dir, names[i]);
+                assert_int_equal(access(path, F_OK), -1);
+        }
+        snprintf(path, sizeof(path), "%s/results.md", out_dir);
+        size_t md_len;
+        char *md = harness_slurp(path, &md_len);
+        assert_non_null(md);
+        assert_non_null(strstr(md, "**test split**"));
+        assert_non_null(strstr(md, "[")); /* intervals */
+        free(md);
+}
+
+/* A run that fails (here: no kvcd to talk to) leaves the results already in --out as they were. */
+static void a_failed_run_leaves_the_old_results_intact(void **state) {
+        (void)state;
+        char path[600], md[600];
+        snprintf(md, sizeof(md), "%s/results.md", out_dir);
+        size_t before_len;
+        char *before = harness_slurp(md, &before_len);
+        assert_non_null(before);
+        snprintf(path, sizeof(path), "%s/no-such-kvcd", out_dir);
+        const char *argv[] = { harness_bin("kvc-eval"), "--socket", path, "--quick", "--out", out_dir, NULL };
+        char *out = NULL;
+        int st;
+        assert_int_equal(harness_run(argv, &out, &st), 0);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+        free(out);
+        size_t after_len;
+        char *after = harness_slurp(md, &after_len);
+        assert_non_null(after);
+        assert_int_equal(after_len, before_len);
+        assert_memory_equal(after, before, before_len);
+        snprintf(path, sizeof(path), "%s/confidence_kl.csv.partial", out_dir);
+        assert_int_equal(access(path, F_OK), -1);
+        free(before);
+        free(after);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(full_cache_reproduces_the_models_own_perplexity),
                 cmocka_unit_test(window_as_long_as_the_sequence_equals_the_full_cache),
                 cmocka_unit_test(a_short_window_costs_quality_and_saves_bytes),
+                cmocka_unit_test(bytes_are_what_kvcd_charges_and_tokens_show_the_slack),
+                cmocka_unit_test(every_figure_has_its_interval),
+                cmocka_unit_test(results_land_in_the_directory_asked_for),
+                cmocka_unit_test(a_failed_run_leaves_the_old_results_intact),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
