@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "eval/niah.h"
 #include "eval/stats.h"
 #include "kvc.h"
 #include "model.h"
@@ -887,10 +888,7 @@ static void write_markdown(const struct eval *e, const struct row *rows, uint32_
                                                 "**%s**.\n",
                                                 w64->charged, lo->cf->label, hi->cf->label, 100 * closed.mean,
                                                 100 * closed.lo, 100 * closed.hi,
-                                                closed.lo <= 0 && closed.hi >= 0
-                                                        ? "no difference from the window"
-                                                : closed.mean >= 0.8 ? "holds"
-                                                                     : "does not hold");
+                                                stats_verdict(&closed, 0.8, false));
                         }
                         free(u), free(v), free(a), free(b), free(w);
                 } else {
@@ -1173,6 +1171,16 @@ static void usage(FILE *f) {
                    "                         (default: a new build/kvc-eval/DATE-PID); files are written\n"
                    "                         as NAME.partial and renamed only when the run completes\n"
                    "  --quick                3 stories, 4 configurations: checks the harness itself\n"
+                   "                         (with --task niah: one 256-token haystack, 3 needles, the full\n"
+                   "                         cache, window and conf at half of it)\n"
+                   "  --task ppl|niah        perplexity on stories260K (default), or needle in a haystack\n"
+                   "                         on a GGUF chat model (docs/quality.md)\n"
+                   "  --lengths L,...        niah: haystack tokens (default 1024,2048,4096)\n"
+                   "  --needles N            niah: needles per length (default 10)\n"
+                   "  --fractions F,...      niah: budgets as fractions of the haystack (default 0.25,0.5)\n"
+                   "  --chunk N              niah: prefill rows per configuration and pass (default 64)\n"
+                   "  --threads N            niah: the engine's threads (default: every CPU)\n"
+                   "  --seed N               niah: needles and haystacks (default fixed)\n"
                    "  -h, --help, -V, --version\n");
 }
 
@@ -1193,6 +1201,13 @@ int main(int argc, char **argv) {
                 { "out", required_argument, NULL, 'o' },
                 { "quick", no_argument, NULL, 'q' },
                 { "split", required_argument, NULL, 's' },
+                { "task", required_argument, NULL, 't' },
+                { "lengths", required_argument, NULL, 'L' },
+                { "needles", required_argument, NULL, 'N' },
+                { "fractions", required_argument, NULL, 'F' },
+                { "chunk", required_argument, NULL, 'K' },
+                { "threads", required_argument, NULL, 'T' },
+                { "seed", required_argument, NULL, 'R' },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, 'V' },
                 {},
@@ -1206,11 +1221,32 @@ int main(int argc, char **argv) {
                           .dtype = KVC_DTYPE_F32,
                           .corr_label = "window-32",
                           .split = "test" };
+        struct niah_options no = { .needles = 10, .chunk = 64, .threads = 0, .seed = 0 };
+        const char *task = "ppl";
+        bool model_given = false;
         int o;
         while ((o = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
                 switch (o) {
                 case 'S': e.socket = optarg; break;
-                case 'm': e.model_path = optarg; break;
+                case 'm':
+                        e.model_path = optarg;
+                        model_given = true;
+                        break;
+                case 't': task = optarg; break;
+                case 'L':
+                        no.n_lengths = 0;
+                        for (char *p = optarg; *p && no.n_lengths < NIAH_MAX_LENGTHS; p += *p == ',')
+                                no.lengths[no.n_lengths++] = (uint32_t)strtoul(p, &p, 10);
+                        break;
+                case 'F':
+                        no.n_fractions = 0;
+                        for (char *p = optarg; *p && no.n_fractions < NIAH_MAX_FRACTIONS; p += *p == ',')
+                                no.fractions[no.n_fractions++] = strtod(p, &p);
+                        break;
+                case 'N': no.needles = (uint32_t)atoi(optarg); break;
+                case 'K': no.chunk = (uint32_t)atoi(optarg); break;
+                case 'T': no.threads = (uint32_t)atoi(optarg); break;
+                case 'R': no.seed = strtoull(optarg, NULL, 0); break;
                 case 'k': e.tok_path = optarg; break;
                 case 'D': e.data_path = optarg; break;
                 case 'n': e.sequences = (uint32_t)atoi(optarg); break;
@@ -1247,7 +1283,11 @@ int main(int argc, char **argv) {
                 usage(stderr);
                 return 2;
         }
-        if (e.quick) {
+        if (strcmp(task, "niah") != 0 && strcmp(task, "ppl") != 0) {
+                fprintf(stderr, "kvc-eval: --task is ppl or niah\n");
+                return 2;
+        }
+        if (e.quick && strcmp(task, "ppl") == 0) {
                 e.sequences = 3;
                 e.max_tokens = e.max_tokens ? e.max_tokens : 200;
         }
@@ -1272,6 +1312,34 @@ int main(int argc, char **argv) {
         if (make_dirs(e.out_dir) < 0) {
                 fprintf(stderr, "kvc-eval: cannot make %s: %s\n", e.out_dir, strerror(errno));
                 return 1;
+        }
+        if (strcmp(task, "niah") == 0) {
+                const char *env = getenv("KVC_SMOLLM2");
+                no.socket = e.socket;
+                no.model_path = model_given ? e.model_path : env ? env : NULL;
+                no.data_path = e.data_path;
+                no.out_dir = e.out_dir;
+                no.quick = e.quick;
+                if (!no.n_lengths) {
+                        no.lengths[0] = e.quick ? 256 : 1024;
+                        no.lengths[1] = 2048;
+                        no.lengths[2] = 4096;
+                        no.n_lengths = e.quick ? 1 : 3;
+                }
+                if (!no.n_fractions) {
+                        no.fractions[0] = e.quick ? 0.5 : 0.25;
+                        no.fractions[1] = 0.5;
+                        no.n_fractions = e.quick ? 1 : 2;
+                }
+                if (e.quick)
+                        no.needles = no.needles == 10 ? 3 : no.needles;
+                if (!no.model_path || no.needles < 1 || no.needles > 1000 || no.chunk < 1) {
+                        fprintf(stderr,
+                                "kvc-eval: --task niah needs --model (a GGUF; or KVC_SMOLLM2), 1..1000 "
+                                "--needles and a --chunk of at least 1\n");
+                        return 2;
+                }
+                return niah_run(&no) < 0 ? 1 : 0;
         }
         e.recs = calloc((size_t)e.sequences * MAX_CONFIGS, sizeof(struct seq_rec));
         if (!e.recs)

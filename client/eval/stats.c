@@ -84,7 +84,10 @@ int stats_bootstrap_mean(const double *x, uint32_t n, uint32_t reps, uint64_t se
 const char *stats_verdict(const struct stats_ci *d, double need, bool lower_is_better) {
         if (d->lo <= 0 && d->hi >= 0)
                 return "no difference";
-        if (lower_is_better)
-                return d->mean <= -need ? "holds" : "does not hold";
-        return d->mean >= need ? "holds" : "does not hold";
+        double lo = lower_is_better ? -d->hi : d->lo, hi = lower_is_better ? -d->lo : d->hi;
+        if (lo >= need)
+                return "holds";
+        if (hi < need)
+                return "does not hold";
+        return "not resolved (the interval spans the target)";
 }

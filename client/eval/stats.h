@@ -44,9 +44,10 @@ int stats_bootstrap_mean(const double *x, uint32_t n, uint32_t reps, uint64_t se
 
 /* The verdict on a target "the difference d is at least `need` in the good direction" (d <= -need
  * when lower_is_better, d >= need otherwise): "no difference" when d's interval contains 0 (the
- * data cannot tell the two apart, whatever the point estimate says), else "holds" when the
- * estimate meets the target and "does not hold" when it does not. need 0: "better" or "worse"
- * is then "holds" or "does not hold". */
+ * data cannot tell the two apart, whatever the point estimate says); else "holds" when the whole
+ * interval meets the target, "does not hold" when the whole interval falls short of it, and "not
+ * resolved (the interval spans the target)" between. With need 0 the last cannot happen:
+ * "holds" is then "better", "does not hold" "worse". */
 const char *stats_verdict(const struct stats_ci *d, double need, bool lower_is_better);
 
 #endif
