@@ -6,6 +6,7 @@
 #   make check      the same tests built with AddressSanitizer and UndefinedBehaviorSanitizer
 #   make demo       start kvcd in a temporary runtime directory, run kvc-run on the real model, stop
 #   make quality    the quality lab: every policy on the real model, table and plots in bench/quality
+#   make quality-smol  the real-model suite on SmolLM2 (needle in a haystack), docs/quality.md
 #   make cuda       the CUDA kernels (CUDA=1; default on when nvcc is found)
 #   make install    into $(DESTDIR)$(PREFIX)
 #
@@ -59,7 +60,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c tests/integration/sdharness.c)
 
-.PHONY: all deps test check demo cuda install clean tests quality quality-deps
+.PHONY: all deps test check demo cuda install clean tests quality quality-deps quality-smol quality-smol-long
 .SECONDARY:
 .DEFAULT_GOAL := all
 
@@ -160,6 +161,18 @@ QUALITY_SEQUENCES ?= 64
 quality: quality-deps
 	@$(MAKE) --no-print-directory all
 	@bench/quality.sh $(BUILD) $(QUALITY_SEQUENCES)
+
+# the real-model suite (docs/quality.md): the needle task on SmolLM2; counts fit an hour on 2 cores.
+# QUALITY_SMOL_OUT=bench/quality writes the committed results (default: a new build/quality-smol/DATE).
+QUALITY_SMOL_ARGS ?= --lengths 1024,2048,4096 --needles 4 --fractions 0.25,0.5
+QUALITY_SMOL_OUT ?=
+quality-smol: quality-deps model
+	@$(MAKE) --no-print-directory all
+	@SMOLLM2=$(SMOLLM2_GGUF) bench/quality-smol.sh $(BUILD) "$(QUALITY_SMOL_OUT)" -- $(QUALITY_SMOL_ARGS)
+quality-smol-long: quality-deps model
+	@$(MAKE) --no-print-directory all
+	@SMOLLM2=$(SMOLLM2_GGUF) bench/quality-smol.sh $(BUILD) "$(QUALITY_SMOL_OUT)" -- \
+		--lengths 1024,2048,4096,8000 --needles 10 --fractions 0.25,0.5
 
 include kernels/cuda.mk
 include tests/fuzz/fuzz.mk

@@ -2,7 +2,9 @@
  * the full cache reproduces the model's own perplexity (computed without kvcd), a window at least
  * as long as the sequence is the full cache, bytes are what kvcd charges (its peak, reported at
  * close), tokens held show the plan's slack, every figure carries its interval, results go to
- * the directory asked for only when the run completes. */
+ * the directory asked for only when the run completes. The second group runs the needle task's
+ * quick mode on SmolLM2 ($KVC_SMOLLM2): the full cache finds every needle, every configuration
+ * reports its bytes and intervals. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <setjmp.h>
@@ -161,6 +163,100 @@ static void a_failed_run_leaves_the_old_results_intact(void **state) {
         free(after);
 }
 
+/* ---- needle in a haystack, quick mode, on SmolLM2 ---- */
+
+static char *niah_output;
+static char niah_dir[512];
+
+static int niah_setup(void **state) {
+        static struct daemon d;
+        const char *model = getenv("KVC_SMOLLM2");
+        if (!model || !*model) {
+                fprintf(stderr, "KVC_SMOLLM2 is not set: run through `make test` (after `make model`)\n");
+                return -1;
+        }
+        harness_client_deadline_ms = 600000; /* about 50 s of CPU: longer on a loaded 2-core machine */
+        if (harness_daemon_start(&d, NULL, NULL) < 0)
+                return -1;
+        *state = &d;
+        snprintf(niah_dir, sizeof(niah_dir), "%s/niah-out", d.root);
+        const char *argv[] = { harness_bin("kvc-eval"),
+                               "--socket",
+                               d.dir,
+                               "--task",
+                               "niah",
+                               "--quick",
+                               "--model",
+                               model,
+                               "--out",
+                               niah_dir,
+                               NULL };
+        int st;
+        if (harness_run(argv, &niah_output, &st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                return -1;
+        return 0;
+}
+
+static int niah_teardown(void **state) {
+        free(niah_output);
+        int st = harness_daemon_stop(*state);
+        return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+/* The number after "key": in the needle task's line of configuration label. */
+static double niah_field(const char *label, const char *key) {
+        char pat[96], kpat[64];
+        snprintf(pat, sizeof(pat), "\"label\":\"%s\"", label);
+        const char *line = strstr(niah_output, pat);
+        assert_non_null(line);
+        snprintf(kpat, sizeof(kpat), "\"%s\":", key);
+        const char *p = strstr(line, kpat), *end = strchr(line, '\n');
+        assert_non_null(p);
+        assert_true(!end || p < end);
+        return strtod(p + strlen(kpat), NULL);
+}
+
+static void the_full_cache_finds_every_needle(void **state) {
+        (void)state;
+        assert_true(niah_field("full", "needles") == 3);
+        assert_true(niah_field("full", "acc") == 1.0);
+        assert_true(niah_field("full", "logp") > -3.0); /* the value's tokens, likely */
+        assert_true(niah_field("full", "length") == 192);
+}
+
+/* Three configurations (the full cache, window and conf at half the haystack), each with its
+ * bytes, its intervals around the estimates and its paired difference to the full cache. */
+static void every_configuration_reports_bytes_and_intervals(void **state) {
+        (void)state;
+        const char *labels[] = { "full", "window-50%", "conf-fixed-50%" };
+        for (size_t i = 0; i < 3; i++) {
+                double acc = niah_field(labels[i], "acc"), lp = niah_field(labels[i], "logp");
+                assert_true(acc >= 0 && acc <= 1);
+                assert_true(niah_field(labels[i], "acc_lo") <= acc && acc <= niah_field(labels[i], "acc_hi"));
+                assert_true(niah_field(labels[i], "logp_lo") <= lp && lp <= niah_field(labels[i], "logp_hi"));
+                assert_true(niah_field(labels[i], "avg_charged_bytes") > 0);
+                assert_true(niah_field(labels[i], "peak_charged_bytes") >=
+                            niah_field(labels[i], "avg_charged_bytes"));
+                assert_true(niah_field(labels[i], "d_logp_lo") <= niah_field(labels[i], "d_logp_hi"));
+        }
+        assert_true(niah_field("window-50%", "logp_hi") > niah_field("window-50%", "logp_lo"));
+        assert_true(niah_field("window-50%", "peak_charged_bytes") <
+                    niah_field("full", "peak_charged_bytes"));
+        assert_true(niah_field("window-50%", "avg_charged_bytes") < niah_field("full", "avg_charged_bytes"));
+        assert_null(strstr(niah_output, "\"label\":\"h2o")); /* quick: three configurations only */
+
+        const char *names[] = { "niah.md", "niah.csv", "niah.jsonl", "niah_needles.csv" };
+        for (size_t i = 0; i < 4; i++) {
+                char path[600];
+                size_t len;
+                snprintf(path, sizeof(path), "%s/%s", niah_dir, names[i]);
+                char *text = harness_slurp(path, &len);
+                assert_non_null(text);
+                assert_true(len > 0);
+                free(text);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(full_cache_reproduces_the_models_own_perplexity),
@@ -171,5 +267,10 @@ int main(void) {
                 cmocka_unit_test(results_land_in_the_directory_asked_for),
                 cmocka_unit_test(a_failed_run_leaves_the_old_results_intact),
         };
-        return cmocka_run_group_tests(tests, setup, teardown);
+        const struct CMUnitTest niah[] = {
+                cmocka_unit_test(the_full_cache_finds_every_needle),
+                cmocka_unit_test(every_configuration_reports_bytes_and_intervals),
+        };
+        int failed = cmocka_run_group_tests(tests, setup, teardown);
+        return failed + cmocka_run_group_tests(niah, niah_setup, niah_teardown);
 }
