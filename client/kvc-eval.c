@@ -11,14 +11,21 @@
  * Per configuration: perplexity (and its gap to the full cache), mean KL(p_full || p_policy),
  * top-1 agreement with the full cache, name recall (the first token of a character's name where
  * it recurs at least 64 tokens after the name first appeared: top-1 accuracy and mean
- * log-probability), KV bytes per sequence (average over steps and peak; full precision counted
- * as FP16, 2 bytes per element, INT8 as 1 byte plus its scales), tokens scored and wall time.
- * Also the model's own perplexity computed without kvcd, and per step the full cache's
- * confidence beside the KL a short recent window causes (the mechanism CONF-KV rests on).
+ * log-probability), the bytes kvcd charges the session (blocks granted at their full size,
+ * averaged over steps; kvcd's own peak at close) beside the old nominal count, the tokens the
+ * layers hold (average and peak: budgets plus the plans' slack), tokens scored and wall time, each
+ * per-token figure with its story-clustered 95% interval (eval/stats.h). Also the model's own
+ * perplexity computed without kvcd, and per step the full cache's confidence beside the KL a
+ * short recent window causes (the mechanism CONF-KV rests on). Stories come from the test split
+ * (stories 200 on) unless --split tune; the report's verdicts are paired comparisons over stories
+ * ("no difference" when the interval contains 0).
  *
- * Stories are spread over --jobs worker processes (each its own kvcd client); the parent adds
- * up what they report. Output: one JSON object per configuration on stdout, and with --out DIR a
- * CSV and the per-step confidence/KL pairs.
+ * Stories are spread over --jobs worker processes (each its own kvcd client); the parent reads
+ * their lines as they come (poll), adds them up and shows progress on stderr. Output: one JSON
+ * object per configuration on stdout, and in the output directory (--out, default a new
+ * build/kvc-eval/DATE-PID) results.{md,csv,jsonl} and the per-step confidence/KL pairs, written as
+ * .partial files renamed only when the run completes. --task niah runs the needle task on a GGUF
+ * model instead (eval/niah.h, docs/quality.md).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -1171,7 +1178,7 @@ static void usage(FILE *f) {
                    "                         (default: a new build/kvc-eval/DATE-PID); files are written\n"
                    "                         as NAME.partial and renamed only when the run completes\n"
                    "  --quick                3 stories, 4 configurations: checks the harness itself\n"
-                   "                         (with --task niah: one 256-token haystack, 3 needles, the full\n"
+                   "                         (with --task niah: one 192-token haystack, 3 needles, the full\n"
                    "                         cache, window and conf at half of it)\n"
                    "  --task ppl|niah        perplexity on stories260K (default), or needle in a haystack\n"
                    "                         on a GGUF chat model (docs/quality.md)\n"
@@ -1321,7 +1328,7 @@ int main(int argc, char **argv) {
                 no.out_dir = e.out_dir;
                 no.quick = e.quick;
                 if (!no.n_lengths) {
-                        no.lengths[0] = e.quick ? 256 : 1024;
+                        no.lengths[0] = e.quick ? 192 : 1024;
                         no.lengths[1] = 2048;
                         no.lengths[2] = 4096;
                         no.n_lengths = e.quick ? 1 : 3;
