@@ -1180,10 +1180,12 @@ static void usage(FILE *f) {
                    "  --quick                3 stories, 4 configurations: checks the harness itself\n"
                    "                         (with --task niah: one 192-token haystack, 3 needles, the full\n"
                    "                         cache, window and conf at half of it)\n"
-                   "  --task ppl|niah        perplexity on stories260K (default), or needle in a haystack\n"
-                   "                         on a GGUF chat model (docs/quality.md)\n"
+                   "  --task ppl|niah|longdoc  perplexity on stories260K (default), needle in a haystack\n"
+                   "                         or long documents (4096 tokens, ppl/KL/top-1 against the full\n"
+                   "                         cache) on a GGUF chat model (docs/quality.md)\n"
                    "  --lengths L,...        niah: haystack tokens (default 1024,2048,4096)\n"
                    "  --needles N            niah: needles per length (default 10)\n"
+                   "  --documents N          longdoc: documents per length (default 10; quick 2)\n"
                    "  --fractions F,...      niah: budgets as fractions of the haystack (default 0.25,0.5)\n"
                    "  --chunk N              niah: prefill rows per configuration and pass (default 64)\n"
                    "  --threads N            niah: the engine's threads (default: every CPU)\n"
@@ -1211,6 +1213,7 @@ int main(int argc, char **argv) {
                 { "task", required_argument, NULL, 't' },
                 { "lengths", required_argument, NULL, 'L' },
                 { "needles", required_argument, NULL, 'N' },
+                { "documents", required_argument, NULL, 'N' },
                 { "fractions", required_argument, NULL, 'F' },
                 { "chunk", required_argument, NULL, 'K' },
                 { "threads", required_argument, NULL, 'T' },
@@ -1290,8 +1293,8 @@ int main(int argc, char **argv) {
                 usage(stderr);
                 return 2;
         }
-        if (strcmp(task, "niah") != 0 && strcmp(task, "ppl") != 0) {
-                fprintf(stderr, "kvc-eval: --task is ppl or niah\n");
+        if (strcmp(task, "niah") != 0 && strcmp(task, "ppl") != 0 && strcmp(task, "longdoc") != 0) {
+                fprintf(stderr, "kvc-eval: --task is ppl, niah or longdoc\n");
                 return 2;
         }
         if (e.quick && strcmp(task, "ppl") == 0) {
@@ -1319,6 +1322,32 @@ int main(int argc, char **argv) {
         if (make_dirs(e.out_dir) < 0) {
                 fprintf(stderr, "kvc-eval: cannot make %s: %s\n", e.out_dir, strerror(errno));
                 return 1;
+        }
+        if (strcmp(task, "longdoc") == 0) {
+                const char *env = getenv("KVC_SMOLLM2");
+                no.socket = e.socket;
+                no.model_path = model_given ? e.model_path : env ? env : NULL;
+                no.data_path = e.data_path;
+                no.out_dir = e.out_dir;
+                no.quick = e.quick;
+                if (!no.n_lengths) {
+                        no.lengths[0] = e.quick ? 256 : 4096;
+                        no.n_lengths = 1;
+                }
+                if (!no.n_fractions) {
+                        no.fractions[0] = 0.25;
+                        no.fractions[1] = 0.5;
+                        no.n_fractions = e.quick ? 1 : 2;
+                }
+                if (no.needles == 10 && e.quick)
+                        no.needles = 2;
+                if (!no.model_path || no.needles < 2 || no.needles > 1000 || no.chunk < 1) {
+                        fprintf(stderr,
+                                "kvc-eval: --task longdoc needs --model (a GGUF; or KVC_SMOLLM2), 2..1000 "
+                                "--documents and a --chunk of at least 1\n");
+                        return 2;
+                }
+                return longdoc_run(&no) < 0 ? 1 : 0;
         }
         if (strcmp(task, "niah") == 0) {
                 const char *env = getenv("KVC_SMOLLM2");

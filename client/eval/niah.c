@@ -1,4 +1,4 @@
-/* niah.c: needle in a haystack through kvcd, batched (niah.h). */
+/* niah.c: needle in a haystack and long documents through kvcd, batched (niah.h). */
 #define _GNU_SOURCE
 #include "niah.h"
 
@@ -504,12 +504,12 @@ static void write_outputs(struct niah *n, uint32_t li, const struct niah_result 
                         row.acc.hi, row.d_acc.mean, row.d_acc.lo, row.d_acc.hi, row.logp.mean, row.logp.lo,
                         row.logp.hi, row.d_logp.mean, row.d_logp.lo, row.d_logp.hi, verdict, row.charged,
                         full_bytes > 0 ? 100 * row.charged / full_bytes : 0, row.peak, row.tokens);
-                printf("{\"task\":\"niah\",\"length\":%u,\"label\":\"%s\",\"acc\":%.6f,\"acc_lo\":%.6f,\"acc_"
+                printf("{\"label\":\"%s\",\"task\":\"niah\",\"length\":%u,\"acc\":%.6f,\"acc_lo\":%.6f,\"acc_"
                        "hi\":%.6f,"
                        "\"logp\":%.6f,\"logp_lo\":%.6f,\"logp_hi\":%.6f,\"d_logp_lo\":%.6f,\"d_logp_hi\":%."
                        "6f,"
                        "\"avg_charged_bytes\":%.0f,\"peak_charged_bytes\":%.0f,\"needles\":%u}\n",
-                       length, cf->label, row.acc.mean, row.acc.lo, row.acc.hi, row.logp.mean, row.logp.lo,
+                       cf->label, length, row.acc.mean, row.acc.lo, row.acc.hi, row.logp.mean, row.logp.lo,
                        row.logp.hi, row.d_logp.lo, row.d_logp.hi, row.charged, row.peak, K);
         }
         free(x);
@@ -663,6 +663,312 @@ int niah_run(const struct niah_options *o) {
         }
         if (r == 0)
                 fprintf(stderr, "kvc-eval niah: %.0f s; results in %s\n", now_s() - n.t0, o->out_dir);
+        if (n.client)
+                kvc_disconnect(n.client);
+        text_free(n.tok);
+        model_free(n.model);
+        free(n.data);
+        free(n.stories);
+        free(n.story_lens);
+        return r;
+}
+
+/* ---- long documents: perplexity, KL and top-1 agreement against the full cache ----
+ *
+ * The same machinery on the issue's second task: a document is `length` tokens of joined test
+ * split stories (haystack() without a needle), teacher-forced through every configuration in one
+ * batch, every row asking for logits (so a pass holds at most MODEL_MAX_LOGIT_ROWS rows); the full
+ * cache's row of the same position in the same pass is the reference. Scored: the positions past
+ * the largest budget plus a block (every budgeted policy has evicted there). No prompt is declared:
+ * prompt compressors would keep everything, so the suite has none. */
+
+static const struct niah_family doc_families[] = {
+        { "window", "window", { 0 }, { 0 }, 0 },
+        { "h2o", "h2o", { 0 }, { 0 }, 0 },
+        { "conf-fixed", "conf", { "gate" }, { "fixed" }, 1 },
+        { "conf-int8", "conf", { "gate", "int8" }, { "fixed", "1" }, 2 },
+};
+
+struct doc_result {
+        double nll, kl, top1, n, charged, tokens;
+        uint64_t peak_charged;
+};
+
+static void make_doc_configs(struct niah *n, uint32_t length) {
+        size_t n_fams = n->o->quick ? 1 : sizeof(doc_families) / sizeof(doc_families[0]);
+        n->n_cfg = 0;
+        struct niah_config *c = &n->cfg[n->n_cfg++];
+        memset(c, 0, sizeof(*c));
+        snprintf(c->label, sizeof(c->label), "full");
+        for (size_t f = 0; f < n_fams; f++) {
+                for (uint32_t i = 0; i < n->o->n_fractions && n->n_cfg < NIAH_MAX_CONFIGS; i++) {
+                        c = &n->cfg[n->n_cfg++];
+                        memset(c, 0, sizeof(*c));
+                        c->fam = &doc_families[f];
+                        c->fraction = n->o->fractions[i];
+                        c->budget = (uint32_t)lround(c->fraction * length);
+                        snprintf(c->label, sizeof(c->label), "%s-%u", doc_families[f].label, c->budget);
+                        for (size_t p = 0; p < doc_families[f].n_params; p++)
+                                c->params[p] = (struct kvc_param){ .key = doc_families[f].keys[p],
+                                                                   .value = doc_families[f].values[p] };
+                }
+        }
+}
+
+static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t score_from,
+                   struct doc_result *res) {
+        const struct model_config *mc = n->mc;
+        uint32_t C = n->n_cfg, V = (uint32_t)mc->vocab_size, L = (uint32_t)mc->n_layers;
+        struct kvc_session *ss[NIAH_MAX_CONFIGS] = { 0 };
+        float *ref = malloc(V * sizeof(float)), *lp = malloc(V * sizeof(float));
+        double weight = 0;
+        int r = ref && lp ? 0 : -ENOMEM;
+        memset(res, 0, C * sizeof(*res));
+        for (uint32_t c = 0; r == 0 && c < C; c++) {
+                const struct niah_config *cf = &n->cfg[c];
+                struct kvc_session_config sc = {
+                        .geometry = { .n_layers = L,
+                                      .n_heads = (uint32_t)mc->n_heads,
+                                      .n_kv_heads = (uint32_t)mc->n_kv_heads,
+                                      .head_dim = (uint32_t)(mc->dim / mc->n_heads),
+                                      .dtype = KVC_DTYPE_F16,
+                                      .max_tokens = (uint32_t)mc->seq_len },
+                        .policy = cf->fam ? cf->fam->policy : "full",
+                        .budget_tokens = cf->budget,
+                        .params = cf->params,
+                        .n_params = cf->fam ? cf->fam->n_params : 0,
+                };
+                if ((r = kvc_session_open(n->client, &sc, &ss[c])) < 0)
+                        fprintf(stderr, "kvc-eval longdoc: %s: %s\n", cf->label, kvc_last_error(n->client));
+        }
+        struct model_row rows[MODEL_MAX_ROWS];
+        uint32_t pos = 0;
+        while (r == 0 && pos + 1 < length) {
+                uint32_t k = length - 1 - pos, most = MODEL_MAX_LOGIT_ROWS / C;
+                k = k < most ? k : most;
+                k = k < n->o->chunk ? k : n->o->chunk;
+                for (uint32_t c = 0; c < C; c++) {
+                        int room = (int)kvc_session_max_tokens(ss[c]) - (int)kvc_layer_tokens(ss[c], 0);
+                        if (room >= 1 && (uint32_t)room < k)
+                                k = (uint32_t)room;
+                }
+                k = k ? k : 1;
+                uint32_t nr = 0;
+                for (uint32_t c = 0; c < C; c++)
+                        for (uint32_t j = 0; j < k; j++)
+                                rows[nr++] = (struct model_row){ .token = ids[pos + j],
+                                                                 .pos = (int)(pos + j),
+                                                                 .ctx = ss[c],
+                                                                 .logits = true };
+                float *logits;
+                if ((r = model_forward_rows(n->model, rows, nr, &niah_kvcd_ops, &logits)) < 0) {
+                        fprintf(stderr, "kvc-eval longdoc: forward pass at %u: %s\n", pos, strerror(-r));
+                        break;
+                }
+                for (uint32_t j = 0; j < k; j++) {
+                        uint32_t p = pos + j;
+                        if (p + 1 < score_from)
+                                continue;
+                        /* the full cache's distribution (configuration 0) is the reference */
+                        uint32_t ref_top = 0;
+                        for (uint32_t c = 0; c < C; c++) {
+                                const float *lg = logits + ((size_t)c * k + j) * V;
+                                float *out = c == 0 ? ref : lp;
+                                uint32_t best = 0;
+                                for (uint32_t v = 1; v < V; v++)
+                                        best = lg[v] > lg[best] ? v : best;
+                                double sum = 0;
+                                for (uint32_t v = 0; v < V; v++)
+                                        sum += exp((double)lg[v] - lg[best]);
+                                double lse = lg[best] + log(sum);
+                                for (uint32_t v = 0; v < V; v++)
+                                        out[v] = (float)(lg[v] - lse);
+                                if (c == 0)
+                                        ref_top = best;
+                                double kl = 0;
+                                for (uint32_t v = 0; c && v < V; v++)
+                                        kl += exp((double)ref[v]) * ((double)ref[v] - lp[v]);
+                                res[c].nll -= out[ids[p + 1]];
+                                res[c].kl += kl;
+                                res[c].top1 += best == ref_top;
+                                res[c].n++;
+                        }
+                }
+                for (uint32_t c = 0; r == 0 && c < C; c++) {
+                        struct kvc_summary sm;
+                        const float *lg = logits + ((size_t)c * k + k - 1) * V;
+                        if ((r = kvc_summarize(lg, V, &sm)) == 0)
+                                r = kvc_step(ss[c], pos + k - 1, KVC_PHASE_DECODE, &sm);
+                }
+                if (r == 0 && (r = kvc_flush(n->client)) < 0)
+                        fprintf(stderr, "kvc-eval longdoc: step %u: %s\n", pos + k - 1,
+                                kvc_last_error(n->client));
+                for (uint32_t c = 0; r == 0 && c < C; c++) {
+                        double tok;
+                        res[c].charged += k * charged_bytes(ss[c], L, &tok);
+                        res[c].tokens += k * tok;
+                }
+                weight += k;
+                pos += k;
+                n->rows_done += nr;
+        }
+        for (uint32_t c = 0; c < C; c++) {
+                if (!ss[c])
+                        continue;
+                struct kvc_session_stats st;
+                if (kvc_session_close(ss[c], &st) == 0)
+                        res[c].peak_charged = st.peak_bytes;
+                res[c].charged /= weight > 0 ? weight : 1;
+                res[c].tokens /= weight > 0 ? weight : 1;
+        }
+        free(ref);
+        free(lp);
+        return r;
+}
+
+static void write_doc_outputs(struct niah *n, uint32_t length, uint32_t docs, const struct doc_result *res,
+                              FILE *jsonl, FILE *md) {
+        uint32_t C = n->n_cfg;
+        double *y = malloc(docs * sizeof(double)), *w = malloc(docs * sizeof(double)),
+               *f = malloc(docs * sizeof(double));
+        if (!y || !w || !f) {
+                free(y), free(w), free(f);
+                return;
+        }
+        double full_bytes = 0;
+        for (uint32_t d = 0; d < docs; d++)
+                full_bytes += res[(size_t)d * C].charged / docs;
+        fprintf(md, "\n### Documents of %u tokens (%u documents, %.0f positions scored each)\n\n", length,
+                docs, res[0].n);
+        fprintf(md, "| configuration | ppl [95%% CI] | ΔNLL vs full [95%% CI] | KL(full‖policy) [95%% CI] | "
+                    "top-1 agree "
+                    "| charged bytes avg (of full) | charged peak | tokens held "
+                    "|\n|---|---|---|---|---|---|---|---|\n");
+        for (uint32_t c = 0; c < C; c++) {
+                struct stats_ci ppl = { 0 }, dn = { 0 }, kl = { 0 };
+                double top1 = 0, n_tok = 0, charged = 0, tokens = 0, peak = 0;
+                for (uint32_t d = 0; d < docs; d++) {
+                        const struct doc_result *x = &res[(size_t)d * C + c];
+                        y[d] = x->nll;
+                        w[d] = x->n;
+                        f[d] = res[(size_t)d * C].nll;
+                        top1 += x->top1;
+                        n_tok += x->n;
+                        charged += x->charged / docs;
+                        tokens += x->tokens / docs;
+                        peak = (double)x->peak_charged > peak ? (double)x->peak_charged : peak;
+                }
+                stats_ratio_ci(y, w, docs, &ppl);
+                stats_paired_ci(y, f, w, docs, &dn);
+                for (uint32_t d = 0; d < docs; d++)
+                        y[d] = res[(size_t)d * C + c].kl;
+                stats_ratio_ci(y, w, docs, &kl);
+                const struct niah_config *cf = &n->cfg[c];
+                fprintf(jsonl,
+                        "{\"task\":\"longdoc\",\"length\":%u,\"label\":\"%s\",\"family\":\"%s\",\"budget\":%"
+                        "u,"
+                        "\"documents\":%u,\"ppl\":%.6f,\"ppl_lo\":%.6f,\"ppl_hi\":%.6f,\"d_nll\":%.6f,\"d_"
+                        "nll_lo\":%.6f,"
+                        "\"d_nll_hi\":%.6f,\"kl\":%.6f,\"kl_lo\":%.6f,\"kl_hi\":%.6f,\"top1_agree\":%.6f,"
+                        "\"avg_charged_bytes\":%.0f,\"peak_charged_bytes\":%.0f,\"avg_tokens_held\":%.1f}\n",
+                        length, cf->label, cf->fam ? cf->fam->label : "full", cf->budget, docs, exp(ppl.mean),
+                        exp(ppl.lo), exp(ppl.hi), dn.mean, dn.lo, dn.hi, kl.mean, kl.lo, kl.hi,
+                        n_tok > 0 ? top1 / n_tok : 0, charged, peak, tokens);
+                printf("{\"label\":\"%s\",\"task\":\"longdoc\",\"length\":%u,\"ppl\":%.6f,\"ppl_lo\":%.6f,"
+                       "\"ppl_hi\":%.6f,\"kl\":%.6f,\"kl_lo\":%.6f,\"kl_hi\":%.6f,\"top1_agree\":%.6f,"
+                       "\"avg_charged_bytes\":%.0f,\"documents\":%u}\n",
+                       cf->label, length, exp(ppl.mean), exp(ppl.lo), exp(ppl.hi), kl.mean, kl.lo, kl.hi,
+                       n_tok > 0 ? top1 / n_tok : 0, charged, docs);
+                fprintf(md,
+                        "| %s | %.3f [%.3f, %.3f] | %+.4f [%+.4f, %+.4f] %s | %.4f [%.4f, %.4f] | %.3f | "
+                        "%.0f (%.0f%%) | %.0f | "
+                        "%.0f |\n",
+                        cf->label, exp(ppl.mean), exp(ppl.lo), exp(ppl.hi), dn.mean, dn.lo, dn.hi,
+                        c ? stats_verdict(&dn, 0, true) : "", kl.mean, kl.lo, kl.hi,
+                        n_tok > 0 ? top1 / n_tok : 0, charged,
+                        full_bytes > 0 ? 100 * charged / full_bytes : 0, peak, tokens);
+        }
+        free(y), free(w), free(f);
+}
+
+int longdoc_run(const struct niah_options *o) {
+        struct niah n = { .o = o, .rng = o->seed ? o->seed : 0x13198a2e03707344ull };
+        struct model_options mo = { .threads = o->threads };
+        char why[256] = "";
+        uint32_t docs = o->needles;
+        int r = model_open(o->model_path, &mo, &n.model, why, sizeof(why));
+        if (r == 0 && !model_is_gguf(n.model))
+                r = -EINVAL, snprintf(why, sizeof(why), "the long-document task needs a GGUF model");
+        if (r == 0)
+                r = text_open_gguf(o->model_path, &n.tok, why, sizeof(why));
+        if (r < 0) {
+                fprintf(stderr, "kvc-eval longdoc: %s: %s\n", o->model_path, why[0] ? why : strerror(-r));
+                model_free(n.model);
+                return r;
+        }
+        n.mc = model_get_config(n.model);
+        if ((r = load_data(&n)) < 0)
+                fprintf(stderr, "kvc-eval longdoc: %s: no stories (%s)\n", o->data_path, strerror(-r));
+        struct kvc_options ko = { .socket = o->socket, .name = "kvc-eval-longdoc", .timeout_ms = 120000 };
+        if (r == 0 && (r = kvc_connect(&ko, &n.client)) < 0)
+                fprintf(stderr, "kvc-eval longdoc: cannot connect to kvcd: %s\n", strerror(-r));
+        FILE *jsonl = r == 0 ? open_partial(o, "longdoc.jsonl") : NULL,
+             *md = r == 0 ? open_partial(o, "longdoc.md") : NULL;
+        if (r == 0 && (!jsonl || !md))
+                r = -errno;
+        if (r == 0)
+                fprintf(md,
+                        "# Long documents: SmolLM2-135M-Instruct through kvcd\n\n"
+                        "Documents: TinyStories validation stories (test split, stories %u on; "
+                        "CDLA-Sharing-1.0) "
+                        "joined by blank lines and cut at the token count; teacher-forced through every "
+                        "configuration in one batch (FP16 keys and values), the full cache's distribution at "
+                        "the "
+                        "same position the reference. Scored: the positions past the largest budget plus a "
+                        "block. "
+                        "Intervals: 95%%, clustered by document; a ΔNLL whose interval contains 0 is no "
+                        "difference. Bytes are what kvcd charges, averaged over positions.\n",
+                        NIAH_TEST_FIRST);
+        n.t0 = now_s();
+        for (uint32_t li = 0; li < o->n_lengths; li++) {
+                make_doc_configs(&n, o->lengths[li]);
+                n.rows_total += (double)docs * n.n_cfg * o->lengths[li];
+        }
+        for (uint32_t li = 0; r == 0 && li < o->n_lengths; li++) {
+                uint32_t length = o->lengths[li], most = 0;
+                make_doc_configs(&n, length);
+                for (uint32_t c = 0; c < n.n_cfg; c++)
+                        most = n.cfg[c].budget > most ? n.cfg[c].budget : most;
+                struct doc_result *res = calloc((size_t)docs * n.n_cfg, sizeof(*res));
+                int *ids = malloc(((size_t)length + 8) * sizeof(int));
+                if (!res || !ids)
+                        r = -ENOMEM;
+                for (uint32_t d = 0; r == 0 && d < docs; d++) {
+                        struct textbuf t = { 0 };
+                        size_t got = 0;
+                        if ((r = haystack(&n, length, &t)) == 0)
+                                r = text_encode(n.tok, t.s, ids, (size_t)length + 8, &got);
+                        free(t.s);
+                        if (r == 0 && got < length / 2)
+                                r = -ENODATA;
+                        if (r == 0)
+                                r = run_doc(&n, ids, (uint32_t)(got < length ? got : length), most + 16,
+                                            res + (size_t)d * n.n_cfg);
+                        progress(&n, length, d + 1);
+                }
+                if (r == 0)
+                        write_doc_outputs(&n, length, docs, res, jsonl, md);
+                free(res);
+                free(ids);
+        }
+        if (jsonl)
+                fclose(jsonl);
+        if (md)
+                fclose(md);
+        if (jsonl && md) {
+                finish_partial(o, "longdoc.jsonl", r == 0);
+                finish_partial(o, "longdoc.md", r == 0);
+        }
         if (n.client)
                 kvc_disconnect(n.client);
         text_free(n.tok);
