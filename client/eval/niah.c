@@ -282,12 +282,12 @@ static int build_needle(struct niah *n, uint32_t length, uint32_t index, struct 
 
 /* ---- one haystack, every configuration in one batch ---- */
 
-static void progress(struct niah *n, uint32_t length, uint32_t needle) {
+static void progress(struct niah *n, const char *task, uint32_t length, uint32_t needle) {
         double el = now_s() - n->t0, rate = el > 0 ? n->rows_done / el : 0;
         double left = rate > 0 ? (n->rows_total - n->rows_done) / rate : 0;
-        fprintf(stderr,
-                "kvc-eval niah: length %u, needle %u/%u, %u configurations, %.0f tokens/s, %.0f s left\n",
-                length, needle, n->o->needles, n->n_cfg, rate, left);
+        fprintf(stderr, "kvc-eval %s: length %u, %s %u/%u, %u configurations, %.0f tokens/s, %.0f s left\n",
+                task, length, strcmp(task, "niah") == 0 ? "needle" : "document", needle, n->o->needles,
+                n->n_cfg, rate, left > 0 ? left : 0);
 }
 
 static double charged_bytes(struct kvc_session *s, uint32_t n_layers, double *ret_tokens) {
@@ -641,7 +641,7 @@ int niah_run(const struct niah_options *o) {
                                         res[(size_t)k * n.n_cfg + c].logp,
                                         res[(size_t)k * n.n_cfg + c].charged);
                         free(nd.ids);
-                        progress(&n, length, k + 1);
+                        progress(&n, "niah", length, k + 1);
                 }
                 if (r == 0)
                         write_outputs(&n, li, res, jsonl, csv, md);
@@ -954,7 +954,7 @@ int longdoc_run(const struct niah_options *o) {
                         if (r == 0)
                                 r = run_doc(&n, ids, (uint32_t)(got < length ? got : length), most + 16,
                                             res + (size_t)d * n.n_cfg);
-                        progress(&n, length, d + 1);
+                        progress(&n, "longdoc", length, d + 1);
                 }
                 if (r == 0)
                         write_doc_outputs(&n, length, docs, res, jsonl, md);

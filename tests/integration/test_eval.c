@@ -165,7 +165,7 @@ static void a_failed_run_leaves_the_old_results_intact(void **state) {
 
 /* ---- needle in a haystack, quick mode, on SmolLM2 ---- */
 
-static char *niah_output;
+static char *niah_output, *longdoc_output;
 static char niah_dir[512];
 
 static int niah_setup(void **state) {
@@ -194,26 +194,61 @@ static int niah_setup(void **state) {
         int st;
         if (harness_run(argv, &niah_output, &st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
                 return -1;
+        const char *doc[] = { harness_bin("kvc-eval"),
+                              "--socket",
+                              d.dir,
+                              "--task",
+                              "longdoc",
+                              "--quick",
+                              "--model",
+                              model,
+                              "--out",
+                              niah_dir,
+                              NULL };
+        if (harness_run(doc, &longdoc_output, &st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                return -1;
         return 0;
 }
 
 static int niah_teardown(void **state) {
         free(niah_output);
+        free(longdoc_output);
         int st = harness_daemon_stop(*state);
         return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
 
 /* The number after "key": in the needle task's line of configuration label. */
-static double niah_field(const char *label, const char *key) {
+/* The number after "key": in the line of configuration label of a SmolLM2 task's output. */
+static double task_field(const char *output, const char *label, const char *key) {
         char pat[96], kpat[64];
         snprintf(pat, sizeof(pat), "\"label\":\"%s\"", label);
-        const char *line = strstr(niah_output, pat);
+        const char *line = strstr(output, pat);
         assert_non_null(line);
         snprintf(kpat, sizeof(kpat), "\"%s\":", key);
         const char *p = strstr(line, kpat), *end = strchr(line, '\n');
         assert_non_null(p);
         assert_true(!end || p < end);
         return strtod(p + strlen(kpat), NULL);
+}
+
+static double niah_field(const char *label, const char *key) {
+        return task_field(niah_output, label, key);
+}
+
+/* Long documents (quick: two of 256 tokens, the full cache and a window at a quarter): the full
+ * cache is its own reference, the window differs from it, every figure has its interval. */
+static void long_documents_score_against_the_full_cache(void **state) {
+        (void)state;
+        assert_true(task_field(longdoc_output, "full", "kl") == 0);
+        assert_true(task_field(longdoc_output, "full", "top1_agree") == 1.0);
+        assert_true(task_field(longdoc_output, "full", "documents") == 2);
+        assert_true(task_field(longdoc_output, "window-64", "kl") > 0.01);
+        assert_true(task_field(longdoc_output, "window-64", "top1_agree") < 1.0);
+        double ppl = task_field(longdoc_output, "window-64", "ppl");
+        assert_true(task_field(longdoc_output, "window-64", "ppl_lo") < ppl);
+        assert_true(task_field(longdoc_output, "window-64", "ppl_hi") > ppl);
+        assert_true(task_field(longdoc_output, "window-64", "avg_charged_bytes") <
+                    task_field(longdoc_output, "full", "avg_charged_bytes"));
 }
 
 static void the_full_cache_finds_every_needle(void **state) {
@@ -270,6 +305,7 @@ int main(void) {
         const struct CMUnitTest niah[] = {
                 cmocka_unit_test(the_full_cache_finds_every_needle),
                 cmocka_unit_test(every_configuration_reports_bytes_and_intervals),
+                cmocka_unit_test(long_documents_score_against_the_full_cache),
         };
         int failed = cmocka_run_group_tests(tests, setup, teardown);
         return failed + cmocka_run_group_tests(niah, niah_setup, niah_teardown);
