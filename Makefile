@@ -124,6 +124,7 @@ TEST_LIBS := $(LIB)/libkvc.a
 $(BUILD)/tests/test_model $(BUILD)/tests/test_gguf $(BUILD)/tests/test_bpe $(BUILD)/tests/test_smollm2: $(MODEL_OBJ)
 $(BUILD)/tests/test_pool $(BUILD)/tests/test_notify: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
+$(BUILD)/tests/test_stats: $(call obj,client/eval/stats.c)
 $(BUILD)/tests/test_cuda_backend: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_budget $(BUILD)/tests/test_gather: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ)) \
 	$(call obj,tests/unit/sim.c)
