@@ -554,9 +554,7 @@ static void write_outputs(struct niah *n, uint32_t li, const struct niah_result 
                 boot(d, K, seed + 3, &row.d_logp);
                 const struct niah_config *cf = row.cf;
                 bool no_compression =
-                        cf->fam &&
-                        (strcmp(cf->fam->policy, "snapkv") == 0 || strcmp(cf->fam->policy, "pyramid") == 0) &&
-                        cf->budget >= length;
+                        cf->fam && strcmp(cf->fam->policy, "snapkv") == 0 && cf->budget >= length;
                 char verdict[32];
                 snprintf(verdict, sizeof(verdict), "%s", c == 0 ? "" : stats_verdict(&row.d_logp, 0, false));
                 fprintf(jsonl,
@@ -696,8 +694,7 @@ int niah_run(const struct niah_options *o) {
                         "paired with the full cache on the same needles; a Δ whose interval contains 0 is no "
                         "difference. Bytes are what kvcd charges (blocks at full size with their side "
                         "arrays), "
-                        "averaged over positions; peak as kvcd reported it. † a prompt compressor whose "
-                        "budget is "
+                        "averaged over positions; peak as kvcd reported it. † snapkv with a budget of "
                         "at least the haystack (compresses nothing). Seed %llu.\n",
                         NIAH_TEST_FIRST, o->needles, o->chunk, NIAH_BOOT, (unsigned long long)n.rng);
         }
