@@ -435,17 +435,25 @@ static int boot(const double *x, uint32_t k, uint64_t seed, struct stats_ci *ret
         return r;
 }
 
-/* The issue's target at 25% of the full cache's charged bytes: each family's exact match there
- * (linear between its two configurations around those bytes, needle by needle) as a share of the
- * full cache's, with a bootstrap interval of the share over needles; CONF-KV's target is 90%. */
+/* The issue's target at 25% of the full cache's bytes: each family's exact match there (linear
+ * between its two configurations around those bytes, needle by needle) as a share of the full
+ * cache's, with a bootstrap interval of the share over needles; CONF-KV's target is 90%. Bytes
+ * here are the peak kvcd charged (the memory a server provisions for the sequence, reached when
+ * the question is read): an average over positions would favour the full cache, which is small
+ * while its prompt is short. */
 static void targets(struct niah *n, const struct niah_result *res, uint32_t length, double full_bytes,
                     FILE *md) {
         uint32_t K = n->o->needles, C = n->n_cfg;
-        double want = 0.25 * full_bytes, full_acc = 0;
-        for (uint32_t k = 0; k < K; k++)
+        double full_acc = 0, full_peak = 0;
+        (void)full_bytes;
+        for (uint32_t k = 0; k < K; k++) {
                 full_acc += res[(size_t)k * C].hit / K;
+                full_peak += (double)res[(size_t)k * C].peak_charged / K;
+        }
+        double want = 0.25 * full_peak;
         fprintf(md,
-                "\nHaystacks of %u tokens at 25%% of the full cache's charged bytes (%.0f; exact match as a "
+                "\nHaystacks of %u tokens at 25%% of the full cache's peak charged bytes (%.0f; exact match "
+                "as a "
                 "share of the full cache's %.2f; target for CONF-KV: at least 90%%):\n\n",
                 length, want, full_acc);
         double *x = malloc(K * sizeof(double)), *f = malloc(K * sizeof(double)),
@@ -468,7 +476,7 @@ static void targets(struct niah *n, const struct niah_result *res, uint32_t leng
                                 continue;
                         double by = 0;
                         for (uint32_t k = 0; k < K; k++)
-                                by += res[(size_t)k * C + i].charged / K;
+                                by += (double)res[(size_t)k * C + i].peak_charged / K;
                         if (by <= want && (lo < 0 || by > blo))
                                 lo = (int)i, blo = by;
                         if (by >= want && (hi < 0 || by < bhi))
@@ -528,10 +536,15 @@ static void write_outputs(struct niah *n, uint32_t li, const struct niah_result 
         double full_bytes = 0;
         for (uint32_t k = 0; k < K; k++)
                 full_bytes += res[(size_t)k * C].charged / K;
+        double full_peak = 0;
+        for (uint32_t k = 0; k < K; k++)
+                full_peak = (double)res[(size_t)k * C].peak_charged > full_peak
+                                    ? (double)res[(size_t)k * C].peak_charged
+                                    : full_peak;
         fprintf(md, "\n### Haystacks of %u tokens (%u needles)\n\n", length, K);
         fprintf(md, "| configuration | budget | exact match [95%% CI] | Δ vs full | log p(answer) [95%% CI] "
                     "| Δ vs full "
-                    "| charged bytes avg (of full) | charged peak | tokens held "
+                    "| charged bytes avg (of full) | charged peak (of full) | tokens held "
                     "|\n|---|---|---|---|---|---|---|---|---|\n");
         for (uint32_t c = 0; c < C; c++) {
                 struct niah_row row = { .cf = &n->cfg[c], .length = length };
@@ -583,11 +596,12 @@ static void write_outputs(struct niah *n, uint32_t li, const struct niah_result 
                 fprintf(md,
                         "| %s%s | %u | %.2f [%.2f, %.2f] | %+.2f [%+.2f, %+.2f] | %.3f [%.3f, %.3f] | %+.3f "
                         "[%+.3f, "
-                        "%+.3f] %s | %.0f (%.0f%%) | %.0f | %.0f |\n",
+                        "%+.3f] %s | %.0f (%.0f%%) | %.0f (%.0f%%) | %.0f |\n",
                         cf->label, no_compression ? " †" : "", cf->budget, row.acc.mean, row.acc.lo,
                         row.acc.hi, row.d_acc.mean, row.d_acc.lo, row.d_acc.hi, row.logp.mean, row.logp.lo,
                         row.logp.hi, row.d_logp.mean, row.d_logp.lo, row.d_logp.hi, verdict, row.charged,
-                        full_bytes > 0 ? 100 * row.charged / full_bytes : 0, row.peak, row.tokens);
+                        full_bytes > 0 ? 100 * row.charged / full_bytes : 0, row.peak,
+                        full_peak > 0 ? 100 * row.peak / full_peak : 0, row.tokens);
                 printf("{\"label\":\"%s\",\"task\":\"niah\",\"length\":%u,\"acc\":%.6f,\"acc_lo\":%.6f,\"acc_"
                        "hi\":%.6f,"
                        "\"logp\":%.6f,\"logp_lo\":%.6f,\"logp_hi\":%.6f,\"d_logp_lo\":%.6f,\"d_logp_hi\":%."
