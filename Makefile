@@ -165,7 +165,7 @@ quality: quality-deps
 
 # the real-model suite (docs/quality.md): the needle task on SmolLM2; counts fit an hour on 2 cores.
 # QUALITY_SMOL_OUT=bench/quality writes the committed results (default: a new build/quality-smol/DATE).
-QUALITY_SMOL_ARGS ?= --lengths 1024,2048,4096 --needles 4 --fractions 0.25,0.5
+QUALITY_SMOL_ARGS ?= --lengths 1024,2048,4096 --needles 2 --fractions 0.25,0.5
 QUALITY_SMOL_OUT ?=
 quality-smol: quality-deps model
 	@$(MAKE) --no-print-directory all
