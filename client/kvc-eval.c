@@ -1407,6 +1407,20 @@ int main(int argc, char **argv) {
                 return 1;
         e.text[e.text_len] = '\0';
         fclose(df);
+        { /* the split may hold fewer stories than asked for: every interval counts the ones run */
+                static const char *starts[2048];
+                static size_t lens[2048];
+                size_t ns = split_stories(e.text, e.text_len, starts, lens, 2048);
+                size_t end = ns < e.split_end ? ns : e.split_end, from = (size_t)e.split_first + e.first;
+                size_t avail = end > from ? end - from : 0;
+                if (avail < 2) {
+                        fprintf(stderr, "kvc-eval: the %s split holds %zu stories from --first on\n", e.split,
+                                avail);
+                        return 2;
+                }
+                if (e.sequences > avail)
+                        e.sequences = (uint32_t)avail;
+        }
 
         /* workers report through pipes; the parent adds up */
         struct metrics m[MAX_CONFIGS] = { 0 }, own = { 0 };
