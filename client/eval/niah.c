@@ -739,6 +739,7 @@ int niah_run(const struct niah_options *o) {
                                         res[(size_t)k * n.n_cfg + c].logp,
                                         res[(size_t)k * n.n_cfg + c].charged);
                         free(nd.ids);
+                        fflush(per); /* a needle's lines survive an interrupted run (in the .partial) */
                         progress(&n, "niah", length, k + 1);
                 }
                 if (r == 0)
