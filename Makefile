@@ -7,6 +7,7 @@
 #   make demo       start kvcd in a temporary runtime directory, run kvc-run on the real model, stop
 #   make quality    the quality lab: every policy on the real model, table and plots in bench/quality
 #   make quality-plots  only the plots, from the committed bench/quality/results.csv (seconds)
+#   make quality-smol  the real-model suite on SmolLM2 (needle in a haystack), docs/quality.md
 #   make cuda       the CUDA kernels (CUDA=1; default on when nvcc is found)
 #   make install    into $(DESTDIR)$(PREFIX): programs, libkvc (libkvc.so.0.1.0 with its soname link
 #                   libkvc.so.0 and libkvc.so; libkvc.a), kvc.pc, kvc.h, man pages, systemd units
@@ -67,7 +68,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c tests/integration/sdharness.c)
 
-.PHONY: all deps test check demo cuda install clean tests quality quality-deps quality-plots
+.PHONY: all deps test check demo cuda install clean tests quality quality-deps quality-plots quality-smol quality-smol-long
 .SECONDARY:
 .DEFAULT_GOAL := all
 
@@ -143,7 +144,9 @@ $(BIN)/kvc-run: $(call obj,client/kvc-run.c) $(MODEL_OBJ) $(LIB)/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
 
-$(BIN)/kvc-eval: $(call obj,client/kvc-eval.c) $(MODEL_OBJ) $(LIB)/libkvc.a
+# kvc-eval's parts by concern (client/eval/: statistics, tasks)
+EVAL_SRC := $(wildcard client/eval/*.c)
+$(BIN)/kvc-eval: $(call obj,client/kvc-eval.c) $(call obj,$(EVAL_SRC)) $(MODEL_OBJ) $(LIB)/libkvc.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS_ZMQ) $(LDLIBS)
 
@@ -153,6 +156,7 @@ TEST_LIBS := $(LIB)/libkvc.a
 $(BUILD)/tests/test_model $(BUILD)/tests/test_gguf $(BUILD)/tests/test_bpe $(BUILD)/tests/test_smollm2: $(MODEL_OBJ)
 $(BUILD)/tests/test_pool $(BUILD)/tests/test_notify: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
+$(BUILD)/tests/test_stats: $(call obj,client/eval/stats.c)
 $(BUILD)/tests/test_cuda_backend: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_events: $(call obj,daemon/events_vllm.c daemon/events_ring.c)
 $(BUILD)/tests/test_budget $(BUILD)/tests/test_gather: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ)) \
@@ -194,6 +198,17 @@ quality: quality-deps
 
 quality-plots: quality-deps
 	@bench/quality.sh --plot
+# the real-model suite (docs/quality.md): the needle task on SmolLM2; counts fit an hour on 2 cores.
+# QUALITY_SMOL_OUT=bench/quality writes the committed results (default: a new build/quality-smol/DATE).
+QUALITY_SMOL_ARGS ?= --lengths 1024,2048,4096 --needles 2 --fractions 0.25,0.5
+QUALITY_SMOL_OUT ?=
+quality-smol: quality-deps model
+	@$(MAKE) --no-print-directory all
+	@SMOLLM2=$(SMOLLM2_GGUF) bench/quality-smol.sh $(BUILD) "$(QUALITY_SMOL_OUT)" -- $(QUALITY_SMOL_ARGS)
+quality-smol-long: quality-deps model
+	@$(MAKE) --no-print-directory all
+	@SMOLLM2=$(SMOLLM2_GGUF) bench/quality-smol.sh $(BUILD) "$(QUALITY_SMOL_OUT)" -- \
+		--lengths 1024,2048,4096,8000 --needles 10 --fractions 0.25,0.5
 
 include kernels/cuda.mk
 include tests/fuzz/fuzz.mk

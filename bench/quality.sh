@@ -93,7 +93,9 @@ mkdir -p "$out"
 pid=$!
 "$build/bin/kvcctl" --socket "$dir/run" --timeout 10000 status >/dev/null
 start=$(date +%s)
-"$build/bin/kvc-eval" --socket "$dir/run" --sequences "$sequences" --jobs "$(nproc)" --out "$out" >"$out/results.jsonl"
+# kvc-eval writes results.{md,csv,jsonl} into $out itself, as .partial files renamed at the end:
+# an interrupted run leaves the committed results as they were (a redirect here would truncate them)
+"$build/bin/kvc-eval" --socket "$dir/run" --sequences "$sequences" --jobs "$(nproc)" --out "$out" >/dev/null
 echo "kvc-eval: $(( $(date +%s) - start )) s for $sequences stories" >&2
 "$build/bin/kvcctl" --socket "$dir/run" audit >&2
 plot "$sequences"

@@ -182,7 +182,8 @@ extern const struct policy_ops policy_streaming_ops;
 extern const struct policy_ops policy_h2o_ops;
 extern const struct policy_ops policy_tova_ops;
 extern const struct policy_ops policy_snapkv_ops;
-extern const struct policy_ops policy_pyramid_ops;
+extern const struct policy_ops policy_pyramid_ops;       /* PyramidKV as published (snapkv.c) */
+extern const struct policy_ops policy_pyramid_taper_ops; /* its schedule at decode time (ranked.c) */
 extern const struct policy_ops policy_conf_ops;
 extern const struct policy_ops policy_conf_l_ops;
 extern const struct policy_ops policy_scope_ops;

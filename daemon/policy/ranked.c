@@ -8,11 +8,12 @@
  *            current query's attention averaged over heads (`last`), one keep-set per layer, no
  *            protected tokens. The reference drops one token per step; `slack=1` does exactly
  *            that, the default drops a block's worth at once.
- *   pyramid  PyramidKV's per-layer budgets (Cai et al., arXiv 2406.02069; KVCache-Factory
- *            pyramidkv_utils.py): layer l keeps max - l (max - min) / (L - 1) tokens, min = B /
- *            beta, max = 2B - min, beta = 20, so the layers average B; around any scorer (sum,
- *            ema, last), with recent_frac of each layer's budget protected as the newest tokens.
- *            PyramidKV itself scores with SnapKV at prefill: that is `snapkv pyramid=1`.
+ *   pyramid-taper  PyramidKV's per-layer budgets applied at decode time (not the published
+ *            method: that is `pyramid`, in snapkv.c): layer l keeps max - l (max - min) / (L - 1)
+ *            tokens, min = B / beta, max = 2B - min, beta = 20, so the layers average B; around any
+ *            scorer (sum, ema, last), with recent_frac of each layer's budget protected as the
+ *            newest tokens. Its last layer keeps B / 20 tokens (3 of 64) and no recent window of
+ *            its own: a variant to measure, under its own name so that no table calls it PyramidKV.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -177,8 +178,8 @@ const struct policy_ops policy_tova_ops = {
         .select = ranked_select,
 };
 
-const struct policy_ops policy_pyramid_ops = {
-        .name = "pyramid",
+const struct policy_ops policy_pyramid_taper_ops = {
+        .name = "pyramid-taper",
         .state_bytes = ranked_bytes,
         .init = pyramid_init,
         .limits = ranked_limits,

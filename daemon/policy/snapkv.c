@@ -1,4 +1,5 @@
-/* snapkv.c: SnapKV (Li et al., arXiv 2404.14469; reference snapkv_utils.py), and the prompt
+/* snapkv.c: SnapKV (Li et al., arXiv 2404.14469; reference snapkv_utils.py), PyramidKV as
+ * published (`pyramid`: the same prompt compression with per-layer budgets), and the prompt
  * observation shared with SCOPE.
  *
  * When the prompt is complete (the step at which M = prompt_tokens tokens have been appended),
@@ -101,25 +102,25 @@ static const struct policy_param_spec snapkv_specs[] = {
         { "window", POLICY_PARAM_U32, offsetof(struct snapkv, window), 0, 1 << 20, NULL },
         { "kernel", POLICY_PARAM_U32, offsetof(struct snapkv, kernel), 1, 255, NULL },
         { "pool", POLICY_PARAM_ENUM, offsetof(struct snapkv, pool), 0, 0, prefill_pool_words },
-        { "pyramid", POLICY_PARAM_BOOL, offsetof(struct snapkv, pyramid), 0, 1, NULL },
         { "beta", POLICY_PARAM_FLOAT, offsetof(struct snapkv, beta), 1.0001, 1e6, NULL },
+        { "pyramid", POLICY_PARAM_BOOL, offsetof(struct snapkv, pyramid), 0, 1,
+          NULL }, /* last: `pyramid` omits it */
 };
+#define SNAPKV_N_SPECS (sizeof(snapkv_specs) / sizeof(snapkv_specs[0]))
 
 static size_t snapkv_bytes(const struct policy_setup *s) {
         return sizeof(struct snapkv) + prefill_obs_bytes(s);
 }
 
-static int snapkv_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
-                       char *why, size_t why_len) {
-        struct snapkv *k = state;
+static int snapkv_setup(struct snapkv *k, const struct policy_setup *s, const struct policy_param *params,
+                        size_t n, size_t n_specs, char *why, size_t why_len) {
         k->budget = s->budget_tokens ? s->budget_tokens : 256;
         k->window = 8;
         k->kernel = 7;
         k->beta = 20.0f;
         k->n_layers = s->n_layers;
         k->max_tokens = s->max_tokens;
-        int r = policy_parse_params(k, snapkv_specs, sizeof(snapkv_specs) / sizeof(snapkv_specs[0]), params,
-                                    n, why, why_len);
+        int r = policy_parse_params(k, snapkv_specs, n_specs, params, n, why, why_len);
         if (r < 0)
                 return r;
         if (k->window >= k->budget) {
@@ -128,6 +129,21 @@ static int snapkv_init(void *state, const struct policy_setup *s, const struct p
         }
         prefill_obs_init(&k->obs, s, k->window, (float *)(k + 1));
         return 0;
+}
+
+static int snapkv_init(void *state, const struct policy_setup *s, const struct policy_param *params, size_t n,
+                       char *why, size_t why_len) {
+        return snapkv_setup(state, s, params, n, SNAPKV_N_SPECS, why, why_len);
+}
+
+/* PyramidKV (Cai et al., arXiv 2406.02069) as KVCache-Factory's PyramidKVCluster runs it: SnapKV's
+ * prompt compression (window 8, kernel 7, max pooling) with B - window spread over the layers by
+ * the pyramid schedule and the window kept whole in every layer; decoding uncompressed. */
+static int pyramid_init(void *state, const struct policy_setup *s, const struct policy_param *params,
+                        size_t n, char *why, size_t why_len) {
+        struct snapkv *k = state;
+        k->pyramid = true;
+        return snapkv_setup(k, s, params, n, SNAPKV_N_SPECS - 1, why, why_len);
 }
 
 /* PyramidKV spreads the selected part (B - window) over the layers; every layer keeps the window
@@ -186,6 +202,17 @@ static int snapkv_select(void *state, const struct policy_step *step, const stru
         }
         return 0;
 }
+
+const struct policy_ops policy_pyramid_ops = {
+        .name = "pyramid",
+        .state_bytes = snapkv_bytes,
+        .init = pyramid_init,
+        .limits = snapkv_limits,
+        .observes = snapkv_observes,
+        .observe = snapkv_observe,
+        .decide = snapkv_decide,
+        .select = snapkv_select,
+};
 
 const struct policy_ops policy_snapkv_ops = {
         .name = "snapkv",

@@ -607,7 +607,7 @@ static void confidence_uses_the_given_weights(void **state) {
 
 static void policy_names_lists_every_policy_once(void **state) {
         const char *want[] = { "full",    "window", "streaming", "h2o",   "tova", "snapkv",
-                               "pyramid", "conf",   "conf-l",    "scope", "prob" };
+                               "pyramid", "conf",   "conf-l",    "scope", "prob", "pyramid-taper" };
         const char *const *names = policy_names();
         (void)state;
         for (size_t i = 0; i < N_OF(want); i++) {
@@ -775,7 +775,7 @@ static void every_policy_refuses_inconsistent_combinations(void **state) {
                   2,
                   "sinks + recent (33) exceed the budget" },
                 { "tova", 16, { NUM("recent", 17) }, 1, "exceed the budget 16" },
-                { "pyramid", 16, { NUM("sinks", 17) }, 1, "exceed the budget" },
+                { "pyramid-taper", 16, { NUM("sinks", 17) }, 1, "exceed the budget" },
                 { "snapkv", 8, { NUM("window", 8) }, 1, "window 8 leaves no room in a budget of 8" },
                 { "snapkv", 64, { NUM("window", 100) }, 1, "leaves no room" },
                 { "scope", 64, { NUM("beta2", 64) }, 1, "need beta2 < budget" },
@@ -1078,10 +1078,11 @@ static void tova_with_slack_one_drops_one_token_per_step(void **state) {
         policy_free(p);
 }
 
-/* B = 64 over 5 layers, beta 20: budgets 125, 94, 64, 34, 3, each planned at its budget + slack. */
-static void pyramid_budgets_follow_the_schedule_per_layer(void **state) {
+/* pyramid-taper (the schedule at decode time): B = 64 over 5 layers, beta 20: budgets 125, 94, 64,
+ * 34, 3, each planned at its budget + slack. */
+static void pyramid_taper_budgets_follow_the_schedule_per_layer(void **state) {
         struct policy_setup s = setup_of(5, 2, 4096, 16, 64, 0);
-        struct policy *p = policy_make("pyramid", &s, NULL, 0);
+        struct policy *p = policy_make("pyramid-taper", &s, NULL, 0);
         const uint32_t want[] = { 125, 94, 64, 34, 3 };
         struct policy_target t[6];
         (void)state;
@@ -1129,7 +1130,7 @@ static void pyramid_budgets_follow_the_schedule_per_layer(void **state) {
 
         /* beta is a parameter: beta 4 gives min 16, max 112, step 24 */
         const struct policy_param b4[] = { NUM("beta", 4) };
-        p = policy_make("pyramid", &s, b4, 1);
+        p = policy_make("pyramid-taper", &s, b4, 1);
         const uint32_t want4[] = { 112, 88, 64, 40, 16 };
         const uint32_t big[] = { 500, 500, 500, 500, 500 };
         st = step_of(500, big, 0.5f);
@@ -1358,6 +1359,39 @@ static void snapkv_pyramid_spreads_the_selected_part_and_keeps_every_window(void
         selection_free(&sel);
         arrays_free(&a);
         policy_free(p);
+}
+
+/* `pyramid` is PyramidKV as published: exactly snapkv pyramid=1 (prompt compression, the window
+ * kept in every layer: no layer below it), decoding not compressed; the decode-time schedule is
+ * pyramid-taper, and `pyramid` takes no `pyramid` key (it is not optional there). */
+static void pyramid_is_published_pyramidkv_with_a_window_in_every_layer(void **state) {
+        struct policy_setup s = setup_of(5, 1, 4096, 16, 64, 200);
+        struct policy *p = policy_make("pyramid", &s, NULL, 0);
+        const uint32_t want[] = { 117, 91, 64, 37, 11 }, lens[] = { 200, 200, 200, 200, 200 };
+        struct policy_target t[6];
+        (void)state;
+
+        struct policy_limits lim = limits_of(p);
+        assert_int_equal(lim.budget, 64);
+        assert_int_equal(lim.max_keep, 117);
+        assert_int_equal(lim.max_layer_tokens, 4096); /* decoding grows the cache, as in the paper */
+        struct policy_step st = step_of(200, lens, 0.5f);
+        decide_into(p, &st, t);
+        for (uint32_t l = 0; l < 5; l++) {
+                assert_int_equal(t[l].keep, want[l]);
+                assert_true(t[l].keep >= 8); /* the window */
+        }
+        const uint32_t later[] = { 300, 300, 300, 300, 300 };
+        st = step_of(300, later, 0.5f);
+        decide_into(p, &st, t);
+        for (uint32_t l = 0; l < 5; l++)
+                assert_int_equal(t[l].keep, POLICY_NO_PLAN); /* planned once */
+        policy_free(p);
+
+        struct policy *q;
+        char why[128] = "";
+        const struct policy_param pyr[] = { NUM("pyramid", 0) };
+        assert_int_equal(policy_new("pyramid", &s, pyr, 1, &q, why, sizeof(why)), -EINVAL);
 }
 
 /* SCOPE with a 40-token prompt: prefill_budget 12 = alpha1 8 + alpha2 4 (the observation window
@@ -2288,8 +2322,8 @@ static const struct sim_case sim_cases[] = {
           SINKS_RECENT(2, 8) },
         { .policy = "tova" },
         { .policy = "tova", .params = { NUM("slack", 1), NUM("per_head", 1) }, .n_params = 2 },
-        { .policy = "pyramid", .promise = PROMISE_HALF_RECENT },
-        { .policy = "pyramid",
+        { .policy = "pyramid-taper", .promise = PROMISE_HALF_RECENT },
+        { .policy = "pyramid-taper",
           .params = { TEXT("scorer", "ema"), NUM("beta", 4), NUM("sinks", 3) },
           .n_params = 3,
           SINKS_RECENT(3, 0) },
@@ -2304,6 +2338,7 @@ static const struct sim_case sim_cases[] = {
           .n_params = 2,
           .promise = PROMISE_PROMPT,
           .recent = 8 },
+        { .policy = "pyramid", .promise = PROMISE_PROMPT, .recent = 8 },
         { .policy = "conf", SINKS_RECENT(4, CONF_PROTECT) },
         { .policy = "conf",
           .params = { TEXT("gate", "fixed") },
@@ -2602,6 +2637,7 @@ int main(void) {
                 cmocka_unit_test(confidence_matches_hand_computed_values),
                 cmocka_unit_test(confidence_uses_the_given_weights),
                 cmocka_unit_test(policy_names_lists_every_policy_once),
+                cmocka_unit_test(pyramid_is_published_pyramidkv_with_a_window_in_every_layer),
                 cmocka_unit_test(policy_new_rejects_unknown_names),
                 cmocka_unit_test(policy_new_rejects_more_than_the_most_parameters),
                 cmocka_unit_test(policy_new_checks_ema_gamma),
@@ -2617,7 +2653,7 @@ int main(void) {
                 cmocka_unit_test(h2o_keeps_each_heads_heavy_hitter_and_the_recent_half),
                 cmocka_unit_test(tova_keeps_the_top_by_last_attention_averaged_over_heads),
                 cmocka_unit_test(tova_with_slack_one_drops_one_token_per_step),
-                cmocka_unit_test(pyramid_budgets_follow_the_schedule_per_layer),
+                cmocka_unit_test(pyramid_taper_budgets_follow_the_schedule_per_layer),
                 cmocka_unit_test(snapkv_observes_exactly_the_last_window_prompt_steps),
                 cmocka_unit_test(snapkv_keeps_the_window_and_the_pooled_spikes),
                 cmocka_unit_test(snapkv_plans_once_when_the_prompt_is_complete),

@@ -1,0 +1,1079 @@
+/* niah.c: needle in a haystack and long documents through kvcd, batched (niah.h). */
+#define _GNU_SOURCE
+#include "niah.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvc.h"
+#include "model.h"
+#include "stats.h"
+#include "text.h"
+
+#define NIAH_MAX_CONFIGS 32
+#define NIAH_TEST_FIRST  200 /* the test split of the stories: kvc-eval's TUNE_STORIES on */
+#define NIAH_BOOT        2000
+
+struct niah_family {
+        const char *label, *policy;
+        const char *keys[3], *values[3];
+        size_t n_params;
+};
+
+/* The main suite: the window baseline, H2O (decode-time ranking), SnapKV (prompt compression) and
+ * CONF-KV with INT8 (the issue's target), 9 configurations with the full cache: what fits make
+ * quality-smol's hour on 2 cores (docs/quality.md). More families (conf without INT8, pyramid,
+ * streaming, tova, prob) are one row each here. */
+static const struct niah_family main_families[] = {
+        { "window", "window", { 0 }, { 0 }, 0 },
+        { "h2o", "h2o", { 0 }, { 0 }, 0 },
+        { "snapkv", "snapkv", { 0 }, { 0 }, 0 },
+        { "conf-int8", "conf", { "gate", "int8" }, { "fixed", "1" }, 2 },
+};
+static const struct niah_family quick_families[] = {
+        { "window", "window", { 0 }, { 0 }, 0 },
+        { "conf-fixed", "conf", { "gate" }, { "fixed" }, 1 },
+};
+
+struct niah_config {
+        char label[64];
+        const struct niah_family *fam; /* NULL: the full cache */
+        double fraction;
+        uint32_t budget;
+        struct kvc_param params[3];
+};
+
+/* One needle of one configuration. */
+struct niah_result {
+        double hit, logp, charged, tokens;
+        uint64_t peak_charged;
+};
+
+struct niah {
+        const struct niah_options *o;
+        struct model *model;
+        struct text *tok;
+        const struct model_config *mc;
+        struct kvc_client *client;
+        char *data;
+        size_t data_len;
+        const char **stories;
+        size_t *story_lens, n_stories;
+        struct niah_config cfg[NIAH_MAX_CONFIGS];
+        uint32_t n_cfg; /* per length: the budgets depend on it */
+        uint64_t rng;
+        double t0, rows_done, rows_total;
+};
+
+static double now_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t next_rand(uint64_t *s) {
+        uint64_t x = *s;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        return *s = x;
+}
+
+static int store_kvcd(void *ctx, int layer, int pos, const float *k, const float *v) {
+        return kvc_append(ctx, (uint32_t)layer, pos, k, v);
+}
+
+static int attend_kvcd(void *ctx, int layer, int pos, const float *q, float *out) {
+        (void)pos;
+        return kvc_attend(ctx, (uint32_t)layer, q, out);
+}
+
+static const struct model_cache_ops niah_kvcd_ops = { .store = store_kvcd, .attend = attend_kvcd };
+
+/* The configurations for haystacks of `length` tokens: the full cache, then every family at
+ * every fraction of the length. */
+static void make_configs(struct niah *n, uint32_t length) {
+        const struct niah_family *fams = n->o->quick ? quick_families : main_families;
+        size_t n_fams = n->o->quick ? sizeof(quick_families) / sizeof(quick_families[0])
+                                    : sizeof(main_families) / sizeof(main_families[0]);
+        n->n_cfg = 0;
+        struct niah_config *c = &n->cfg[n->n_cfg++];
+        memset(c, 0, sizeof(*c));
+        snprintf(c->label, sizeof(c->label), "full");
+        for (size_t f = 0; f < n_fams; f++) {
+                for (uint32_t i = 0; i < n->o->n_fractions && n->n_cfg < NIAH_MAX_CONFIGS; i++) {
+                        c = &n->cfg[n->n_cfg++];
+                        memset(c, 0, sizeof(*c));
+                        c->fam = &fams[f];
+                        c->fraction = n->o->fractions[i];
+                        c->budget = (uint32_t)lround(c->fraction * length);
+                        snprintf(c->label, sizeof(c->label), "%s-%.0f%%", fams[f].label, 100 * c->fraction);
+                        for (size_t p = 0; p < fams[f].n_params; p++)
+                                c->params[p] = (struct kvc_param){ .key = fams[f].keys[p],
+                                                                   .value = fams[f].values[p] };
+                }
+        }
+}
+
+/* ---- haystacks ---- */
+
+static size_t split_stories(const char *text, size_t len, const char **starts, size_t *lens, size_t max) {
+        static const char marker[] = "Once upon a time";
+        size_t k = 0;
+        const char *p = memmem(text, len, marker, sizeof(marker) - 1), *end = text + len;
+        while (p && k < max) {
+                const char *nx = memmem(p + 1, (size_t)(end - p - 1), marker, sizeof(marker) - 1);
+                const char *stop = nx ? nx : end;
+                while (stop > p && (stop[-1] == '\n' || stop[-1] == ' '))
+                        stop--;
+                starts[k] = p;
+                lens[k] = (size_t)(stop - p);
+                k++;
+                p = nx;
+        }
+        return k;
+}
+
+struct textbuf {
+        char *s;
+        size_t len, cap;
+};
+
+static int tb_add(struct textbuf *b, const char *s, size_t n) {
+        if (b->len + n + 1 > b->cap) {
+                size_t cap = (b->len + n + 1) * 2;
+                char *p = realloc(b->s, cap);
+                if (!p)
+                        return -ENOMEM;
+                b->s = p;
+                b->cap = cap;
+        }
+        memcpy(b->s + b->len, s, n);
+        b->len += n;
+        b->s[b->len] = '\0';
+        return 0;
+}
+
+/* Text of exactly `length` tokens (as the model's tokenizer cuts it) from stories of the test
+ * split joined by blank lines, starting at a random story. */
+static int haystack(struct niah *n, uint32_t length, struct textbuf *out) {
+        struct textbuf joined = { 0 };
+        size_t avail = n->n_stories - NIAH_TEST_FIRST;
+        size_t s = NIAH_TEST_FIRST + next_rand(&n->rng) % avail;
+        int r = 0;
+        /* about 4 bytes a token in these stories; 5 per token leaves room for the cut */
+        while (r == 0 && joined.len < (size_t)length * 5 + 64) {
+                if (joined.len)
+                        r = tb_add(&joined, "\n\n", 2);
+                if (r == 0)
+                        r = tb_add(&joined, n->stories[s], n->story_lens[s]);
+                s = s + 1 < n->n_stories ? s + 1 : NIAH_TEST_FIRST;
+        }
+        size_t cap = joined.len + 8, got = 0;
+        int *ids = malloc(cap * sizeof(int));
+        if (r == 0 && !ids)
+                r = -ENOMEM;
+        if (r == 0)
+                r = text_encode(n->tok, joined.s, ids, cap, &got);
+        if (r == 0 && got < length)
+                r = -ENODATA;
+        char piece[256];
+        for (uint32_t i = 0; r == 0 && i < length; i++) {
+                size_t pl = 0;
+                if ((r = text_piece(n->tok, i ? ids[i - 1] : -1, ids[i], piece, sizeof(piece), &pl)) == 0)
+                        r = tb_add(out, piece, pl);
+        }
+        free(ids);
+        free(joined.s);
+        return r;
+}
+
+static const char *const colours[] = { "blue",  "red",  "green",  "yellow", "white", "black",
+                                       "brown", "pink", "purple", "orange", "grey",  "golden" };
+
+/* One needle's prompt: the tokens (chat template, answer prefix), where the question starts,
+ * and the answer's tokens. */
+struct needle {
+        int *ids;
+        uint32_t n_prompt, question, n_answer;
+        int answer[16];
+        double depth;
+        char colour[16];
+        unsigned value;
+};
+
+static int build_needle(struct niah *n, uint32_t length, uint32_t index, struct needle *nd) {
+        struct textbuf hay = { 0 }, user = { 0 };
+        char sentence[128], question[192], prefix[96], full_answer[128];
+        int r = haystack(n, length, &hay);
+        if (r < 0)
+                return r;
+        snprintf(nd->colour, sizeof(nd->colour), "%s",
+                 colours[next_rand(&n->rng) % (sizeof(colours) / sizeof(colours[0]))]);
+        nd->value = 1000 + (unsigned)(next_rand(&n->rng) % 9000);
+        nd->depth = (index + 0.5) / n->o->needles; /* spread evenly over the haystack */
+        snprintf(sentence, sizeof(sentence), "The secret code of the %s door is %u. ", nd->colour, nd->value);
+        /* the needle goes after the sentence end nearest its depth */
+        size_t at = (size_t)(nd->depth * hay.len);
+        while (at < hay.len && !(at > 0 && (hay.s[at - 1] == ' ' || hay.s[at - 1] == '\n') && at > 1 &&
+                                 (hay.s[at - 2] == '.' || hay.s[at - 2] == '\n')))
+                at++;
+        static const char intro[] = "Read the text below. Somewhere in it is a secret code.\n\n";
+        snprintf(question, sizeof(question),
+                 "\n\nQuestion: what is the secret code of the %s door? Answer with the number only.",
+                 nd->colour);
+        r = tb_add(&user, intro, sizeof(intro) - 1);
+        if (r == 0)
+                r = tb_add(&user, hay.s, at);
+        if (r == 0)
+                r = tb_add(&user, sentence, strlen(sentence));
+        if (r == 0)
+                r = tb_add(&user, hay.s + at, hay.len - at);
+        size_t hay_end = user.len;
+        if (r == 0)
+                r = tb_add(&user, question, strlen(question));
+        size_t cap = (size_t)n->mc->seq_len, np = 0, nh = 0, npre = 0, nfull = 0;
+        int *ids = calloc(cap + 64, sizeof(int)), *hids = calloc(cap + 64, sizeof(int));
+        int pre[64], fa[64];
+        if (r == 0 && (!ids || !hids))
+                r = -ENOMEM;
+        if (r == 0)
+                r = text_encode_chat(n->tok, NULL, user.s, ids, cap, &np);
+        /* the question begins where the prompt without it stops agreeing (less one token: the
+         * haystack's last token may merge with what follows) */
+        if (r == 0) {
+                char saved = user.s[hay_end];
+                user.s[hay_end] = '\0';
+                r = text_encode_chat(n->tok, NULL, user.s, hids, cap, &nh);
+                user.s[hay_end] = saved;
+        }
+        snprintf(prefix, sizeof(prefix), "The secret code of the %s door is", nd->colour);
+        snprintf(full_answer, sizeof(full_answer), "%s %u", prefix, nd->value);
+        if (r == 0)
+                r = text_encode(n->tok, prefix, pre, 64, &npre);
+        if (r == 0)
+                r = text_encode(n->tok, full_answer, fa, 64, &nfull);
+        if (r == 0 && (nfull <= npre || memcmp(pre, fa, npre * sizeof(int)) != 0 || nfull - npre > 16 ||
+                       np + npre + 16 > cap))
+                r = -EINVAL; /* the answer must extend the prefix's tokens */
+        if (r == 0) {
+                uint32_t q = 0;
+                while (q < np && q < nh && ids[q] == hids[q])
+                        q++;
+                nd->question = q ? q - 1 : 0;
+                memcpy(ids + np, pre, npre * sizeof(int));
+                nd->n_prompt = (uint32_t)(np + npre);
+                nd->n_answer = (uint32_t)(nfull - npre);
+                memcpy(nd->answer, fa + npre, nd->n_answer * sizeof(int));
+                nd->ids = ids;
+                ids = NULL;
+        }
+        free(ids);
+        free(hids);
+        free(hay.s);
+        free(user.s);
+        return r;
+}
+
+/* ---- one haystack, every configuration in one batch ---- */
+
+static void progress(struct niah *n, const char *task, uint32_t length, uint32_t needle) {
+        double el = now_s() - n->t0, rate = el > 0 ? n->rows_done / el : 0;
+        double left = rate > 0 ? (n->rows_total - n->rows_done) / rate : 0;
+        fprintf(stderr, "kvc-eval %s: length %u, %s %u/%u, %u configurations, %.0f tokens/s, %.0f s left\n",
+                task, length, strcmp(task, "niah") == 0 ? "needle" : "document", needle, n->o->needles,
+                n->n_cfg, rate, left > 0 ? left : 0);
+}
+
+static double charged_bytes(struct kvc_session *s, uint32_t n_layers, double *ret_tokens) {
+        double b = 0, t = 0;
+        for (uint32_t l = 0; l < n_layers; l++) {
+                struct kvc_layer_view v;
+                if (kvc_layer_view(s, l, &v) < 0)
+                        continue;
+                b += (double)v.n_blocks * (double)v.block_bytes +
+                     (double)v.n_q8_blocks * (double)v.q8_block_bytes;
+                t += v.n_tokens;
+        }
+        *ret_tokens = t / n_layers;
+        return b;
+}
+
+static int run_needle(struct niah *n, const struct needle *nd, struct niah_result *res) {
+        const struct model_config *mc = n->mc;
+        uint32_t C = n->n_cfg, V = (uint32_t)mc->vocab_size, L = (uint32_t)mc->n_layers;
+        struct kvc_session *ss[NIAH_MAX_CONFIGS] = { 0 };
+        double weight = 0;
+        int r = 0;
+        memset(res, 0, C * sizeof(*res));
+        for (uint32_t c = 0; r == 0 && c < C; c++) {
+                const struct niah_config *cf = &n->cfg[c];
+                struct kvc_session_config sc = {
+                        .geometry = { .n_layers = L,
+                                      .n_heads = (uint32_t)mc->n_heads,
+                                      .n_kv_heads = (uint32_t)mc->n_kv_heads,
+                                      .head_dim = (uint32_t)(mc->dim / mc->n_heads),
+                                      .dtype = KVC_DTYPE_F16,
+                                      .max_tokens = (uint32_t)mc->seq_len },
+                        .policy = cf->fam ? cf->fam->policy : "full",
+                        .budget_tokens = cf->budget,
+                        .params = cf->params,
+                        .n_params = cf->fam ? cf->fam->n_params : 0,
+                        .prompt_tokens = nd->question,
+                };
+                if ((r = kvc_session_open(n->client, &sc, &ss[c])) < 0)
+                        fprintf(stderr, "kvc-eval niah: %s: %s\n", cf->label, kvc_last_error(n->client));
+        }
+        struct model_row rows[MODEL_MAX_ROWS];
+        uint32_t total =
+                nd->n_prompt + nd->n_answer - 1; /* positions run: the last answer token is not fed */
+        uint32_t pos = 0;
+        while (r == 0 && pos < total) {
+                /* the chunk: the same positions for every configuration */
+                uint32_t k = 1;
+                if (pos < nd->n_prompt) {
+                        uint32_t stop = pos < nd->question - NIAH_OBSERVED ? nd->question - NIAH_OBSERVED
+                                        : pos < nd->question               ? pos + 1
+                                                                           : nd->n_prompt;
+                        k = stop - pos;
+                        uint32_t most = n->o->chunk < MODEL_MAX_ROWS / C ? n->o->chunk : MODEL_MAX_ROWS / C;
+                        k = k < most ? k : most;
+                        for (uint32_t c = 0; c < C; c++) {
+                                int room =
+                                        (int)kvc_session_max_tokens(ss[c]) - (int)kvc_layer_tokens(ss[c], 0);
+                                if (room >= 1 && (uint32_t)room < k)
+                                        k = (uint32_t)room;
+                        }
+                        k = k ? k : 1;
+                }
+                uint32_t nr = 0;
+                for (uint32_t c = 0; c < C; c++)
+                        for (uint32_t j = 0; j < k; j++) {
+                                uint32_t p = pos + j;
+                                int token = p < nd->n_prompt ? nd->ids[p] : nd->answer[p - nd->n_prompt];
+                                rows[nr++] = (struct model_row){
+                                        .token = token, .pos = (int)p, .ctx = ss[c], .logits = j == k - 1
+                                };
+                        }
+                float *logits;
+                if ((r = model_forward_rows(n->model, rows, nr, &niah_kvcd_ops, &logits)) < 0) {
+                        fprintf(stderr, "kvc-eval niah: forward pass at %u: %s\n", pos, strerror(-r));
+                        break;
+                }
+                uint32_t last = pos + k - 1; /* its logits predict position last + 1 */
+                for (uint32_t c = 0; r == 0 && c < C; c++) {
+                        const float *lg = logits + (size_t)c * V;
+                        if (last + 1 >= nd->n_prompt) { /* an answer token: score it */
+                                uint32_t a = last + 1 - nd->n_prompt;
+                                int truth = nd->answer[a];
+                                uint32_t best = 0;
+                                double mx = lg[0];
+                                for (uint32_t v = 1; v < V; v++)
+                                        if (lg[v] > mx)
+                                                mx = lg[v], best = v;
+                                double sum = 0;
+                                for (uint32_t v = 0; v < V; v++)
+                                        sum += exp((double)lg[v] - mx);
+                                res[c].logp += (double)lg[truth] - mx - log(sum);
+                                if (a == 0)
+                                        res[c].hit = 1;
+                                if (best != (uint32_t)truth)
+                                        res[c].hit = 0;
+                        }
+                        struct kvc_summary sm;
+                        if ((r = kvc_summarize(lg, V, &sm)) < 0)
+                                break;
+                        r = kvc_step(ss[c], last,
+                                     last + 1 < nd->n_prompt ? KVC_PHASE_PREFILL : KVC_PHASE_DECODE, &sm);
+                }
+                if (r == 0 && (r = kvc_flush(n->client)) < 0)
+                        fprintf(stderr, "kvc-eval niah: step %u: %s\n", last, kvc_last_error(n->client));
+                for (uint32_t c = 0; r == 0 && c < C; c++) {
+                        double tok;
+                        res[c].charged += k * charged_bytes(ss[c], L, &tok);
+                        res[c].tokens += k * tok;
+                }
+                weight += k;
+                pos += k;
+                n->rows_done += nr;
+        }
+        for (uint32_t c = 0; c < C; c++) {
+                if (!ss[c])
+                        continue;
+                struct kvc_session_stats st;
+                if (kvc_session_close(ss[c], &st) == 0)
+                        res[c].peak_charged = st.peak_bytes;
+                res[c].charged /= weight > 0 ? weight : 1;
+                res[c].tokens /= weight > 0 ? weight : 1;
+        }
+        return r;
+}
+
+/* ---- the report ---- */
+
+static int cmp_double(const void *a, const void *b) {
+        double x = *(const double *)a, y = *(const double *)b;
+        return (x > y) - (x < y);
+}
+
+struct niah_row {
+        const struct niah_config *cf;
+        uint32_t length;
+        struct stats_ci acc, logp, d_acc, d_logp;
+        double charged, peak, tokens;
+};
+
+static int boot(const double *x, uint32_t k, uint64_t seed, struct stats_ci *ret) {
+        int r = stats_bootstrap_mean(x, k, NIAH_BOOT, seed, ret);
+        if (r < 0) /* one needle: the estimate without an interval */
+                *ret = (struct stats_ci){ .mean = k ? x[0] : 0, .lo = NAN, .hi = NAN, .n = k };
+        return r;
+}
+
+/* The issue's target at 25% of the full cache's bytes: each family's exact match there (linear
+ * between its two configurations around those bytes, needle by needle) as a share of the full
+ * cache's, with a bootstrap interval of the share over needles; CONF-KV's target is 90%. Bytes
+ * here are the peak kvcd charged (the memory a server provisions for the sequence, reached when
+ * the question is read): an average over positions would favour the full cache, which is small
+ * while its prompt is short. */
+static void targets(struct niah *n, const struct niah_result *res, uint32_t length, double full_bytes,
+                    FILE *md) {
+        uint32_t K = n->o->needles, C = n->n_cfg;
+        double full_acc = 0, full_peak = 0;
+        (void)full_bytes;
+        for (uint32_t k = 0; k < K; k++) {
+                full_acc += res[(size_t)k * C].hit / K;
+                full_peak += (double)res[(size_t)k * C].peak_charged / K;
+        }
+        double want = 0.25 * full_peak;
+        fprintf(md,
+                "\nHaystacks of %u tokens at 25%% of the full cache's peak charged bytes (%.0f; exact match "
+                "as a "
+                "share of the full cache's %.2f; target for CONF-KV: at least 90%%):\n\n",
+                length, want, full_acc);
+        double *x = malloc(K * sizeof(double)), *f = malloc(K * sizeof(double)),
+               *b = malloc(NIAH_BOOT * sizeof(double));
+        const char *seen[NIAH_MAX_CONFIGS];
+        uint32_t n_seen = 0;
+        for (uint32_t c = 1; x && f && b && c < C; c++) {
+                const char *fam = n->cfg[c].fam->label;
+                bool dup = false;
+                for (uint32_t i = 0; i < n_seen; i++)
+                        dup |= strcmp(seen[i], fam) == 0;
+                if (dup)
+                        continue;
+                seen[n_seen++] = fam;
+                /* the family's average bytes per configuration, and the two around `want` */
+                int lo = -1, hi = -1;
+                double blo = 0, bhi = 0;
+                for (uint32_t i = 1; i < C; i++) {
+                        if (strcmp(n->cfg[i].fam->label, fam) != 0)
+                                continue;
+                        double by = 0;
+                        for (uint32_t k = 0; k < K; k++)
+                                by += (double)res[(size_t)k * C + i].peak_charged / K;
+                        if (by <= want && (lo < 0 || by > blo))
+                                lo = (int)i, blo = by;
+                        if (by >= want && (hi < 0 || by < bhi))
+                                hi = (int)i, bhi = by;
+                }
+                if (lo < 0 || hi < 0) {
+                        fprintf(md, "- %s: its configurations do not reach %.0f bytes (%s); not measured\n",
+                                fam, want, lo < 0 ? "all above" : "all below");
+                        continue;
+                }
+                double t = bhi > blo ? (want - blo) / (bhi - blo) : 0, mean = 0;
+                for (uint32_t k = 0; k < K; k++) {
+                        x[k] = (1 - t) * res[(size_t)k * C + lo].hit + t * res[(size_t)k * C + hi].hit;
+                        f[k] = res[(size_t)k * C].hit;
+                        mean += x[k] / K;
+                }
+                uint64_t s = 0x7a26e7ull + c;
+                for (uint32_t r = 0; r < NIAH_BOOT; r++) {
+                        double sx = 0, sf = 0;
+                        for (uint32_t k = 0; k < K; k++) {
+                                s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                                uint32_t i = (uint32_t)(s % K);
+                                sx += x[i], sf += f[i];
+                        }
+                        b[r] = sf > 0 ? sx / sf : 0;
+                }
+                qsort(b, NIAH_BOOT, sizeof(double), cmp_double);
+                struct stats_ci share = { .mean = full_acc > 0 ? mean / full_acc : 0,
+                                          .lo = b[(size_t)(0.025 * (NIAH_BOOT - 1))],
+                                          .hi = b[(size_t)ceil(0.975 * (NIAH_BOOT - 1))],
+                                          .n = K };
+                bool conf = strncmp(fam, "conf", 4) == 0;
+                fprintf(md,
+                        "- %s (between %s and %s): %.0f%% [%.0f%%, %.0f%%] of the full cache's exact "
+                        "match%s%s\n",
+                        fam, n->cfg[lo].label, n->cfg[hi].label, 100 * share.mean, 100 * share.lo,
+                        100 * share.hi, conf ? " — " : "",
+                        conf ? (share.lo >= 0.9  ? "holds"
+                                : share.hi < 0.9 ? "does not hold"
+                                                 : "not resolved (the interval spans 90%)")
+                             : "");
+        }
+        free(x);
+        free(f);
+        free(b);
+}
+
+static void write_outputs(struct niah *n, uint32_t li, const struct niah_result *res, FILE *jsonl, FILE *csv,
+                          FILE *md) {
+        uint32_t K = n->o->needles, C = n->n_cfg, length = n->o->lengths[li];
+        double *x = malloc(K * sizeof(double)), *d = malloc(K * sizeof(double));
+        if (!x || !d) {
+                free(x);
+                free(d);
+                return;
+        }
+        double full_bytes = 0;
+        for (uint32_t k = 0; k < K; k++)
+                full_bytes += res[(size_t)k * C].charged / K;
+        double full_peak = 0;
+        for (uint32_t k = 0; k < K; k++)
+                full_peak = (double)res[(size_t)k * C].peak_charged > full_peak
+                                    ? (double)res[(size_t)k * C].peak_charged
+                                    : full_peak;
+        fprintf(md, "\n### Haystacks of %u tokens (%u needles)\n\n", length, K);
+        fprintf(md, "| configuration | budget | exact match [95%% CI] | Δ vs full | log p(answer) [95%% CI] "
+                    "| Δ vs full "
+                    "| charged bytes avg (of full) | charged peak (of full) | tokens held "
+                    "|\n|---|---|---|---|---|---|---|---|---|\n");
+        for (uint32_t c = 0; c < C; c++) {
+                struct niah_row row = { .cf = &n->cfg[c], .length = length };
+                uint64_t seed = 0x5eed0000ull + li * 977 + c;
+                for (uint32_t k = 0; k < K; k++) {
+                        x[k] = res[(size_t)k * C + c].hit;
+                        d[k] = x[k] - res[(size_t)k * C].hit;
+                        row.charged += res[(size_t)k * C + c].charged / K;
+                        row.tokens += res[(size_t)k * C + c].tokens / K;
+                        if (res[(size_t)k * C + c].peak_charged > row.peak)
+                                row.peak = (double)res[(size_t)k * C + c].peak_charged;
+                }
+                boot(x, K, seed, &row.acc);
+                boot(d, K, seed + 1, &row.d_acc);
+                for (uint32_t k = 0; k < K; k++) {
+                        x[k] = res[(size_t)k * C + c].logp;
+                        d[k] = x[k] - res[(size_t)k * C].logp;
+                }
+                boot(x, K, seed + 2, &row.logp);
+                boot(d, K, seed + 3, &row.d_logp);
+                const struct niah_config *cf = row.cf;
+                bool no_compression =
+                        cf->fam && strcmp(cf->fam->policy, "snapkv") == 0 && cf->budget >= length;
+                char verdict[32];
+                snprintf(verdict, sizeof(verdict), "%s", c == 0 ? "" : stats_verdict(&row.d_logp, 0, false));
+                fprintf(jsonl,
+                        "{\"task\":\"niah\",\"length\":%u,\"label\":\"%s\",\"family\":\"%s\",\"policy\":\"%"
+                        "s\","
+                        "\"fraction\":%.2f,\"budget\":%u,\"needles\":%u,\"acc\":%.6f,\"acc_lo\":%.6f,\"acc_"
+                        "hi\":%.6f,"
+                        "\"logp\":%.6f,\"logp_lo\":%.6f,\"logp_hi\":%.6f,\"d_acc\":%.6f,\"d_acc_lo\":%.6f,"
+                        "\"d_acc_hi\":%.6f,\"d_logp\":%.6f,\"d_logp_lo\":%.6f,\"d_logp_hi\":%.6f,"
+                        "\"avg_charged_bytes\":%.0f,\"peak_charged_bytes\":%.0f,\"bytes_of_full\":%.4f,"
+                        "\"avg_tokens_held\":%.1f,\"no_compression\":%s}\n",
+                        length, cf->label, cf->fam ? cf->fam->label : "full",
+                        cf->fam ? cf->fam->policy : "full", cf->fraction, cf->budget, K, row.acc.mean,
+                        row.acc.lo, row.acc.hi, row.logp.mean, row.logp.lo, row.logp.hi, row.d_acc.mean,
+                        row.d_acc.lo, row.d_acc.hi, row.d_logp.mean, row.d_logp.lo, row.d_logp.hi,
+                        row.charged, row.peak, full_bytes > 0 ? row.charged / full_bytes : 0, row.tokens,
+                        no_compression ? "true" : "false");
+                fprintf(csv,
+                        "%u,%s,%s,%s,%.2f,%u,%u,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.0f,%.0f,%.4f,%"
+                        ".1f,%d\n",
+                        length, cf->label, cf->fam ? cf->fam->label : "full",
+                        cf->fam ? cf->fam->policy : "full", cf->fraction, cf->budget, K, row.acc.mean,
+                        row.acc.lo, row.acc.hi, row.logp.mean, row.logp.lo, row.logp.hi, row.d_logp.mean,
+                        row.d_logp.lo, row.d_logp.hi, row.charged, row.peak,
+                        full_bytes > 0 ? row.charged / full_bytes : 0, row.tokens, no_compression);
+                fprintf(md,
+                        "| %s%s | %u | %.2f [%.2f, %.2f] | %+.2f [%+.2f, %+.2f] | %.3f [%.3f, %.3f] | %+.3f "
+                        "[%+.3f, "
+                        "%+.3f] %s | %.0f (%.0f%%) | %.0f (%.0f%%) | %.0f |\n",
+                        cf->label, no_compression ? " †" : "", cf->budget, row.acc.mean, row.acc.lo,
+                        row.acc.hi, row.d_acc.mean, row.d_acc.lo, row.d_acc.hi, row.logp.mean, row.logp.lo,
+                        row.logp.hi, row.d_logp.mean, row.d_logp.lo, row.d_logp.hi, verdict, row.charged,
+                        full_bytes > 0 ? 100 * row.charged / full_bytes : 0, row.peak,
+                        full_peak > 0 ? 100 * row.peak / full_peak : 0, row.tokens);
+                printf("{\"label\":\"%s\",\"task\":\"niah\",\"length\":%u,\"acc\":%.6f,\"acc_lo\":%.6f,\"acc_"
+                       "hi\":%.6f,"
+                       "\"logp\":%.6f,\"logp_lo\":%.6f,\"logp_hi\":%.6f,\"d_logp_lo\":%.6f,\"d_logp_hi\":%."
+                       "6f,"
+                       "\"avg_charged_bytes\":%.0f,\"peak_charged_bytes\":%.0f,\"needles\":%u}\n",
+                       cf->label, length, row.acc.mean, row.acc.lo, row.acc.hi, row.logp.mean, row.logp.lo,
+                       row.logp.hi, row.d_logp.lo, row.d_logp.hi, row.charged, row.peak, K);
+        }
+        targets(n, res, length, full_bytes, md);
+        free(x);
+        free(d);
+}
+
+static int load_data(struct niah *n) {
+        FILE *f = fopen(n->o->data_path, "rb");
+        if (!f)
+                return -errno;
+        fseek(f, 0, SEEK_END);
+        long len = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        n->data = malloc((size_t)len + 1);
+        int r = n->data && fread(n->data, 1, (size_t)len, f) == (size_t)len ? 0 : -EIO;
+        fclose(f);
+        if (r < 0)
+                return r;
+        n->data[len] = '\0';
+        n->data_len = (size_t)len;
+        n->stories = malloc(4096 * sizeof(char *));
+        n->story_lens = malloc(4096 * sizeof(size_t));
+        if (!n->stories || !n->story_lens)
+                return -ENOMEM;
+        n->n_stories = split_stories(n->data, n->data_len, n->stories, n->story_lens, 4096);
+        return n->n_stories > NIAH_TEST_FIRST + 16 ? 0 : -ENODATA;
+}
+
+static FILE *open_partial(const struct niah_options *o, const char *name) {
+        char path[600];
+        snprintf(path, sizeof(path), "%s/%s.partial", o->out_dir, name);
+        return fopen(path, "w");
+}
+
+static void finish_partial(const struct niah_options *o, const char *name, bool keep) {
+        char from[600], to[600];
+        snprintf(from, sizeof(from), "%s/%s.partial", o->out_dir, name);
+        snprintf(to, sizeof(to), "%s/%s", o->out_dir, name);
+        if (!keep)
+                unlink(from);
+        else if (rename(from, to) < 0)
+                fprintf(stderr, "kvc-eval niah: cannot write %s: %s\n", to, strerror(errno));
+}
+
+int niah_run(const struct niah_options *o) {
+        struct niah n = { .o = o, .rng = o->seed ? o->seed : 0x243f6a8885a308d3ull };
+        struct model_options mo = { .threads = o->threads };
+        char why[256] = "";
+        int r = model_open(o->model_path, &mo, &n.model, why, sizeof(why));
+        if (r == 0 && !model_is_gguf(n.model))
+                r = -EINVAL, snprintf(why, sizeof(why), "the needle task needs a GGUF chat model");
+        if (r == 0)
+                r = text_open_gguf(o->model_path, &n.tok, why, sizeof(why));
+        if (r < 0) {
+                fprintf(stderr, "kvc-eval niah: %s: %s\n", o->model_path, why[0] ? why : strerror(-r));
+                model_free(n.model);
+                return r;
+        }
+        n.mc = model_get_config(n.model);
+        if ((r = load_data(&n)) < 0)
+                fprintf(stderr, "kvc-eval niah: %s: no stories (%s)\n", o->data_path, strerror(-r));
+        struct kvc_options ko = { .socket = o->socket, .name = "kvc-eval-niah", .timeout_ms = 120000 };
+        if (r == 0 && (r = kvc_connect(&ko, &n.client)) < 0)
+                fprintf(stderr, "kvc-eval niah: cannot connect to kvcd: %s\n", strerror(-r));
+        FILE *jsonl = NULL, *csv = NULL, *md = NULL, *per = NULL;
+        if (r == 0) {
+                jsonl = open_partial(o, "niah.jsonl");
+                csv = open_partial(o, "niah.csv");
+                md = open_partial(o, "niah.md");
+                per = open_partial(o, "niah_needles.csv");
+                if (!jsonl || !csv || !md || !per)
+                        r = -errno;
+        }
+        if (r == 0) {
+                fprintf(csv, "length,label,family,policy,fraction,budget,needles,acc,acc_lo,acc_hi,logp,logp_"
+                             "lo,logp_hi,"
+                             "d_logp,d_logp_lo,d_logp_hi,avg_charged_bytes,peak_charged_bytes,bytes_of_full,"
+                             "avg_tokens_held,no_compression\n");
+                fprintf(per, "length,needle,depth,label,hit,logp,avg_charged_bytes\n");
+                fprintf(md,
+                        "# Needle in a haystack: SmolLM2-135M-Instruct through kvcd\n\n"
+                        "Haystacks: TinyStories validation stories (test split, stories %u on; "
+                        "CDLA-Sharing-1.0) "
+                        "joined by blank lines and cut at the token count; a needle \"The secret code of the "
+                        "<colour> door is <4 digits>.\" at depths (i + 0.5) / %u; the question after the "
+                        "haystack "
+                        "in the chat template, the assistant's answer prefix \"The secret code of the "
+                        "<colour> door "
+                        "is\". Exact match: the greedy answer begins with the value's tokens; log p: the "
+                        "value's "
+                        "tokens, teacher-forced. The haystack is prefilled in chunks of at most %u rows with "
+                        "the "
+                        "policy's plans between chunks and declared the prompt up to the question (policies "
+                        "choose before they see it); all configurations of a haystack run as one batch. Keys "
+                        "and values in FP16. Intervals: percentile bootstrap over needles (%u resamples); Δ "
+                        "is "
+                        "paired with the full cache on the same needles; a Δ whose interval contains 0 is no "
+                        "difference. Bytes are what kvcd charges (blocks at full size with their side "
+                        "arrays), "
+                        "averaged over positions; peak as kvcd reported it. † snapkv with a budget of "
+                        "at least the haystack (compresses nothing). Seed %llu.\n",
+                        NIAH_TEST_FIRST, o->needles, o->chunk, NIAH_BOOT, (unsigned long long)n.rng);
+        }
+        n.t0 = now_s();
+        for (uint32_t li = 0; li < o->n_lengths; li++) {
+                make_configs(&n, o->lengths[li]);
+                n.rows_total += (double)o->needles * n.n_cfg * (o->lengths[li] + 80);
+        }
+        for (uint32_t li = 0; r == 0 && li < o->n_lengths; li++) {
+                uint32_t length = o->lengths[li];
+                make_configs(&n, length);
+                struct niah_result *res = calloc((size_t)o->needles * n.n_cfg, sizeof(*res));
+                if (!res) {
+                        r = -ENOMEM;
+                        break;
+                }
+                for (uint32_t k = 0; r == 0 && k < o->needles; k++) {
+                        struct needle nd = { 0 };
+                        if ((r = build_needle(&n, length, k, &nd)) < 0) {
+                                fprintf(stderr, "kvc-eval niah: cannot build a haystack of %u tokens: %s\n",
+                                        length, strerror(-r));
+                                break;
+                        }
+                        r = run_needle(&n, &nd, res + (size_t)k * n.n_cfg);
+                        for (uint32_t c = 0; r == 0 && c < n.n_cfg; c++)
+                                fprintf(per, "%u,%u,%.4f,%s,%.0f,%.6f,%.0f\n", length, k, nd.depth,
+                                        n.cfg[c].label, res[(size_t)k * n.n_cfg + c].hit,
+                                        res[(size_t)k * n.n_cfg + c].logp,
+                                        res[(size_t)k * n.n_cfg + c].charged);
+                        free(nd.ids);
+                        fflush(per); /* a needle's lines survive an interrupted run (in the .partial) */
+                        progress(&n, "niah", length, k + 1);
+                }
+                if (r == 0)
+                        write_outputs(&n, li, res, jsonl, csv, md);
+                free(res);
+        }
+        if (jsonl)
+                fclose(jsonl);
+        if (csv)
+                fclose(csv);
+        if (md)
+                fclose(md);
+        if (per)
+                fclose(per);
+        if (jsonl && csv && md && per) {
+                static const char *const names[] = { "niah.jsonl", "niah.csv", "niah.md",
+                                                     "niah_needles.csv" };
+                for (size_t i = 0; i < 4; i++)
+                        finish_partial(o, names[i], r == 0);
+        }
+        if (r == 0)
+                fprintf(stderr, "kvc-eval niah: %.0f s; results in %s\n", now_s() - n.t0, o->out_dir);
+        if (n.client)
+                kvc_disconnect(n.client);
+        text_free(n.tok);
+        model_free(n.model);
+        free(n.data);
+        free(n.stories);
+        free(n.story_lens);
+        return r;
+}
+
+/* ---- long documents: perplexity, KL and top-1 agreement against the full cache ----
+ *
+ * The same machinery on the issue's second task: a document is `length` tokens of joined test
+ * split stories (haystack() without a needle), teacher-forced through every configuration in one
+ * batch, every row asking for logits (so a pass holds at most MODEL_MAX_LOGIT_ROWS rows); the full
+ * cache's row of the same position in the same pass is the reference. Scored: the positions past
+ * the largest budget plus a block (every budgeted policy has evicted there). No prompt is declared:
+ * prompt compressors would keep everything, so the suite has none. */
+
+static const struct niah_family doc_families[] = {
+        { "window", "window", { 0 }, { 0 }, 0 },
+        { "h2o", "h2o", { 0 }, { 0 }, 0 },
+        { "conf-fixed", "conf", { "gate" }, { "fixed" }, 1 },
+        { "conf-int8", "conf", { "gate", "int8" }, { "fixed", "1" }, 2 },
+};
+
+struct doc_result {
+        double nll, kl, top1, n, charged, tokens;
+        uint64_t peak_charged;
+};
+
+static void make_doc_configs(struct niah *n, uint32_t length) {
+        size_t n_fams = n->o->quick ? 1 : sizeof(doc_families) / sizeof(doc_families[0]);
+        n->n_cfg = 0;
+        struct niah_config *c = &n->cfg[n->n_cfg++];
+        memset(c, 0, sizeof(*c));
+        snprintf(c->label, sizeof(c->label), "full");
+        for (size_t f = 0; f < n_fams; f++) {
+                for (uint32_t i = 0; i < n->o->n_fractions && n->n_cfg < NIAH_MAX_CONFIGS; i++) {
+                        c = &n->cfg[n->n_cfg++];
+                        memset(c, 0, sizeof(*c));
+                        c->fam = &doc_families[f];
+                        c->fraction = n->o->fractions[i];
+                        c->budget = (uint32_t)lround(c->fraction * length);
+                        snprintf(c->label, sizeof(c->label), "%s-%u", doc_families[f].label, c->budget);
+                        for (size_t p = 0; p < doc_families[f].n_params; p++)
+                                c->params[p] = (struct kvc_param){ .key = doc_families[f].keys[p],
+                                                                   .value = doc_families[f].values[p] };
+                }
+        }
+}
+
+static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t score_from,
+                   struct doc_result *res) {
+        const struct model_config *mc = n->mc;
+        uint32_t C = n->n_cfg, V = (uint32_t)mc->vocab_size, L = (uint32_t)mc->n_layers;
+        struct kvc_session *ss[NIAH_MAX_CONFIGS] = { 0 };
+        float *ref = malloc(V * sizeof(float)), *lp = malloc(V * sizeof(float));
+        double weight = 0;
+        int r = ref && lp ? 0 : -ENOMEM;
+        memset(res, 0, C * sizeof(*res));
+        for (uint32_t c = 0; r == 0 && c < C; c++) {
+                const struct niah_config *cf = &n->cfg[c];
+                struct kvc_session_config sc = {
+                        .geometry = { .n_layers = L,
+                                      .n_heads = (uint32_t)mc->n_heads,
+                                      .n_kv_heads = (uint32_t)mc->n_kv_heads,
+                                      .head_dim = (uint32_t)(mc->dim / mc->n_heads),
+                                      .dtype = KVC_DTYPE_F16,
+                                      .max_tokens = (uint32_t)mc->seq_len },
+                        .policy = cf->fam ? cf->fam->policy : "full",
+                        .budget_tokens = cf->budget,
+                        .params = cf->params,
+                        .n_params = cf->fam ? cf->fam->n_params : 0,
+                };
+                if ((r = kvc_session_open(n->client, &sc, &ss[c])) < 0)
+                        fprintf(stderr, "kvc-eval longdoc: %s: %s\n", cf->label, kvc_last_error(n->client));
+        }
+        struct model_row rows[MODEL_MAX_ROWS];
+        uint32_t pos = 0;
+        while (r == 0 && pos + 1 < length) {
+                uint32_t k = length - 1 - pos, most = MODEL_MAX_LOGIT_ROWS / C;
+                k = k < most ? k : most;
+                k = k < n->o->chunk ? k : n->o->chunk;
+                for (uint32_t c = 0; c < C; c++) {
+                        int room = (int)kvc_session_max_tokens(ss[c]) - (int)kvc_layer_tokens(ss[c], 0);
+                        if (room >= 1 && (uint32_t)room < k)
+                                k = (uint32_t)room;
+                }
+                k = k ? k : 1;
+                uint32_t nr = 0;
+                for (uint32_t c = 0; c < C; c++)
+                        for (uint32_t j = 0; j < k; j++)
+                                rows[nr++] = (struct model_row){ .token = ids[pos + j],
+                                                                 .pos = (int)(pos + j),
+                                                                 .ctx = ss[c],
+                                                                 .logits = true };
+                float *logits;
+                if ((r = model_forward_rows(n->model, rows, nr, &niah_kvcd_ops, &logits)) < 0) {
+                        fprintf(stderr, "kvc-eval longdoc: forward pass at %u: %s\n", pos, strerror(-r));
+                        break;
+                }
+                for (uint32_t j = 0; j < k; j++) {
+                        uint32_t p = pos + j;
+                        if (p + 1 < score_from)
+                                continue;
+                        /* the full cache's distribution (configuration 0) is the reference */
+                        uint32_t ref_top = 0;
+                        for (uint32_t c = 0; c < C; c++) {
+                                const float *lg = logits + ((size_t)c * k + j) * V;
+                                float *out = c == 0 ? ref : lp;
+                                uint32_t best = 0;
+                                for (uint32_t v = 1; v < V; v++)
+                                        best = lg[v] > lg[best] ? v : best;
+                                double sum = 0;
+                                for (uint32_t v = 0; v < V; v++)
+                                        sum += exp((double)lg[v] - lg[best]);
+                                double lse = lg[best] + log(sum);
+                                for (uint32_t v = 0; v < V; v++)
+                                        out[v] = (float)(lg[v] - lse);
+                                if (c == 0)
+                                        ref_top = best;
+                                double kl = 0;
+                                for (uint32_t v = 0; c && v < V; v++)
+                                        kl += exp((double)ref[v]) * ((double)ref[v] - lp[v]);
+                                res[c].nll -= out[ids[p + 1]];
+                                res[c].kl += kl;
+                                res[c].top1 += best == ref_top;
+                                res[c].n++;
+                        }
+                }
+                for (uint32_t c = 0; r == 0 && c < C; c++) {
+                        struct kvc_summary sm;
+                        const float *lg = logits + ((size_t)c * k + k - 1) * V;
+                        if ((r = kvc_summarize(lg, V, &sm)) == 0)
+                                r = kvc_step(ss[c], pos + k - 1, KVC_PHASE_DECODE, &sm);
+                }
+                if (r == 0 && (r = kvc_flush(n->client)) < 0)
+                        fprintf(stderr, "kvc-eval longdoc: step %u: %s\n", pos + k - 1,
+                                kvc_last_error(n->client));
+                for (uint32_t c = 0; r == 0 && c < C; c++) {
+                        double tok;
+                        res[c].charged += k * charged_bytes(ss[c], L, &tok);
+                        res[c].tokens += k * tok;
+                }
+                weight += k;
+                pos += k;
+                n->rows_done += nr;
+        }
+        for (uint32_t c = 0; c < C; c++) {
+                if (!ss[c])
+                        continue;
+                struct kvc_session_stats st;
+                if (kvc_session_close(ss[c], &st) == 0)
+                        res[c].peak_charged = st.peak_bytes;
+                res[c].charged /= weight > 0 ? weight : 1;
+                res[c].tokens /= weight > 0 ? weight : 1;
+        }
+        free(ref);
+        free(lp);
+        return r;
+}
+
+static void write_doc_outputs(struct niah *n, uint32_t length, uint32_t docs, const struct doc_result *res,
+                              FILE *jsonl, FILE *md) {
+        uint32_t C = n->n_cfg;
+        double *y = malloc(docs * sizeof(double)), *w = malloc(docs * sizeof(double)),
+               *f = malloc(docs * sizeof(double));
+        if (!y || !w || !f) {
+                free(y), free(w), free(f);
+                return;
+        }
+        double full_bytes = 0;
+        for (uint32_t d = 0; d < docs; d++)
+                full_bytes += res[(size_t)d * C].charged / docs;
+        fprintf(md, "\n### Documents of %u tokens (%u documents, %.0f positions scored each)\n\n", length,
+                docs, res[0].n);
+        fprintf(md, "| configuration | ppl [95%% CI] | ΔNLL vs full [95%% CI] | KL(full‖policy) [95%% CI] | "
+                    "top-1 agree "
+                    "| charged bytes avg (of full) | charged peak | tokens held "
+                    "|\n|---|---|---|---|---|---|---|---|\n");
+        for (uint32_t c = 0; c < C; c++) {
+                struct stats_ci ppl = { 0 }, dn = { 0 }, kl = { 0 };
+                double top1 = 0, n_tok = 0, charged = 0, tokens = 0, peak = 0;
+                for (uint32_t d = 0; d < docs; d++) {
+                        const struct doc_result *x = &res[(size_t)d * C + c];
+                        y[d] = x->nll;
+                        w[d] = x->n;
+                        f[d] = res[(size_t)d * C].nll;
+                        top1 += x->top1;
+                        n_tok += x->n;
+                        charged += x->charged / docs;
+                        tokens += x->tokens / docs;
+                        peak = (double)x->peak_charged > peak ? (double)x->peak_charged : peak;
+                }
+                stats_ratio_ci(y, w, docs, &ppl);
+                stats_paired_ci(y, f, w, docs, &dn);
+                for (uint32_t d = 0; d < docs; d++)
+                        y[d] = res[(size_t)d * C + c].kl;
+                stats_ratio_ci(y, w, docs, &kl);
+                const struct niah_config *cf = &n->cfg[c];
+                fprintf(jsonl,
+                        "{\"task\":\"longdoc\",\"length\":%u,\"label\":\"%s\",\"family\":\"%s\",\"budget\":%"
+                        "u,"
+                        "\"documents\":%u,\"ppl\":%.6f,\"ppl_lo\":%.6f,\"ppl_hi\":%.6f,\"d_nll\":%.6f,\"d_"
+                        "nll_lo\":%.6f,"
+                        "\"d_nll_hi\":%.6f,\"kl\":%.6f,\"kl_lo\":%.6f,\"kl_hi\":%.6f,\"top1_agree\":%.6f,"
+                        "\"avg_charged_bytes\":%.0f,\"peak_charged_bytes\":%.0f,\"avg_tokens_held\":%.1f}\n",
+                        length, cf->label, cf->fam ? cf->fam->label : "full", cf->budget, docs, exp(ppl.mean),
+                        exp(ppl.lo), exp(ppl.hi), dn.mean, dn.lo, dn.hi, kl.mean, kl.lo, kl.hi,
+                        n_tok > 0 ? top1 / n_tok : 0, charged, peak, tokens);
+                printf("{\"label\":\"%s\",\"task\":\"longdoc\",\"length\":%u,\"ppl\":%.6f,\"ppl_lo\":%.6f,"
+                       "\"ppl_hi\":%.6f,\"kl\":%.6f,\"kl_lo\":%.6f,\"kl_hi\":%.6f,\"top1_agree\":%.6f,"
+                       "\"avg_charged_bytes\":%.0f,\"documents\":%u}\n",
+                       cf->label, length, exp(ppl.mean), exp(ppl.lo), exp(ppl.hi), kl.mean, kl.lo, kl.hi,
+                       n_tok > 0 ? top1 / n_tok : 0, charged, docs);
+                fprintf(md,
+                        "| %s | %.3f [%.3f, %.3f] | %+.4f [%+.4f, %+.4f] %s | %.4f [%.4f, %.4f] | %.3f | "
+                        "%.0f (%.0f%%) | %.0f | "
+                        "%.0f |\n",
+                        cf->label, exp(ppl.mean), exp(ppl.lo), exp(ppl.hi), dn.mean, dn.lo, dn.hi,
+                        c ? stats_verdict(&dn, 0, true) : "", kl.mean, kl.lo, kl.hi,
+                        n_tok > 0 ? top1 / n_tok : 0, charged,
+                        full_bytes > 0 ? 100 * charged / full_bytes : 0, peak, tokens);
+        }
+        free(y), free(w), free(f);
+}
+
+int longdoc_run(const struct niah_options *o) {
+        struct niah n = { .o = o, .rng = o->seed ? o->seed : 0x13198a2e03707344ull };
+        struct model_options mo = { .threads = o->threads };
+        char why[256] = "";
+        uint32_t docs = o->needles;
+        int r = model_open(o->model_path, &mo, &n.model, why, sizeof(why));
+        if (r == 0 && !model_is_gguf(n.model))
+                r = -EINVAL, snprintf(why, sizeof(why), "the long-document task needs a GGUF model");
+        if (r == 0)
+                r = text_open_gguf(o->model_path, &n.tok, why, sizeof(why));
+        if (r < 0) {
+                fprintf(stderr, "kvc-eval longdoc: %s: %s\n", o->model_path, why[0] ? why : strerror(-r));
+                model_free(n.model);
+                return r;
+        }
+        n.mc = model_get_config(n.model);
+        if ((r = load_data(&n)) < 0)
+                fprintf(stderr, "kvc-eval longdoc: %s: no stories (%s)\n", o->data_path, strerror(-r));
+        struct kvc_options ko = { .socket = o->socket, .name = "kvc-eval-longdoc", .timeout_ms = 120000 };
+        if (r == 0 && (r = kvc_connect(&ko, &n.client)) < 0)
+                fprintf(stderr, "kvc-eval longdoc: cannot connect to kvcd: %s\n", strerror(-r));
+        FILE *jsonl = r == 0 ? open_partial(o, "longdoc.jsonl") : NULL,
+             *md = r == 0 ? open_partial(o, "longdoc.md") : NULL;
+        if (r == 0 && (!jsonl || !md))
+                r = -errno;
+        if (r == 0)
+                fprintf(md,
+                        "# Long documents: SmolLM2-135M-Instruct through kvcd\n\n"
+                        "Documents: TinyStories validation stories (test split, stories %u on; "
+                        "CDLA-Sharing-1.0) "
+                        "joined by blank lines and cut at the token count; teacher-forced through every "
+                        "configuration in one batch (FP16 keys and values), the full cache's distribution at "
+                        "the "
+                        "same position the reference. Scored: the positions past the largest budget plus a "
+                        "block. "
+                        "Intervals: 95%%, clustered by document; a ΔNLL whose interval contains 0 is no "
+                        "difference. Bytes are what kvcd charges, averaged over positions.\n",
+                        NIAH_TEST_FIRST);
+        n.t0 = now_s();
+        for (uint32_t li = 0; li < o->n_lengths; li++) {
+                make_doc_configs(&n, o->lengths[li]);
+                n.rows_total += (double)docs * n.n_cfg * o->lengths[li];
+        }
+        for (uint32_t li = 0; r == 0 && li < o->n_lengths; li++) {
+                uint32_t length = o->lengths[li], most = 0;
+                make_doc_configs(&n, length);
+                for (uint32_t c = 0; c < n.n_cfg; c++)
+                        most = n.cfg[c].budget > most ? n.cfg[c].budget : most;
+                struct doc_result *res = calloc((size_t)docs * n.n_cfg, sizeof(*res));
+                int *ids = malloc(((size_t)length + 8) * sizeof(int));
+                if (!res || !ids)
+                        r = -ENOMEM;
+                for (uint32_t d = 0; r == 0 && d < docs; d++) {
+                        struct textbuf t = { 0 };
+                        size_t got = 0;
+                        if ((r = haystack(&n, length, &t)) == 0)
+                                r = text_encode(n.tok, t.s, ids, (size_t)length + 8, &got);
+                        free(t.s);
+                        if (r == 0 && got < length / 2)
+                                r = -ENODATA;
+                        if (r == 0)
+                                r = run_doc(&n, ids, (uint32_t)(got < length ? got : length), most + 16,
+                                            res + (size_t)d * n.n_cfg);
+                        progress(&n, "longdoc", length, d + 1);
+                }
+                if (r == 0)
+                        write_doc_outputs(&n, length, docs, res, jsonl, md);
+                free(res);
+                free(ids);
+        }
+        if (jsonl)
+                fclose(jsonl);
+        if (md)
+                fclose(md);
+        if (jsonl && md) {
+                finish_partial(o, "longdoc.jsonl", r == 0);
+                finish_partial(o, "longdoc.md", r == 0);
+        }
+        if (n.client)
+                kvc_disconnect(n.client);
+        text_free(n.tok);
+        model_free(n.model);
+        free(n.data);
+        free(n.stories);
+        free(n.story_lens);
+        return r;
+}

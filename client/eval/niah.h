@@ -1,0 +1,64 @@
+/* niah.h: the SmolLM2 tasks of the quality lab: needle in a haystack (kvc-eval --task niah) and
+ * long documents (--task longdoc), on a GGUF chat model (SmolLM2-135M-Instruct) through kvcd.
+ *
+ * Owns: building haystacks (TinyStories validation stories, the test split, joined into a text of
+ * a given number of tokens), hiding a needle in them ("The secret code of the blue door is 4821.":
+ * a random colour and four-digit value, at depths spread evenly over the haystack), asking for it
+ * in the chat template, running every configuration of one haystack as one batch through kvcd,
+ * and scoring both the exact match of the greedy answer and the log-probability of the true
+ * answer's tokens.
+ *
+ * The prompt is user: an instruction, the haystack, the question; then the assistant's turn
+ * opens with "The code of the <colour> door is" (an answer prefix, so a 135M model answers in a
+ * fixed form: without it the full cache's answer wanders off and exact match measures the
+ * phrasing, not the cache). The answer is the value's tokens after that prefix. Greedy exact
+ * match is computed by teacher forcing: the greedy answer begins with the true tokens exactly when
+ * every teacher-forced argmax is the true token, so one forced pass gives both scores.
+ *
+ * The haystack is prefilled in chunks (kvcd plans between chunks) and declared the prompt up to
+ * the question (prompt_tokens = the position where the question begins): a policy with a budget
+ * below the haystack must choose what to keep before it sees the question (the hard, realistic
+ * case, not kvpress's "question-aware" one). The last `NIAH_OBSERVED` tokens before the question
+ * go one per step, so SnapKV and PyramidKV observe that many queries, as in their papers.
+ * Configurations share the token stream: each pass takes the same chunk of every configuration's
+ * sequence (the weights read once), and kvcd gets every session's step in one StepBatch.
+ */
+#ifndef KVC_EVAL_NIAH_H
+#define KVC_EVAL_NIAH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define NIAH_MAX_LENGTHS   8
+#define NIAH_MAX_FRACTIONS 4
+#define NIAH_OBSERVED      8
+
+struct niah_options {
+        const char *socket;                 /* kvcd's runtime directory */
+        const char *model_path;             /* a GGUF chat model */
+        const char *data_path;              /* the TinyStories validation sample */
+        const char *out_dir;                /* results go here (written as .partial, renamed at the end) */
+        uint32_t lengths[NIAH_MAX_LENGTHS]; /* haystack tokens */
+        uint32_t n_lengths;
+        double fractions[NIAH_MAX_FRACTIONS]; /* budgets as a fraction of the haystack */
+        uint32_t n_fractions;
+        uint32_t needles;  /* per length */
+        uint32_t chunk;    /* prefill rows per configuration and pass, at most */
+        uint32_t threads;  /* the engine's threads (0: every CPU) */
+        uint64_t seed;     /* needles and haystacks */
+        bool quick;        /* one short haystack, three configurations */
+        const char *suite; /* "quick", "main" */
+};
+
+/* Runs the task and writes out_dir/niah.{jsonl,csv,md} and niah_needles.csv; a summary line per
+ * configuration and length on stdout. Progress on stderr. 0 or -errno. */
+int niah_run(const struct niah_options *o);
+
+/* The long-document task (niah.c, "long documents"): documents of lengths[] tokens (joined test
+ * split stories), `needles` of them per length, every configuration at fractions[] of the length,
+ * perplexity, KL and top-1 agreement against the full cache on the positions past the largest
+ * budget, with intervals clustered by document. Writes out_dir/longdoc.{jsonl,md}. quick: the full
+ * cache and a window only. 0 or -errno. */
+int longdoc_run(const struct niah_options *o);
+
+#endif
