@@ -56,8 +56,8 @@ $(BENCH_DIR)/bench-compact: $(call obj,bench/bench-compact.c) $(BENCH_COMMON) $(
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-matmul: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) $(KERNEL_OBJ) \
-	$(MODEL_OBJ)
+$(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-matmul: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) \
+	$(sort $(KERNEL_OBJ) $(MODEL_OBJ))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
