@@ -328,6 +328,8 @@ struct runner {
         int *prompt; /* the prompt's tokens, BOS first */
         int n_prompt;
         char model_id[40]; /* names the weights, for shared prefixes */
+        double decode_t0;  /* when the first one-row pass past the prompt began (0: none yet) */
+        int decode_pos0;   /* its position */
 };
 
 static void fail(struct runner *r, const char *what, int err) {
@@ -548,6 +550,10 @@ static int generate(struct runner *r, int *ret_steps) {
                  * plans apply between chunks */
                 if (pos < n_prompt - 1)
                         n = prompt_chunk(r, r->session, pos, n_prompt, steps, r->o.prefill_chunk);
+                else if (!r->decode_t0 && pos >= n_prompt) { /* --json's decode_seconds start here */
+                        r->decode_t0 = seconds();
+                        r->decode_pos0 = pos;
+                }
                 for (int i = 0; i < n; i++)
                         rows[i] = (struct model_row){ .token = i ? prompt[pos + i] : token,
                                                       .pos = pos + i,
@@ -923,6 +929,11 @@ int main(int argc, char **argv) {
                                (unsigned long long)st.steps, (unsigned long long)st.plans,
                                (unsigned long long)st.plans_applied, st.peak_tokens, st.peak_layer_blocks,
                                (unsigned long long)st.peak_bytes);
+                /* the one-row passes after the prompt alone: decode speed at the prompt's context */
+                printf(",\"prompt_tokens\":%d", r.n_prompt);
+                if (r.decode_t0)
+                        printf(",\"decode_tokens\":%d,\"decode_seconds\":%.6f", steps - r.decode_pos0,
+                               t0 + dt - r.decode_t0);
                 printf("}\n");
         } else if (!r.o.export_at || steps < r.o.export_at) {
                 printf("\n"); /* a story handed off goes on in the importer's output */
