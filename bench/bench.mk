@@ -17,6 +17,11 @@
 #   $(BUILD)/bench/bench-relocate   a chunk taken back from a client: block moves vs round trip, memcpy
 #   $(BUILD)/bench/bench-matmul     the engine's q4_1 matrix-vectors product: fast path vs exact, memcpy
 #
+#   make bench-long         model, then bench/long.sh (issue 17, long context): SmolLM2's decode
+#                           tokens/s after 16, 1,024, 4,096 and 8,160 tokens of prompt, 1 thread:
+#                           --local, and through a kvcd it starts with --policy full, window and conf
+#                           at a 1,024-token budget (BUDGET=, CONTEXTS=, DECODE= override); about
+#                           25 minutes on 2 loaded cores, most of it the prompts. Not in `make bench`.
 #   make peers              the speed peer, llama.cpp's llama-bench (and llama-completion), under
 #                           $(BUILD)/peers (bench/peers.mk, bench/get-llamacpp.sh: the sdist of
 #                           llama-cpp-python==0.3.36 from PyPI, cmake + ninja; about 10 minutes on 2
@@ -34,7 +39,7 @@ POLICY_OBJ := $(filter $(BUILD)/obj/daemon/policy/%,$(DAEMON_OBJ))
 BENCH_PROGRAMS := $(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-select $(BENCH_DIR)/bench-compact \
 	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-relocate $(BENCH_DIR)/bench-matmul
 
-.PHONY: load bench bench-programs
+.PHONY: load bench bench-programs bench-long
 all: $(BUILD)/bin/kvc-load
 
 $(BUILD)/bin/kvc-load: $(call obj,bench/kvc-load.c) $(BENCH_COMMON) $(LIB)/libkvc.a
@@ -66,5 +71,8 @@ bench-programs: all $(BENCH_PROGRAMS)
 bench: deps
 	@$(MAKE) --no-print-directory bench-programs
 	@bench/run.sh $(BUILD)
+
+bench-long: all model
+	@bench/long.sh $(BUILD)
 
 include bench/peers.mk
