@@ -14,7 +14,7 @@
 #   full     through kvcd, --policy full (f32 blocks of 16)
 #   window   through kvcd, --policy window --budget BUDGET (default 1024)
 #   conf     through kvcd, --policy conf --budget BUDGET
-# Context 16 is "short context": the prompt "Once upon a time".
+# (CONFIGS= picks and orders them.) Context 16 is "short context": the prompt "Once upon a time".
 # Prints one markdown table: tokens per CPU second, and the ratios the targets name; each run's
 # wall-clock rate goes to stderr beside it.
 set -euo pipefail
@@ -25,6 +25,7 @@ model=${KVC_SMOLLM2:-$HOME/.cache/kvcd/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 contexts=${CONTEXTS:-16 1024 4096 8160}
 decode=${DECODE:-32}
 budget=${BUDGET:-1024}
+configs=${CONFIGS:-local full window conf}
 text=../shared/data/tinystories/validation-sample.txt
 
 die() {
@@ -86,7 +87,7 @@ for c in $contexts; do
         p=$(cat "$tmp/prompt.$c")
         steps=$((n + decode))
         echo "context $c: $n prompt tokens ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
-        for cfg in local full window conf; do
+        for cfg in $configs; do
                 case $cfg in
                 local) args=(--local) ;;
                 full) args=(--socket "$tmp/run" --policy full) ;;

@@ -425,9 +425,9 @@ static void fast_head_begin(struct fast *F, const float *q, uint32_t g) {
 static void fast_head_end(struct fast *F, float *out, uint32_t g) {
         for (uint32_t r = 0; r < F->group; r++) {
                 float *oh = out + ((size_t)g * F->group + r) * F->D, *acc = F->acc + (size_t)r * F->D;
-                float inv = F->l[r] > 0.0f ? 1.0f / F->l[r] : 0.0f;
+                float l = F->l[r];
                 for (uint32_t c = 0; c < F->D; c++)
-                        oh[c] = acc[c] * inv;
+                        oh[c] = l > 0.0f ? acc[c] / l : 0.0f;
         }
 }
 
