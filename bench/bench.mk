@@ -16,6 +16,8 @@
 #   $(BUILD)/bench/bench-attn       libkvc's attention kernel vs kvc-run --local's (item 5's why)
 #   $(BUILD)/bench/bench-relocate   a chunk taken back from a client: block moves vs round trip, memcpy
 #   $(BUILD)/bench/bench-matmul     the engine's q4_1 matrix-vectors product: fast path vs exact, memcpy
+#   $(BUILD)/bench/bench-attn-long  decode attention at SmolLM2's shape, 1K-8K tokens: the fast kernel
+#                                   (AVX2, plain) vs the references, f32 / f16 / int8 (built, not in run.sh)
 #
 #   make bench-long         model, then bench/long.sh (issue 17, long context): SmolLM2's decode
 #                           tokens/s after 16, 1,024, 4,096 and 8,160 tokens of prompt, 1 thread:
@@ -37,7 +39,8 @@ BENCH_DIR := $(BUILD)/bench
 BENCH_COMMON := $(call obj,bench/common.c)
 POLICY_OBJ := $(filter $(BUILD)/obj/daemon/policy/%,$(DAEMON_OBJ))
 BENCH_PROGRAMS := $(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-select $(BENCH_DIR)/bench-compact \
-	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-relocate $(BENCH_DIR)/bench-matmul
+	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-relocate $(BENCH_DIR)/bench-matmul \
+	$(BENCH_DIR)/bench-attn-long
 
 .PHONY: load bench bench-programs bench-long
 all: $(BUILD)/bin/kvc-load
@@ -61,7 +64,7 @@ $(BENCH_DIR)/bench-compact: $(call obj,bench/bench-compact.c) $(BENCH_COMMON) $(
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-matmul: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) \
+$(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-matmul $(BENCH_DIR)/bench-attn-long: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) \
 	$(sort $(KERNEL_OBJ) $(MODEL_OBJ))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)

@@ -183,7 +183,8 @@ size_t attn_fast_scratch_floats(uint32_t n_tokens, uint32_t n_heads, uint32_t n_
         return (size_t)(group * ((uint64_t)n_tokens + tiles + 3ull * head_dim + tile_tokens + 2));
 }
 
-static float fast_logit(const struct fast *F, const struct tile *t, uint32_t u, float dot) {
+static inline __attribute__((always_inline)) float fast_logit(const struct fast *F, const struct tile *t,
+                                                              uint32_t u, float dot) {
         uint32_t j = t->slot0 + u;
         float lw = t->logw ? t->logw[u] : 0.0f;
         if (j < F->n_shared && (F->mask[j / 8] >> (j % 8) & 1))
@@ -290,46 +291,88 @@ ATTN_AVX2 static inline __attribute__((always_inline)) float fast_hsum(__m256 v)
         return _mm_cvtss_f32(x);
 }
 
-/* Query heads [r0, r0 + NR) of a tile: logits (NR accumulators a row), then, after the softmax,
- * the weighted values (an 8-column slice of NR outputs kept in registers across the tile's
- * rows). */
+/* Query heads [r0, r0 + NR) (NR 1 or 3) of a tile: logits, two rows at a time (2 NR independent
+ * accumulators in registers, each query slice loaded once for both rows), then, after the
+ * softmax, the weighted values: an 8-column slice of the NR outputs in registers across the
+ * tile's rows. A row whose NR weights are all zero (masked, or underflowed) is skipped: it would
+ * add exact zeros. */
 ATTN_AVX2 static inline __attribute__((always_inline)) void
 fast_dots_avx2(struct fast *F, const struct tile *t, const float *q, uint32_t r0, const int NR,
                enum block_dtype dt) {
-        uint32_t D = F->D;
-        for (uint32_t u = 0; u < t->cnt; u++) {
-                const uint8_t *row = t->k + u * t->stride;
-                __m256 a[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                                _mm256_setzero_ps() };
+        uint32_t D = F->D, u = 0;
+        const float *q0 = q + (size_t)r0 * D, *q1 = q0 + D, *q2 = q1 + D;
+        float *s0 = F->s + (size_t)r0 * F->T, *s1 = s0 + F->T, *s2 = s1 + F->T;
+        for (; u + 2 <= t->cnt; u += 2) {
+                const uint8_t *ka = t->k + u * t->stride, *kb = ka + t->stride;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, b0 = a0, b1 = a0, b2 = a0;
                 for (uint32_t c = 0; c < D; c += 8) {
-                        __m256 k = fast_load8(dt, row, c);
-                        for (int r = 0; r < NR; r++)
-                                a[r] = _mm256_add_ps(
-                                        a[r],
-                                        _mm256_mul_ps(_mm256_loadu_ps(q + (size_t)(r0 + r) * D + c), k));
+                        __m256 x = fast_load8(dt, ka, c), y = fast_load8(dt, kb, c),
+                               w = _mm256_loadu_ps(q0 + c);
+                        a0 = _mm256_add_ps(a0, _mm256_mul_ps(w, x));
+                        b0 = _mm256_add_ps(b0, _mm256_mul_ps(w, y));
+                        if (NR == 3) {
+                                w = _mm256_loadu_ps(q1 + c);
+                                a1 = _mm256_add_ps(a1, _mm256_mul_ps(w, x));
+                                b1 = _mm256_add_ps(b1, _mm256_mul_ps(w, y));
+                                w = _mm256_loadu_ps(q2 + c);
+                                a2 = _mm256_add_ps(a2, _mm256_mul_ps(w, x));
+                                b2 = _mm256_add_ps(b2, _mm256_mul_ps(w, y));
+                        }
                 }
-                for (int r = 0; r < NR; r++)
-                        F->s[(size_t)(r0 + r) * F->T + u] = fast_logit(F, t, u, fast_hsum(a[r]));
+                s0[u] = fast_logit(F, t, u, fast_hsum(a0));
+                s0[u + 1] = fast_logit(F, t, u + 1, fast_hsum(b0));
+                if (NR == 3) {
+                        s1[u] = fast_logit(F, t, u, fast_hsum(a1));
+                        s1[u + 1] = fast_logit(F, t, u + 1, fast_hsum(b1));
+                        s2[u] = fast_logit(F, t, u, fast_hsum(a2));
+                        s2[u + 1] = fast_logit(F, t, u + 1, fast_hsum(b2));
+                }
+        }
+        for (; u < t->cnt; u++) {
+                const uint8_t *ka = t->k + u * t->stride;
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0;
+                for (uint32_t c = 0; c < D; c += 8) {
+                        __m256 x = fast_load8(dt, ka, c);
+                        a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(q0 + c), x));
+                        if (NR == 3) {
+                                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(q1 + c), x));
+                                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(q2 + c), x));
+                        }
+                }
+                s0[u] = fast_logit(F, t, u, fast_hsum(a0));
+                if (NR == 3) {
+                        s1[u] = fast_logit(F, t, u, fast_hsum(a1));
+                        s2[u] = fast_logit(F, t, u, fast_hsum(a2));
+                }
         }
 }
 
 ATTN_AVX2 static inline __attribute__((always_inline)) void
 fast_values_avx2(struct fast *F, const struct tile *t, uint32_t r0, const int NR, enum block_dtype dt) {
         uint32_t D = F->D;
+        const float *w0 = F->s + (size_t)r0 * F->T, *w1 = w0 + F->T, *w2 = w1 + F->T;
+        float *o0 = F->acc + (size_t)r0 * D, *o1 = o0 + D, *o2 = o1 + D;
         for (uint32_t c = 0; c < D; c += 8) {
-                __m256 a[4];
-                for (int r = 0; r < NR; r++)
-                        a[r] = _mm256_loadu_ps(F->acc + (size_t)(r0 + r) * D + c);
+                __m256 a0 = _mm256_loadu_ps(o0 + c), a1 = a0, a2 = a0;
+                if (NR == 3) {
+                        a1 = _mm256_loadu_ps(o1 + c);
+                        a2 = _mm256_loadu_ps(o2 + c);
+                }
                 for (uint32_t u = 0; u < t->cnt; u++) {
+                        if (w0[u] == 0.0f && (NR == 1 || (w1[u] == 0.0f && w2[u] == 0.0f)))
+                                continue;
                         __m256 v = fast_load8(dt, t->v + u * t->stride, c);
-                        for (int r = 0; r < NR; r++) {
-                                float w = F->s[(size_t)(r0 + r) * F->T + u];
-                                if (w != 0.0f) /* masked or underflowed: adds exact zeros */
-                                        a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(_mm256_set1_ps(w), v));
+                        a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(w0[u]), v));
+                        if (NR == 3) {
+                                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_set1_ps(w1[u]), v));
+                                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_set1_ps(w2[u]), v));
                         }
                 }
-                for (int r = 0; r < NR; r++)
-                        _mm256_storeu_ps(F->acc + (size_t)(r0 + r) * D + c, a[r]);
+                _mm256_storeu_ps(o0 + c, a0);
+                if (NR == 3) {
+                        _mm256_storeu_ps(o1 + c, a1);
+                        _mm256_storeu_ps(o2 + c, a2);
+                }
         }
 }
 
