@@ -14,7 +14,7 @@
 #   full     through kvcd, --policy full (f32 blocks of 16)
 #   window   through kvcd, --policy window --budget BUDGET (default 1024)
 #   conf     through kvcd, --policy conf --budget BUDGET
-# (CONFIGS= picks and orders them.) Context 16 is "short context": the prompt "Once upon a time".
+# (CONFIGS= picks and orders them; DTYPE=f16 or bf16 stores kvcd's keys and values so, default f32.) Context 16 is "short context": the prompt "Once upon a time".
 # Prints one markdown table: tokens per CPU second, and the ratios the targets name; each run's
 # wall-clock rate goes to stderr beside it.
 set -euo pipefail
@@ -26,6 +26,7 @@ contexts=${CONTEXTS:-16 1024 4096 8160}
 decode=${DECODE:-32}
 budget=${BUDGET:-1024}
 configs=${CONFIGS:-local full window conf}
+dtype=${DTYPE:-f32}
 text=../shared/data/tinystories/validation-sample.txt
 
 die() {
@@ -77,7 +78,7 @@ for _ in $(seq 400); do
 done
 [ -S "$tmp/run/kvcd.fd.sock" ] || { cat "$tmp/kvcd.log" >&2; die "kvcd did not come up"; }
 
-echo "# SmolLM2 decode at long context (bench/long.sh), 1 thread, $decode tokens after the prompt"
+echo "# SmolLM2 decode at long context (bench/long.sh), 1 thread, $decode tokens after the prompt, kvcd's cache $dtype"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ local changes)')"
 echo "machine: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), load average at the start $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
@@ -90,8 +91,8 @@ for c in $contexts; do
         for cfg in $configs; do
                 case $cfg in
                 local) args=(--local) ;;
-                full) args=(--socket "$tmp/run" --policy full) ;;
-                *) args=(--socket "$tmp/run" --policy "$cfg" --budget "$budget") ;;
+                full) args=(--socket "$tmp/run" --dtype "$dtype" --policy full) ;;
+                *) args=(--socket "$tmp/run" --dtype "$dtype" --policy "$cfg" --budget "$budget") ;;
                 esac
                 out=$(kvcrun "${args[@]}" -i "$p" -n "$steps")
                 t=$(field decode_tokens <<<"$out")
