@@ -14,6 +14,8 @@
 #   full     through kvcd, --policy full (f32 blocks of 16)
 #   window   through kvcd, --policy window --budget BUDGET (default 1024)
 #   conf     through kvcd, --policy conf --budget BUDGET
+#   conf8    the same with --param int8=1 (kept tokens older than its recent window in INT8 blocks;
+#            not in the default list)
 # (CONFIGS= picks and orders them; DTYPE=f16 or bf16 stores kvcd's keys and values so, default f32.) Context 16 is "short context": the prompt "Once upon a time".
 # Prints one markdown table: tokens per CPU second, and the ratios the targets name; each run's
 # wall-clock rate goes to stderr beside it.
@@ -92,6 +94,7 @@ for c in $contexts; do
                 case $cfg in
                 local) args=(--local) ;;
                 full) args=(--socket "$tmp/run" --dtype "$dtype" --policy full) ;;
+                conf8) args=(--socket "$tmp/run" --dtype "$dtype" --policy conf --budget "$budget" --param int8=1) ;;
                 *) args=(--socket "$tmp/run" --dtype "$dtype" --policy "$cfg" --budget "$budget") ;;
                 esac
                 out=$(kvcrun "${args[@]}" -i "$p" -n "$steps")
