@@ -108,12 +108,15 @@ for c in $contexts; do
 done
 echo "load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "tokens per CPU second of kvc-run:"
-echo "| context (tokens) | --local, full cache | kvcd full | kvcd window $budget | kvcd conf $budget | window / full | conf / full | short-context window / window | short / conf |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "tokens per CPU second of kvc-run (- where a configuration was not run):"
+echo "| context (tokens) | --local, full cache | kvcd full | kvcd window $budget | kvcd conf $budget | kvcd conf $budget, int8 | window / full | conf / full | short-context window / window | short / conf |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 first=${contexts%% *}
 for c in $contexts; do
-        awk -v c="$c" -v l="${tps[$c.local]}" -v f="${tps[$c.full]}" -v w="${tps[$c.window]}" -v k="${tps[$c.conf]}" \
-                -v sw="${tps[$first.window]}" -v sk="${tps[$first.conf]}" 'BEGIN {
-                printf "| %s | %s | %s | %s | %s | %.2f | %.2f | %.2f | %.2f |\n", c, l, f, w, k, w / f, k / f, sw / w, sk / k }'
+        awk -v c="$c" -v l="${tps[$c.local]:--}" -v f="${tps[$c.full]:--}" -v w="${tps[$c.window]:--}" \
+                -v k="${tps[$c.conf]:--}" -v k8="${tps[$c.conf8]:--}" -v sw="${tps[$first.window]:--}" \
+                -v sk="${tps[$first.conf]:--}" '
+                function ratio(a, b) { return (a == "-" || b == "-" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
+                BEGIN { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, l, f, w, k, k8,
+                        ratio(w, f), ratio(k, f), ratio(sw, w), ratio(sk, k) }'
 done
