@@ -415,6 +415,18 @@ static bool fast_cpu_has_avx2(void) {
 }
 #endif
 
+/* Asks for the cache lines of tile t's key and value rows (the next tile, while this one is
+ * computed): a tile's rows are contiguous within a block, but blocks are not, and a layer's cache
+ * at long context is far larger than the CPU's caches. */
+static void fast_prefetch(const struct tile *t, uint32_t D) {
+        size_t row = (size_t)D * (t->dtype == BLOCK_DTYPE_Q8 ? 1 : block_dtype_bytes(t->dtype));
+        for (uint32_t u = 0; u < t->cnt; u++)
+                for (size_t o = 0; o < row; o += 64) {
+                        __builtin_prefetch(t->k + u * t->stride + o);
+                        __builtin_prefetch(t->v + u * t->stride + o);
+                }
+}
+
 static void fast_tile(struct fast *F, const struct tile *t) {
         const float *q = F->qs;
         if (t->kscale) {
@@ -503,16 +515,20 @@ static int fast_layer(const struct mixed_layer *M, const float *q, float *out, u
         for (uint32_t g = 0; g < H; g++) {
                 F.mask = M->n_shared ? M->shared_mask + (size_t)g * M->mask_stride : NULL;
                 fast_head_begin(&F, q, g);
-                for (uint32_t j = 0; j < nq; j += T) {
-                        struct tile t =
-                                fast_block_tile(lq, M->q8_blocks[j / T], g, j, nq - j < T ? nq - j : T);
-                        fast_tile(&F, &t);
+                /* tile i is computed while tile i + 1's rows are fetched */
+                struct tile t = { .cnt = 0 }, next;
+                for (uint32_t i = 0, j = 0; j < n; i++) {
+                        bool q8 = j < nq;
+                        uint32_t len = q8 ? nq - j : n - j, cnt = len < T ? len : T;
+                        next = q8 ? fast_block_tile(lq, M->q8_blocks[j / T], g, j, cnt)
+                                  : fast_block_tile(lf, M->fp_blocks[(j - nq) / T], g, j, cnt);
+                        fast_prefetch(&next, D);
+                        if (i)
+                                fast_tile(&F, &t);
+                        t = next;
+                        j += cnt;
                 }
-                for (uint32_t j = 0; j < n - nq; j += T) {
-                        uint32_t cnt = n - nq - j < T ? n - nq - j : T;
-                        struct tile t = fast_block_tile(lf, M->fp_blocks[j / T], g, nq + j, cnt);
-                        fast_tile(&F, &t);
-                }
+                fast_tile(&F, &t);
                 fast_head_end(&F, out, g);
                 if (!update_scores)
                         continue;
@@ -588,17 +604,22 @@ int attn_decode_rows(const float *keys, const float *values, size_t row_stride, 
                 return r;
         for (uint32_t g = 0; g < n_kv_heads; g++) {
                 fast_head_begin(&F, q, g);
+                struct tile t = { .cnt = 0 }, next;
                 for (uint32_t j = 0; j < n_tokens; j += ATTN_ROWS_TILE) {
                         size_t off = (size_t)j * row_stride + (size_t)g * head_dim;
-                        struct tile t = { .k = (const uint8_t *)(keys + off),
-                                          .v = (const uint8_t *)(values + off),
-                                          .stride = row_stride * sizeof(float),
-                                          .dtype = BLOCK_DTYPE_F32,
-                                          .slot0 = j,
-                                          .cnt = n_tokens - j < ATTN_ROWS_TILE ? n_tokens - j
-                                                                               : ATTN_ROWS_TILE };
-                        fast_tile(&F, &t);
+                        next = (struct tile){ .k = (const uint8_t *)(keys + off),
+                                              .v = (const uint8_t *)(values + off),
+                                              .stride = row_stride * sizeof(float),
+                                              .dtype = BLOCK_DTYPE_F32,
+                                              .slot0 = j,
+                                              .cnt = n_tokens - j < ATTN_ROWS_TILE ? n_tokens - j
+                                                                                   : ATTN_ROWS_TILE };
+                        fast_prefetch(&next, head_dim);
+                        if (j)
+                                fast_tile(&F, &t);
+                        t = next;
                 }
+                fast_tile(&F, &t);
                 fast_head_end(&F, out, g);
         }
         return 0;
