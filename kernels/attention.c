@@ -27,10 +27,11 @@
  * 16 and kvcd's f32 blocks of 16 give identical bits: kvc-run through kvcd with --policy full
  * prints --local's text by construction, as it did when both ran two-pass loops.
  *
+ * The AVX2 path's exponentials are Cephes' expf polynomial on 8 lanes (within 2 ulp of libm's):
+ * one libm expf per logit per query head was 40% of the kernel's time at SmolLM2's shape.
+ *
  * Rejected: transposing keys for a rows-in-lanes dot (the block layout is kvcd's and shared with
- * compaction and the GPU; the horizontal sums cost less than a second layout); an approximate
- * vector exp (one expf per logit per query head is a few percent of the stream at 8K, and keeping
- * libm's keeps the result f32-accurate).
+ * compaction and the GPU; the horizontal sums cost less than a second layout).
  */
 #include "attention.h"
 
@@ -195,13 +196,24 @@ static inline __attribute__((always_inline)) float fast_logit(const struct fast 
         return s < FLT_MAX ? s : FLT_MAX; /* +inf and NaN: the largest finite logit */
 }
 
+/* s[u] = exp(s[u] - m) for u < n, and their sum: the plain path's, with libm's expf. */
+static inline __attribute__((always_inline)) float exp_span_plain(float *s, uint32_t n, float m) {
+        float sum = 0.0f;
+        for (uint32_t u = 0; u < n; u++) {
+                s[u] = expf(s[u] - m);
+                sum += s[u];
+        }
+        return sum;
+}
+
 /* The online softmax step of a tile, per query head: F->s's logits become weights exp(s - m')
  * (times the value scales of an INT8 tile), acc is rescaled by exp(m - m'), m and l move on, and
- * the score inputs are kept. */
-static void fast_softmax(struct fast *F, const struct tile *t) {
+ * the score inputs are kept. exp_span is the path's exponential. */
+static inline __attribute__((always_inline)) void fast_softmax(struct fast *F, const struct tile *t,
+                                                               float (*exp_span)(float *, uint32_t, float)) {
         for (uint32_t r = 0; r < F->group; r++) {
                 float *s = F->s + (size_t)r * F->T, *acc = F->acc + (size_t)r * F->D;
-                float cmax = -INFINITY, psum = 0.0f;
+                float cmax = -INFINITY;
                 for (uint32_t u = 0; u < t->cnt; u++)
                         cmax = s[u] > cmax ? s[u] : cmax;
                 float m_new = cmax > F->m[r] ? cmax : F->m[r];
@@ -214,10 +226,7 @@ static void fast_softmax(struct fast *F, const struct tile *t) {
                                 memset(F->p + (size_t)r * F->n + t->slot0, 0, t->cnt * sizeof(float));
                         continue;
                 }
-                for (uint32_t u = 0; u < t->cnt; u++) {
-                        s[u] = expf(s[u] - m_new);
-                        psum += s[u];
-                }
+                float psum = exp_span(s, t->cnt, m_new);
                 if (F->p)
                         memcpy(F->p + (size_t)r * F->n + t->slot0, s, t->cnt * sizeof(float));
                 if (t->vscale)
@@ -256,7 +265,7 @@ static void fast_tile_plain(struct fast *F, const struct tile *t, const float *q
                         F->s[(size_t)r * F->T + u] = fast_logit(F, t, u, dot);
                 }
         }
-        fast_softmax(F, t);
+        fast_softmax(F, t, exp_span_plain);
         for (uint32_t u = 0; u < t->cnt; u++) {
                 fast_load(t, t->v + u * t->stride, row, D);
                 for (uint32_t r = 0; r < F->group; r++) {
@@ -289,6 +298,46 @@ ATTN_AVX2 static inline __attribute__((always_inline)) float fast_hsum(__m256 v)
         x = _mm_add_ps(x, _mm_movehl_ps(x, x));
         x = _mm_add_ss(x, _mm_movehdup_ps(x));
         return _mm_cvtss_f32(x);
+}
+
+/* exp(x) for 8 lanes, x <= 0 or -inf (a logit minus the running maximum): Cephes' expf (range
+ * reduction by ln 2 in two parts, a degree-5 polynomial, the exponent added to the bits),
+ * within 2 ulp of libm's over [-87, 0]; below -87.3 it gives 0, and -inf exactly 0. */
+ATTN_AVX2 static inline __attribute__((always_inline)) __m256 fast_exp8(__m256 x) {
+        const __m256 lo = _mm256_set1_ps(-87.3f);
+        __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ); /* -inf included */
+        x = _mm256_max_ps(x, lo);
+        __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+        x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+        __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+        y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.3981999507e-3f));
+        y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(8.3334519073e-3f));
+        y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(4.1665795894e-2f));
+        y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.6666665459e-1f));
+        y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(5.0000001201e-1f));
+        y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(y, x), x), x), _mm256_set1_ps(1.0f));
+        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+        y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+        return _mm256_andnot_ps(under, y);
+}
+
+/* exp_span_plain's contract, 8 lanes at a time (the tail through libm's expf). */
+ATTN_AVX2 static inline __attribute__((always_inline)) float exp_span_avx2(float *s, uint32_t n, float m) {
+        __m256 vm = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+        uint32_t u = 0;
+        for (; u + 8 <= n; u += 8) {
+                __m256 p = fast_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + u), vm));
+                _mm256_storeu_ps(s + u, p);
+                acc = _mm256_add_ps(acc, p);
+        }
+        float sum = fast_hsum(acc);
+        for (; u < n; u++) {
+                s[u] = expf(s[u] - m);
+                sum += s[u];
+        }
+        return sum;
 }
 
 /* Query heads [r0, r0 + NR) (NR 1 or 3) of a tile: logits, two rows at a time (2 NR independent
@@ -383,7 +432,7 @@ fast_tile_avx2_dt(struct fast *F, const struct tile *t, const float *q, enum blo
                 fast_dots_avx2(F, t, q, r, 3, dt);
         for (; r < F->group; r++)
                 fast_dots_avx2(F, t, q, r, 1, dt);
-        fast_softmax(F, t);
+        fast_softmax(F, t, exp_span_avx2);
         for (r = 0; r + 3 <= F->group; r += 3)
                 fast_values_avx2(F, t, r, 3, dt);
         for (; r < F->group; r++)

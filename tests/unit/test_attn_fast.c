@@ -190,6 +190,10 @@ static void check_case(uint32_t T, uint32_t H, uint32_t group, uint32_t D, enum 
                 assert_int_equal(r, 0);
                 assert_close(got, want, (size_t)nh * D, ATTN_TOL, "out");
                 assert_scores_close(&t, &ref, n_q8);
+                for (uint32_t h = 0; masked && !n_q8 && h < H; h++) /* a masked token: exactly zero */
+                        for (uint32_t j = 3; j < n; j += 7)
+                                assert_true(*(float *)block_side(&t.fp, t.fb[j / T], t.fp.last_offset, h,
+                                                                 j % T) == 0.0f);
                 layer_done(&t);
         }
         layer_done(&base);
