@@ -52,7 +52,7 @@ trap cleanup EXIT
 
 field() { sed -n "s/.*\"$1\": *\([0-9.e+-]*\).*/\1/p" | head -1; }
 kvcrun() {
-        timeout 1200 "$bin/kvc-run" --model "$model" --json --no-stop --threads 1 "$@" 2>"$tmp/err" ||
+        timeout 3600 "$bin/kvc-run" --model "$model" --json --no-stop --threads 1 "$@" 2>"$tmp/err" ||
                 { cat "$tmp/err" >&2; die "kvc-run $* failed"; }
 }
 # prompt_of C: writes a prompt of C tokens (within 1%) to $tmp/prompt.C, its token count to stdout
