@@ -19,14 +19,11 @@
  *   most 0.96 from the reference (long-prefill; 0.51 on chat-capital, where llama.cpp's own logit
  *   is 0.59 from it; the earlier block order reached 1.17 there): FAST_TOL = 1.5 on the
  *   reference's top logit. Teacher-forced top-1 agreement with the float32 reference: 257 of 264
- *   steps (97.3%) measured, as with the block order, with the two-pass attention loops; 254 and
- *   255 with the fast attention kernel (kernels/attention.c, 2026-12-02: two orders of its sums;
- *   top logit then at most 0.90 from the reference on chat-capital, 1.00 on long-prefill). The
- *   attention's rounding moves by ~1e-7 relative, and the 8-bit activation quantization turns
- *   that into a different code here and there: near-ties of the fast path flip either way, and
- *   the exact path (which has no such quantization) is unmoved (3.5e-5). The issue's target is
- *   98%, not reached; the floor asserted is FAST_AGREE = 96% (it was 97% with a margin of one
- *   step, which any change of the attention's arithmetic crossed).
+ *   steps (97.3%) measured, as with the block order; the same with the fast attention kernel
+ *   (kernels/attention.c, 2026-12-02), whose intermediate versions gave 254 and 255: the
+ *   attention's rounding moves by ~1e-7 relative and the 8-bit activations turn that into a
+ *   flipped near-tie here and there (the exact path is unmoved, within 4e-5). The issue's target
+ *   is 98%, not reached: the floor asserted is FAST_AGREE = 97%, a margin of one step.
  * - Threads, chunks and batches: the logits of 1 and 2 threads, of a prompt fed as one chunk or
  *   token by token, and of a sequence alone or beside another in one pass, are equal bit for bit
  *   (a row's result depends on the row alone).
@@ -51,7 +48,7 @@
 
 #define EXACT_TOL  1e-3f
 #define FAST_TOL   1.5f
-#define FAST_AGREE 0.96
+#define FAST_AGREE 0.97
 #define TOP        5
 #define MAX_IDS    4096
 
