@@ -59,7 +59,9 @@ PROTO_OBJ := $(call obj,$(PROTO_SRC)) $(GEN_OBJ)
 KERNEL_OBJ := $(call obj,$(KERNEL_SRC))
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 LIBKVC_OBJ := $(call obj,$(LIBKVC_SRC)) $(PROTO_OBJ) $(KERNEL_OBJ)
-MODEL_OBJ := $(call obj,$(MODEL_SRC))
+# the engine's in-process cache (--local) runs the CPU attention kernel: its objects come along
+MODEL_OBJ := $(call obj,$(MODEL_SRC)) $(call obj,kernels/attention.c kernels/mixed.c kernels/block.c \
+	kernels/quant.c kernels/compact.c)
 
 BIN := $(BUILD)/bin
 LIB := $(BUILD)/lib

@@ -1,8 +1,8 @@
 /* bench-attn: where kvc-run's extra time per token goes when kvcd manages its cache (issue 7,
  * item 5): the attention kernel libkvc runs (attn_decode_ref over 16-slot blocks, updating the
- * score arrays the policies read) against kvc-run --local's (llama2.c's loop over a contiguous
- * cache), on the same keys, values and queries, for stories260K's geometry (8 query heads, 4 KV
- * heads, head_dim 8, f32).
+ * score arrays the policies read) against kvc-run --local's (since issue 17's long-context work
+ * the fast kernel, attn_decode_rows; before it llama2.c's loop) over a contiguous cache, on the same keys,
+ * values and queries, for stories260K's geometry (8 query heads, 4 KV heads, head_dim 8, f32).
  *
  * Each figure: microseconds per call (one layer, one token), the median of 7 measurements of at
  * least --min-ms, the two kernels alternating.
@@ -82,7 +82,8 @@ int main(int argc, char **argv) {
                "against "
                "kvc-run --local's (us per call, median of %d)\n",
                MEASUREMENTS);
-        printf("| tokens | --local: llama2.c loop, contiguous | libkvc: attn_decode_ref, scores updated | / "
+        printf("| tokens | --local: attn_decode_rows, contiguous | libkvc: attn_decode_ref, scores updated | "
+               "/ "
                "--local | "
                "attn_decode_ref, no score update | / --local |\n");
         printf("|---:|---:|---:|---:|---:|---:|\n");

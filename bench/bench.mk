@@ -16,7 +16,14 @@
 #   $(BUILD)/bench/bench-attn       libkvc's attention kernel vs kvc-run --local's (item 5's why)
 #   $(BUILD)/bench/bench-relocate   a chunk taken back from a client: block moves vs round trip, memcpy
 #   $(BUILD)/bench/bench-matmul     the engine's q4_1 matrix-vectors product: fast path vs exact, memcpy
+#   $(BUILD)/bench/bench-attn-long  decode attention at SmolLM2's shape, 1K-8K tokens: the fast kernel
+#                                   (AVX2, plain) vs the references, f32 / f16 / int8 (built, not in run.sh)
 #
+#   make bench-long         model, then bench/long.sh (issue 17, long context): SmolLM2's decode
+#                           tokens/s after 16, 1,024, 4,096 and 8,160 tokens of prompt, 1 thread:
+#                           --local, and through a kvcd it starts with --policy full, window and conf
+#                           at a 1,024-token budget (BUDGET=, CONTEXTS=, DECODE= override); about
+#                           25 minutes on 2 loaded cores, most of it the prompts. Not in `make bench`.
 #   make peers              the speed peer, llama.cpp's llama-bench (and llama-completion), under
 #                           $(BUILD)/peers (bench/peers.mk, bench/get-llamacpp.sh: the sdist of
 #                           llama-cpp-python==0.3.36 from PyPI, cmake + ninja; about 10 minutes on 2
@@ -32,9 +39,10 @@ BENCH_DIR := $(BUILD)/bench
 BENCH_COMMON := $(call obj,bench/common.c)
 POLICY_OBJ := $(filter $(BUILD)/obj/daemon/policy/%,$(DAEMON_OBJ))
 BENCH_PROGRAMS := $(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-select $(BENCH_DIR)/bench-compact \
-	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-relocate $(BENCH_DIR)/bench-matmul
+	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-relocate $(BENCH_DIR)/bench-matmul \
+	$(BENCH_DIR)/bench-attn-long
 
-.PHONY: load bench bench-programs
+.PHONY: load bench bench-programs bench-long
 all: $(BUILD)/bin/kvc-load
 
 $(BUILD)/bin/kvc-load: $(call obj,bench/kvc-load.c) $(BENCH_COMMON) $(LIB)/libkvc.a
@@ -56,8 +64,8 @@ $(BENCH_DIR)/bench-compact: $(call obj,bench/bench-compact.c) $(BENCH_COMMON) $(
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-matmul: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) $(KERNEL_OBJ) \
-	$(MODEL_OBJ)
+$(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-matmul $(BENCH_DIR)/bench-attn-long: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) \
+	$(sort $(KERNEL_OBJ) $(MODEL_OBJ))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -66,5 +74,8 @@ bench-programs: all $(BENCH_PROGRAMS)
 bench: deps
 	@$(MAKE) --no-print-directory bench-programs
 	@bench/run.sh $(BUILD)
+
+bench-long: all model
+	@bench/long.sh $(BUILD)
 
 include bench/peers.mk

@@ -316,6 +316,14 @@ static double seconds(void) {
         return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* This process's CPU time (all threads): on a shared machine, the decode's cost without the time
+ * other processes held the cores. */
+static double cpu_seconds(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 struct runner {
         struct run_opts o;
         struct model *model;
@@ -327,7 +335,10 @@ struct runner {
         struct textbuf text;
         int *prompt; /* the prompt's tokens, BOS first */
         int n_prompt;
-        char model_id[40]; /* names the weights, for shared prefixes */
+        char model_id[40];  /* names the weights, for shared prefixes */
+        double decode_t0;   /* when the first one-row pass past the prompt began (0: none yet) */
+        double decode_cpu0; /* the process's CPU seconds then */
+        int decode_pos0;    /* its position */
 };
 
 static void fail(struct runner *r, const char *what, int err) {
@@ -548,6 +559,11 @@ static int generate(struct runner *r, int *ret_steps) {
                  * plans apply between chunks */
                 if (pos < n_prompt - 1)
                         n = prompt_chunk(r, r->session, pos, n_prompt, steps, r->o.prefill_chunk);
+                else if (!r->decode_t0 && pos >= n_prompt) { /* --json's decode_seconds start here */
+                        r->decode_t0 = seconds();
+                        r->decode_cpu0 = cpu_seconds();
+                        r->decode_pos0 = pos;
+                }
                 for (int i = 0; i < n; i++)
                         rows[i] = (struct model_row){ .token = i ? prompt[pos + i] : token,
                                                       .pos = pos + i,
@@ -888,7 +904,7 @@ int main(int argc, char **argv) {
 
         double t0 = seconds();
         e = generate(&r, &steps);
-        double dt = seconds() - t0;
+        double dt = seconds() - t0, cpu_end = cpu_seconds();
 
         struct kvc_session_stats st = { 0 };
         if (r.session) {
@@ -923,6 +939,11 @@ int main(int argc, char **argv) {
                                (unsigned long long)st.steps, (unsigned long long)st.plans,
                                (unsigned long long)st.plans_applied, st.peak_tokens, st.peak_layer_blocks,
                                (unsigned long long)st.peak_bytes);
+                /* the one-row passes after the prompt alone: decode speed at the prompt's context */
+                printf(",\"prompt_tokens\":%d", r.n_prompt);
+                if (r.decode_t0)
+                        printf(",\"decode_tokens\":%d,\"decode_seconds\":%.6f,\"decode_cpu_seconds\":%.6f",
+                               steps - r.decode_pos0, t0 + dt - r.decode_t0, cpu_end - r.decode_cpu0);
                 printf("}\n");
         } else if (!r.o.export_at || steps < r.o.export_at) {
                 printf("\n"); /* a story handed off goes on in the importer's output */

@@ -26,3 +26,48 @@
  * -EINVAL for an empty layer or n_heads not a multiple of n_kv_heads. */
 int attn_decode_ref(const struct block_layer *L, const float *q, float *out, uint32_t n_heads,
                     float ema_gamma, int update_scores, float *scratch);
+
+/* ---- the fast kernel (attention.c, "The fast kernel") ----
+ *
+ * attn_decode_fast has attn_decode_ref's semantics (attn_decode_fast_mixed attn_decode_mixed's,
+ * for a layer with INT8 tokens: struct mixed_layer, mixed.h), computed for
+ * speed: the query heads of one KV head together (each key and value row is read and converted
+ * once for all of them), one pass over the keys and values with an online softmax, one block per
+ * tile, f16 / bf16 / int8 rows converted in registers (AVX2 with F16C where the CPU has them,
+ * otherwise plain loops of the same structure). Results differ from the references by rounding
+ * only: tests/unit/test_attn_fast.c bounds the difference. */
+
+struct mixed_layer;
+
+enum attn_isa {
+        ATTN_ISA_BEST = 0,  /* AVX2 + F16C when the CPU has both and head_dim % 8 == 0, else plain */
+        ATTN_ISA_PLAIN = 1, /* the plain loops */
+        ATTN_ISA_AVX2 = 2,  /* -ENOTSUP where the CPU lacks it or head_dim % 8 != 0 */
+};
+
+/* Floats of scratch attn_decode_fast and attn_decode_rows need for a layer of up to n_tokens
+ * tokens in tiles of up to tile_tokens (a block's tokens). 0 for an invalid geometry. */
+size_t attn_fast_scratch_floats(uint32_t n_tokens, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                                uint32_t tile_tokens);
+
+/* Decode attention over a plain layer, semantics as attn_decode_ref, scores included. scratch
+ * holds attn_fast_scratch_floats(L->n_tokens, n_heads, kv heads, head_dim, block_tokens) floats.
+ * -EINVAL as attn_decode_ref (and for a Q8 layout), -ENOTSUP for ATTN_ISA_AVX2 where it cannot
+ * run. */
+int attn_decode_fast(const struct block_layer *L, const float *q, float *out, uint32_t n_heads,
+                     float ema_gamma, int update_scores, float *scratch, enum attn_isa isa);
+
+/* The same over a layer with INT8 tokens, semantics as attn_decode_mixed (mixed.h); -EINVAL
+ * where mixed_layer_check fails. Scratch as above, for M->n_tokens. */
+int attn_decode_fast_mixed(const struct mixed_layer *M, const float *q, float *out, uint32_t n_heads,
+                           float ema_gamma, int update_scores, float *scratch, enum attn_isa isa);
+
+/* The same kernel over a contiguous f32 cache (kvc-run --local's): token t's KV head g key is
+ * keys[t * row_stride + g * head_dim .. + head_dim), its value likewise in values; no
+ * log-weights, no scores. Tiles of ATTN_ROWS_TILE tokens, the block size kvc-run gives kvcd, so a
+ * full f32 cache through kvcd computes bit for bit what this does. scratch holds
+ * attn_fast_scratch_floats(n_tokens, n_heads, n_kv_heads, head_dim, ATTN_ROWS_TILE) floats. */
+#define ATTN_ROWS_TILE 16u
+int attn_decode_rows(const float *keys, const float *values, size_t row_stride, uint32_t n_tokens,
+                     const float *q, float *out, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                     float *scratch, enum attn_isa isa);

@@ -398,29 +398,32 @@ KERNELS(KIND_Q8_0, q8_0)
 KERNELS(KIND_Q4_0, q4_0)
 KERNELS(KIND_Q4_1, q4_1)
 
+static void rows_kquant(const struct matmul *m, uint32_t r0, uint32_t r1);
+
 /* The types with an integer kernel; every other row takes the exact path. */
 static const struct {
         uint32_t type;
         rows_fn *plain, *avx2;
 } kernels[] = {
-        { QTYPE_Q8_0, plain_q8_0, AVX2(q8_0) },
-        { QTYPE_Q4_0, plain_q4_0, AVX2(q4_0) },
-        { QTYPE_Q4_1, plain_q4_1, AVX2(q4_1) },
+        { QTYPE_Q8_0, plain_q8_0, AVX2(q8_0) }, { QTYPE_Q4_0, plain_q4_0, AVX2(q4_0) },
+        { QTYPE_Q4_1, plain_q4_1, AVX2(q4_1) }, { QTYPE_Q4_K, rows_kquant, NULL },
+        { QTYPE_Q6_K, rows_kquant, NULL },
 };
 
 /* y[b][r] = t->dot(row r, x[b]) bit for bit: the same spans, the same lanes, block decoded once per
  * chunk of vectors. */
 static void rows_exact(const struct matmul *m, uint32_t r0, uint32_t r1) {
         const struct qtype *t = m->t;
-        float tmp[MATMUL_BLOCK];
+        float tmp[QTYPE_MAX_BLOCK];
+        uint32_t span = t->block > MATMUL_BLOCK ? t->block : MATMUL_BLOCK; /* qtype.c's dot spans */
 
         for (uint32_t r = r0; r < r1; r++) {
                 const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
                 for (uint32_t b0 = 0; b0 < m->n_x; b0 += MATMUL_CHUNK) {
                         uint32_t bn = m->n_x - b0 < MATMUL_CHUNK ? m->n_x - b0 : MATMUL_CHUNK;
                         float lanes[MATMUL_CHUNK][QTYPE_LANES] = { { 0 } };
-                        for (uint32_t i = 0; i < m->cols; i += MATMUL_BLOCK) {
-                                uint32_t len = m->cols - i < MATMUL_BLOCK ? m->cols - i : MATMUL_BLOCK;
+                        for (uint32_t i = 0; i < m->cols; i += span) {
+                                uint32_t len = m->cols - i < span ? m->cols - i : span;
                                 t->dequantize(row + (size_t)i / t->block * t->bytes, tmp, len);
                                 for (uint32_t b = 0; b < bn; b++)
                                         qtype_dot_lanes(lanes[b], tmp,
@@ -428,6 +431,86 @@ static void rows_exact(const struct matmul *m, uint32_t r0, uint32_t r1) {
                         }
                         for (uint32_t b = 0; b < bn; b++)
                                 m->y[(size_t)(b0 + b) * m->y_stride + r] = qtype_lanes_sum(lanes[b]);
+                }
+        }
+}
+
+/* K-quants on the 8-bit activations (plain C, no AVX2 kernel yet). A block of 256 decodes to
+ * integer codes q, a scale per 16 elements ds_u and (q4_K) a minimum per 32 dm_j, w = ds_u q - dm_j;
+ * each activation block j of 32 meets them in two exact integer dots of 16:
+ *   acc_j += x_d (ds_2j s_0 + ds_2j+1 s_1) - dm_j (x_d x_sum)
+ * over lanes j of a block, summed by lanes_tree. Within a tolerance of the exact path
+ * (test_qtype), not bit for bit: the activations are quantized. */
+static void kquant_decode(uint32_t type, const uint8_t *b, int8_t q[256], float ds[16], float dm[8]) {
+        if (type == QTYPE_Q4_K) {
+                float d = qtype_f16_to_f32(load_u16(b)), dmin = qtype_f16_to_f32(load_u16(b + 2));
+                const uint8_t *sc = b + 4, *qs = b + 16;
+                for (int j = 0; j < 8; j++) {
+                        uint8_t s6, m6;
+                        if (j < 4) {
+                                s6 = sc[j] & 63;
+                                m6 = sc[j + 4] & 63;
+                        } else {
+                                s6 = (uint8_t)((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4));
+                                m6 = (uint8_t)((sc[j + 4] >> 4) | ((sc[j] >> 6) << 4));
+                        }
+                        ds[2 * j] = ds[2 * j + 1] = d * s6;
+                        dm[j] = dmin * m6;
+                }
+                for (int p = 0; p < 4; p++)
+                        for (int l = 0; l < 32; l++) {
+                                q[64 * p + l] = (int8_t)(qs[32 * p + l] & 0xF);
+                                q[64 * p + 32 + l] = (int8_t)(qs[32 * p + l] >> 4);
+                        }
+        } else { /* QTYPE_Q6_K */
+                float d = qtype_f16_to_f32(load_u16(b + 208));
+                const int8_t *sc = (const int8_t *)(b + 192);
+                for (int u = 0; u < 16; u++)
+                        ds[u] = d * sc[u];
+                for (int j = 0; j < 8; j++)
+                        dm[j] = 0.0f;
+                for (int h = 0; h < 2; h++) {
+                        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+                        int8_t *y = q + 128 * h;
+                        for (int l = 0; l < 32; l++) {
+                                y[l] = (int8_t)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                                y[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                                y[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                                y[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+                        }
+                }
+        }
+}
+
+static void rows_kquant(const struct matmul *m, uint32_t r0, uint32_t r1) {
+        uint32_t nb = m->cols / MATMUL_BLOCK, nk = m->cols / 256, type = m->t->id, bytes = m->t->bytes;
+        int8_t q[256];
+        float ds[16], dm[8];
+
+        for (uint32_t r = r0; r < r1; r++) {
+                const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
+                float acc[MATMUL_CHUNK][LANES];
+                for (uint32_t b0 = 0; b0 < m->n_x; b0 += MATMUL_CHUNK) {
+                        uint32_t bn = m->n_x - b0 < MATMUL_CHUNK ? m->n_x - b0 : MATMUL_CHUNK;
+                        memset(acc, 0, sizeof(acc));
+                        for (uint32_t k = 0; k < nk; k++) {
+                                kquant_decode(type, row + (size_t)k * bytes, q, ds, dm);
+                                for (uint32_t b = 0; b < bn; b++) {
+                                        const struct matmul_q8 *xq = &m->xq[(size_t)(b0 + b) * nb + 8 * k];
+                                        for (int j = 0; j < 8; j++) {
+                                                int32_t s0 = 0, s1 = 0;
+                                                for (int i = 0; i < 16; i++) {
+                                                        s0 += q[32 * j + i] * xq[j].q[i];
+                                                        s1 += q[32 * j + 16 + i] * xq[j].q[16 + i];
+                                                }
+                                                acc[b][j] += xq[j].d * (ds[2 * j] * (float)s0 +
+                                                                        ds[2 * j + 1] * (float)s1) -
+                                                             dm[j] * (xq[j].d * (float)xq[j].sum);
+                                        }
+                                }
+                        }
+                        for (uint32_t b = 0; b < bn; b++)
+                                m->y[(size_t)(b0 + b) * m->y_stride + r] = lanes_tree(acc[b]);
                 }
         }
 }

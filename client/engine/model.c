@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "attention.h"
 #include "gguf.h"
 #include "llama.h"
 
@@ -480,7 +481,7 @@ struct plain_cache {
         int n_layers, n_heads, head_size, kv_dim, kv_mul, max_tokens;
         float *keys;   /* [n_layers][max_tokens][kv_dim] */
         float *values; /* same */
-        float *att;    /* [max_tokens], scores of one head */
+        float *att;    /* attn_decode_rows's scratch */
         int *n_stored; /* [n_layers], positions 0..n_stored-1 hold data */
 };
 
@@ -514,7 +515,10 @@ int plain_cache_new(const struct model_config *cfg, int max_tokens, struct plain
         }
         c->keys = malloc(n_floats * sizeof(float));
         c->values = malloc(n_floats * sizeof(float));
-        c->att = malloc((size_t)max_tokens * sizeof(float));
+        c->att = malloc(attn_fast_scratch_floats((uint32_t)max_tokens, (uint32_t)cfg->n_heads,
+                                                 (uint32_t)cfg->n_kv_heads, (uint32_t)c->head_size,
+                                                 ATTN_ROWS_TILE) *
+                        sizeof(float));
         c->n_stored = calloc((size_t)c->n_layers, sizeof(int));
         if (!c->keys || !c->values || !c->att || !c->n_stored) {
                 plain_cache_free(c);
@@ -561,24 +565,10 @@ static int plain_cache_store(void *ctx, int layer, int pos, const float *k, cons
         return 0;
 }
 
-static void plain_cache_softmax(float *x, int size) {
-        float max_val = x[0], sum = 0.0f;
-
-        for (int i = 1; i < size; i++)
-                if (x[i] > max_val)
-                        max_val = x[i];
-        for (int i = 0; i < size; i++) {
-                x[i] = expf(x[i] - max_val);
-                sum += x[i];
-        }
-        for (int i = 0; i < size; i++)
-                x[i] /= sum;
-}
-
+/* The kernel libkvc runs over kvcd's blocks (kernels/attention.h), over this cache's rows: an f32
+ * layer through kvcd in blocks of 16 computes the same bits. */
 static int plain_cache_attend(void *ctx, int layer, int pos, const float *q, float *out) {
         struct plain_cache *c = ctx;
-        int hs;
-        const float *keys, *values;
 
         if (!c || !q || !out || layer < 0 || layer >= c->n_layers || pos < 0)
                 return -EINVAL;
@@ -586,35 +576,10 @@ static int plain_cache_attend(void *ctx, int layer, int pos, const float *q, flo
                 return -ERANGE;
         if (pos >= c->n_stored[layer])
                 return -EINVAL;
-        hs = c->head_size;
-        keys = c->keys + plain_cache_index(c, layer, 0);
-        values = c->values + plain_cache_index(c, layer, 0);
-
-        for (int h = 0; h < c->n_heads; h++) {
-                const float *qh = q + (size_t)h * (size_t)hs;
-                size_t kv_off = (size_t)(h / c->kv_mul) * (size_t)hs;
-                float *att = c->att, *xb = out + (size_t)h * (size_t)hs;
-
-                for (int t = 0; t <= pos; t++) {
-                        const float *k = keys + (size_t)t * (size_t)c->kv_dim + kv_off;
-                        float score = 0.0f;
-
-                        for (int i = 0; i < hs; i++)
-                                score += qh[i] * k[i];
-                        score /= sqrtf(hs);
-                        att[t] = score;
-                }
-                plain_cache_softmax(att, pos + 1);
-                memset(xb, 0, (size_t)hs * sizeof(float));
-                for (int t = 0; t <= pos; t++) {
-                        const float *v = values + (size_t)t * (size_t)c->kv_dim + kv_off;
-                        float a = att[t];
-
-                        for (int i = 0; i < hs; i++)
-                                xb[i] += a * v[i];
-                }
-        }
-        return 0;
+        return attn_decode_rows(
+                c->keys + plain_cache_index(c, layer, 0), c->values + plain_cache_index(c, layer, 0),
+                (size_t)c->kv_dim, (uint32_t)pos + 1, q, out, (uint32_t)c->n_heads,
+                (uint32_t)(c->n_heads / c->kv_mul), (uint32_t)c->head_size, c->att, ATTN_ISA_BEST);
 }
 
 const struct model_cache_ops plain_cache_ops = {

@@ -1,13 +1,14 @@
 /* qtype.c - the table of tensor types (qtype.h): sizes for every type ggml defines, and the
- * dequantize and dot functions of the ones the engine computes with: f32, f16, bf16, q8_0, q4_0 and
- * q4_1.
+ * dequantize and dot functions of the ones the engine computes with: f32, f16, bf16, q8_0, q4_0,
+ * q4_1, q4_K and q6_K.
  *
  * Sizes are ggml's (ggml-common.h's block structs): a block's bytes include its scales. Blocks are
  * read byte by byte (memcpy for the f16 scales): tensor data in a mapped file has no alignment
  * that a row of 18 or 20-byte blocks could keep.
  *
  * dequantize is ggml's dequantize_row_* (ggml-quants.c) element for element, and dot is
- * dequantize-then-multiply through qtype_dot_lanes: one generic loop over 32-element spans, so a
+ * dequantize-then-multiply through qtype_dot_lanes: one generic loop over 32-element spans (a
+ * K-quant's span is its block of 256, whose sub-block scales are packed across the block), so a
  * new row needs only its dequantize function.
  */
 #include "qtype.h"
@@ -95,14 +96,74 @@ static void dequantize_q4_1(const void *src, float *dst, size_t n) {
         }
 }
 
+/* q4_K: 8 sub-blocks of 32 with 6-bit scales and minimums (ggml's get_scale_min_k4) */
+static void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+        if (j < 4) {
+                *d = q[j] & 63;
+                *m = q[j + 4] & 63;
+        } else {
+                *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+                *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+        }
+}
+
+/* q4_K (144 bytes a block of 256): f16 d, f16 dmin, 12 bytes of packed 6-bit scales and minimums,
+ * 128 bytes of nibbles; sub-block pair p (64 elements) takes the low nibbles of bytes [32p, 32p+32)
+ * for its first 32 and the high nibbles for the next; x = d sc q - dmin m */
+static void dequantize_q4_K(const void *src, float *dst, size_t n) {
+        const uint8_t *b = src;
+
+        for (size_t i = 0; i < n / 256; i++, b += 144) {
+                float d = qtype_f16_to_f32(load_u16(b)), min = qtype_f16_to_f32(load_u16(b + 2));
+                const uint8_t *scales = b + 4, *q = b + 16;
+                float *y = dst + i * 256;
+                for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32, y += 64) {
+                        uint8_t sc, m;
+                        scale_min_k4(is, scales, &sc, &m);
+                        float d1 = d * sc, m1 = min * m;
+                        scale_min_k4(is + 1, scales, &sc, &m);
+                        float d2 = d * sc, m2 = min * m;
+                        for (int l = 0; l < 32; l++)
+                                y[l] = d1 * (q[l] & 0xF) - m1;
+                        for (int l = 0; l < 32; l++)
+                                y[l + 32] = d2 * (q[l] >> 4) - m2;
+                }
+        }
+}
+
+/* q6_K (210 bytes a block of 256): 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8
+ * scales (one a 16 elements), f16 d; x = d sc (q - 32), q 6 bits */
+static void dequantize_q6_K(const void *src, float *dst, size_t n) {
+        const uint8_t *b = src;
+
+        for (size_t i = 0; i < n / 256; i++, b += 210) {
+                float d = qtype_f16_to_f32(load_u16(b + 208));
+                const uint8_t *ql = b, *qh = b + 128;
+                const int8_t *sc = (const int8_t *)(b + 192);
+                float *y = dst + i * 256;
+                for (int k = 0; k < 256; k += 128, y += 128, ql += 64, qh += 32, sc += 8)
+                        for (int l = 0; l < 32; l++) {
+                                int is = l / 16;
+                                int q1 = (int8_t)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                                int q2 = (int8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                                int q3 = (int8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                                int q4 = (int8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                                y[l] = d * sc[is + 0] * q1;
+                                y[l + 32] = d * sc[is + 2] * q2;
+                                y[l + 64] = d * sc[is + 4] * q3;
+                                y[l + 96] = d * sc[is + 6] * q4;
+                        }
+        }
+}
+
 /* The exact dot of every row: dequantize a span of SPAN elements (span_bytes bytes), multiply. */
-static float dot_spans(void (*dequantize)(const void *, float *, size_t), size_t span_bytes, const void *w,
-                       const float *x, size_t n) {
-        float lanes[QTYPE_LANES] = { 0 }, tmp[SPAN];
+static float dot_spans(void (*dequantize)(const void *, float *, size_t), size_t span, size_t span_bytes,
+                       const void *w, const float *x, size_t n) {
+        float lanes[QTYPE_LANES] = { 0 }, tmp[QTYPE_MAX_BLOCK];
         const uint8_t *p = w;
 
-        for (size_t i = 0; i < n; i += SPAN, p += span_bytes) {
-                size_t len = n - i < SPAN ? n - i : SPAN;
+        for (size_t i = 0; i < n; i += span, p += span_bytes) {
+                size_t len = n - i < span ? n - i : span;
                 dequantize(p, tmp, len);
                 qtype_dot_lanes(lanes, tmp, x + i, len);
         }
@@ -111,7 +172,12 @@ static float dot_spans(void (*dequantize)(const void *, float *, size_t), size_t
 
 #define DOT(name, span_bytes)                                                                                \
         static float dot_##name(const void *w, const float *x, size_t n) {                                   \
-                return dot_spans(dequantize_##name, span_bytes, w, x, n);                                    \
+                return dot_spans(dequantize_##name, SPAN, span_bytes, w, x, n);                              \
+        }
+/* K-quants: a span is one block of 256 */
+#define DOT_K(name, block_bytes)                                                                             \
+        static float dot_##name(const void *w, const float *x, size_t n) {                                   \
+                return dot_spans(dequantize_##name, 256, block_bytes, w, x, n);                              \
         }
 DOT(f32, SPAN * 4)
 DOT(f16, SPAN * 2)
@@ -119,6 +185,8 @@ DOT(bf16, SPAN * 2)
 DOT(q8_0, 34)
 DOT(q4_0, 18)
 DOT(q4_1, 20)
+DOT_K(q4_K, 144)
+DOT_K(q6_K, 210)
 
 static const struct qtype qtypes[] = {
         { QTYPE_F32, "f32", 1, 4, dequantize_f32, dot_f32 },
@@ -131,9 +199,9 @@ static const struct qtype qtypes[] = {
         { QTYPE_Q8_1, "q8_1", 32, 36, NULL, NULL },
         { QTYPE_Q2_K, "q2_K", 256, 84, NULL, NULL },
         { QTYPE_Q3_K, "q3_K", 256, 110, NULL, NULL },
-        { QTYPE_Q4_K, "q4_K", 256, 144, NULL, NULL },
+        { QTYPE_Q4_K, "q4_K", 256, 144, dequantize_q4_K, dot_q4_K },
         { QTYPE_Q5_K, "q5_K", 256, 176, NULL, NULL },
-        { QTYPE_Q6_K, "q6_K", 256, 210, NULL, NULL },
+        { QTYPE_Q6_K, "q6_K", 256, 210, dequantize_q6_K, dot_q6_K },
         { QTYPE_Q8_K, "q8_K", 256, 292, NULL, NULL },
         { 16, "iq2_xxs", 256, 66, NULL, NULL },
         { 17, "iq2_xs", 256, 74, NULL, NULL },

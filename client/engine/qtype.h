@@ -66,6 +66,8 @@ uint64_t qtype_row_bytes(const struct qtype *t, uint64_t n);
  * qtype_dot_lanes adds elements [0, n) of a span that starts at an element index that is a
  * multiple of QTYPE_LANES (every call but the last of a dot passes n a multiple of QTYPE_LANES). */
 #define QTYPE_LANES 8
+/* The largest block of a type with functions (the K-quants' 256): dequantize buffers hold one. */
+#define QTYPE_MAX_BLOCK 256
 void qtype_dot_lanes(float lanes[QTYPE_LANES], const float *w, const float *x, size_t n);
 float qtype_lanes_sum(const float lanes[QTYPE_LANES]);
 

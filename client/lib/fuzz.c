@@ -57,7 +57,9 @@ int kvc_fuzz_client_new(const struct kvc_geometry *g, uint32_t max_layer_tokens,
         size_t slots = (size_t)s->max_layer_blocks * 16 + 1;
         struct mixed_layer probe = { .fp = &s->layout, .q8 = &s->q8_layout, .n_tokens = (uint32_t)slots };
         size_t attn = attn_mixed_scratch_floats(&probe, g->n_heads),
-               cs = compact_mixed_scratch_floats(&probe);
+               cs = compact_mixed_scratch_floats(&probe),
+               fast = attn_fast_scratch_floats((uint32_t)slots, g->n_heads, g->n_kv_heads, g->head_dim, 16);
+        attn = fast > attn ? fast : attn;
         s->attn_scratch = malloc((attn > 2 * slots ? attn : 2 * slots) * sizeof(float));
         s->compact_scratch =
                 malloc((cs > 2 * (size_t)g->head_dim ? cs : 2 * (size_t)g->head_dim) * sizeof(float));

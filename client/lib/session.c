@@ -201,6 +201,9 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
         size_t attn = 2 * slots;
         if (q8_layout.block_bytes && attn_mixed_scratch_floats(&probe, geo->n_heads) > attn)
                 attn = attn_mixed_scratch_floats(&probe, geo->n_heads);
+        size_t fast = attn_fast_scratch_floats((uint32_t)slots, geo->n_heads, geo->n_kv_heads, geo->head_dim,
+                                               layout.block_tokens);
+        attn = fast > attn ? fast : attn;
         s->attn_scratch = malloc(attn * sizeof(float));
         size_t cs = 2 * (size_t)geo->head_dim; /* summarize_evicted */
         if (q8_layout.block_bytes && compact_mixed_scratch_floats(&probe) > cs)
@@ -488,12 +491,15 @@ int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out
         if (s->c->dev)
                 return client_error(s->c, -ENOTSUP, "kvc_attend: " DEVICE_POOL_HINT);
         int r;
-        if (s->layers[layer].n_q8 == 0) { /* the reference: exactly the model's own attention */
+        /* the fast kernel (attention.h): the references are attn_decode_ref and attn_decode_mixed */
+        if (s->layers[layer].n_q8 == 0) { /* bit for bit what kvc-run --local computes, at f32 */
                 struct block_layer bl = session_fp_layer(s, layer);
-                r = attn_decode_ref(&bl, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch);
+                r = attn_decode_fast(&bl, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch,
+                                     ATTN_ISA_BEST);
         } else {
                 struct mixed_layer ml = session_mixed_layer(s, layer);
-                r = attn_decode_mixed(&ml, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch);
+                r = attn_decode_fast_mixed(&ml, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch,
+                                           ATTN_ISA_BEST);
         }
         return r < 0 ? client_error(s->c, r, "attention over an empty layer %u", layer) : 0;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/engine/dequant.sh BUILD: client/engine/qtype.c's dequantize against the gguf Python
-# package's on the real tensors of SmolLM2-135M-Instruct (tests/python/check_dequant.py, with
+# package's on the real tensors of SmolLM2-135M-Instruct and on generated q4_K and q6_K tensors
+# (tests/python/check_dequant.py, with
 # BUILD/tests/dequant-dump as the C side, BUILD/venv from `make pydeps`). The model is
 # $KVC_SMOLLM2, which `make test` exports after `make model`; a missing model or venv is a failure,
 # not a skip.
@@ -15,4 +16,6 @@ fi
 for f in "$build/venv/bin/python" "$build/tests/dequant-dump"; do
         [ -x "$f" ] || { echo "dequant.sh: $f is missing: run make pydeps tests BUILD=$build" >&2; exit 1; }
 done
-exec "$build/venv/bin/python" tests/python/check_dequant.py "$build/tests/dequant-dump" "$model"
+# the K-quant tensors (q4_K, q6_K) are written at test time into the build folder (check_dequant.py)
+exec "$build/venv/bin/python" tests/python/check_dequant.py "$build/tests/dequant-dump" "$model" \
+        "$build/tests/kquants.gguf"

@@ -1,10 +1,17 @@
-"""check_dequant.py DUMP GGUF: client/engine/qtype.c's dequantize against the gguf package's.
+"""check_dequant.py DUMP GGUF [KQUANT_GGUF]: client/engine/qtype.c's dequantize against the gguf
+package's.
 
 For one tensor of each type in the SmolLM2 file (token_embd.weight q8_0, Q4_1 matrices of the first
 and last block, F32 norms), reads the tensor's type, element count and absolute data offset with
 gguf.GGUFReader, runs DUMP (tests/engine/dequant-dump) on them, and compares its float32 output
 with gguf.quants.dequantize bit for bit (as uint32: -0.0 and NaN payloads count). Both implement
 ggml's dequantize_row_* with the same f32 operations in the same order, so any difference is a bug.
+
+The SmolLM2 file has no K-quant tensors, so with KQUANT_GGUF (a path under the build folder) the
+script also writes a small GGUF there with gguf.GGUFWriter: a q4_K and a q6_K tensor of random
+blocks (every bit random but the f16 scales, which are finite halves of magnitude 2^-10 to 2^2:
+gguf 0.17.1 has no quantize for these types), generated from a fixed seed at test time, and checks
+them the same way.
 
 Exits 0 when every tensor matches, 1 naming the first differing element otherwise.
 """
@@ -56,13 +63,43 @@ def check(dump: str, path: str, reader: GGUFReader, name: str, want_type: GGMLQu
     return True
 
 
+# name: (type, rows, columns, bytes per block of 256, offsets of the f16 scales in a block)
+KQUANTS = {
+    "test.q4_K": (GGMLQuantizationType.Q4_K, 8, 1024, 144, (0, 2)),
+    "test.q6_K": (GGMLQuantizationType.Q6_K, 8, 1024, 210, (208,)),
+}
+
+
+def write_kquants(path: str) -> None:
+    """The K-quant test file: random blocks with valid f16 scales (see the module's comment)."""
+    from gguf import GGUFWriter
+
+    rng = np.random.default_rng(17)
+    w = GGUFWriter(path, "llama")
+    for name, (qtype, rows, cols, block_bytes, scale_offsets) in KQUANTS.items():
+        blocks = rng.integers(0, 256, size=(rows * cols // 256, block_bytes), dtype=np.uint8)
+        for off in scale_offsets:
+            mag = rng.uniform(2.0**-10, 4.0, size=blocks.shape[0]) * rng.choice([-1.0, 1.0], size=blocks.shape[0])
+            blocks[:, off:off + 2] = mag.astype(np.float16).view(np.uint8).reshape(-1, 2)
+        w.add_tensor(name, blocks.reshape(rows, cols // 256 * block_bytes), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main() -> int:
-    if len(sys.argv) != 3:
-        print("usage: check_dequant.py DUMP GGUF", file=sys.stderr)
+    if len(sys.argv) not in (3, 4):
+        print("usage: check_dequant.py DUMP GGUF [KQUANT_GGUF]", file=sys.stderr)
         return 2
     dump, path = sys.argv[1], sys.argv[2]
     reader = GGUFReader(path)
     ok = all([check(dump, path, reader, name, want) for name, want in TENSORS.items()])
+    if len(sys.argv) == 4:
+        kpath = sys.argv[3]
+        write_kquants(kpath)
+        kreader = GGUFReader(kpath)
+        ok = all([check(dump, kpath, kreader, name, spec[0]) for name, spec in KQUANTS.items()]) and ok
     return 0 if ok else 1
 
 

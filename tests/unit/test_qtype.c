@@ -48,7 +48,8 @@
 
 #define U 0x1p-24
 
-static const uint32_t computing[] = { QTYPE_F32, QTYPE_F16, QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1 };
+static const uint32_t computing[] = { QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,
+                                      QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q4_K, QTYPE_Q6_K };
 #define N_COMPUTING (sizeof(computing) / sizeof(computing[0]))
 
 static void put_u16(uint8_t *p, uint16_t v) {
@@ -85,6 +86,16 @@ static void fill_random(const struct qtype *t, uint8_t *dst, size_t n) {
                 for (size_t i = 0; i < n; i++)
                         put_u16(dst + 2 * i,
                                 (uint16_t)((rng_below(2) << 15) | (0x3c00u + rng_below(0x500u))));
+                break;
+        case QTYPE_Q4_K: /* f16 d and dmin first; the 6-bit scales and the nibbles any bits */
+                for (size_t b = 0; b < n / 256; b++) {
+                        put_u16(dst + b * t->bytes, rng_half_scale());
+                        put_u16(dst + b * t->bytes + 2, rng_half_scale());
+                }
+                break;
+        case QTYPE_Q6_K: /* f16 d last */
+                for (size_t b = 0; b < n / 256; b++)
+                        put_u16(dst + b * t->bytes + 208, rng_half_scale());
                 break;
         case QTYPE_Q4_1:
                 for (size_t b = 0; b < n / 32; b++)
@@ -229,7 +240,9 @@ static void dot_is_the_lane_ordered_sum_of_dequantized_products(void **state) {
         for (size_t ti = 0; ti < N_COMPUTING; ti++) {
                 const struct qtype *t = qtype_of(computing[ti]);
                 for (int rep = 0; rep < 200; rep++) {
-                        size_t n = t->block == 1 ? 1 + rng_below(64 * 32) : 32 * (1 + rng_below(64));
+                        size_t n = t->block == 1    ? 1 + rng_below(64 * 32)
+                                   : t->block == 32 ? 32 * (1 + rng_below(64))
+                                                    : 256 * (1 + rng_below(8));
                         fill_random(t, w, n);
                         for (size_t i = 0; i < n; i++)
                                 x[i] = rng_uniform(-3, 3) * (rng_below(16) ? 1.0f : 40.0f);
@@ -363,7 +376,8 @@ static void exact_product_equals_dot_bit_for_bit(void **state) {
         rng_state = 0x53;
         for (size_t ti = 0; ti < N_COMPUTING; ti++) {
                 struct product p;
-                product_new(&p, computing[ti], 7, 32 * 9, 11);
+                product_new(&p, computing[ti], 7, qtype_of(computing[ti])->block == 256 ? 256 * 3 : 32 * 9,
+                            11);
                 assert_int_equal(run(&p, 0, MATMUL_ISA_BEST, 0, p.n_x, 0, p.rows, p.y), 0);
                 size_t rb = qtype_row_bytes(p.t, p.cols);
                 for (uint32_t b = 0; b < p.n_x; b++)
@@ -450,6 +464,74 @@ static void fast_product_stays_within_the_activation_rounding_bound(void **state
         }
 }
 
+/* The K-quants' fast product (matmul.c's rows_kquant): against the row times the rounded
+ * activations q_j d_k in double, within f32 rounding: each sub-block of 32 adds two products of
+ * exact integer sums, their sum, the x_d product, the minimum term (2 roundings) and the
+ * difference into a lane that takes n / 256 of them, then the tree: (n / 256 + 10) u A with
+ * A = sum_j M (|x_j| + d_k), M a block's largest |d sc q| + |dmin m| (q4_K: 63 * 15 |d| + 63 |dmin|;
+ * q6_K: 128 * 32 |d|). And against the exact product, within the activations' rounding
+ * Q = sum_k d_k (1/2 + 254 u) sum |w_j| plus both paths' roundings. */
+static void kquant_fast_product_stays_within_the_activation_rounding_bound(void **state) {
+        static const uint32_t ids[] = { QTYPE_Q4_K, QTYPE_Q6_K };
+
+        (void)state;
+        rng_state = 0x57;
+        for (size_t ti = 0; ti < 2; ti++) {
+                struct product p;
+                product_new(&p, ids[ti], 24, 256 * 6, 3);
+                float *exact = malloc(sizeof(float) * p.rows * p.n_x), wd[256];
+                assert_non_null(exact);
+                assert_int_equal(run(&p, 0, MATMUL_ISA_BEST, 0, p.n_x, 0, p.rows, exact), 0);
+                assert_int_equal(run(&p, 1, MATMUL_ISA_BEST, 0, p.n_x, 0, p.rows, p.y), 0);
+                uint32_t differ = 0;
+                for (uint32_t b = 0; b < p.n_x; b++)
+                        for (uint32_t r = 0; r < p.rows; r++) {
+                                const uint8_t *row = p.w + r * qtype_row_bytes(p.t, p.cols);
+                                const struct matmul_q8 *xq = p.xq + matmul_q8_count(p.cols, b);
+                                const float *x = p.x + b * p.cols;
+                                double rounded = 0, a = 0, q = 0, mag = 0;
+                                for (uint32_t k = 0; k < p.cols / 256; k++) {
+                                        const uint8_t *blk = row + k * p.t->bytes;
+                                        uint16_t h, h2;
+                                        double M;
+                                        if (p.t->id == QTYPE_Q4_K) {
+                                                memcpy(&h, blk, 2);
+                                                memcpy(&h2, blk + 2, 2);
+                                                M = 63 * 15 * fabs(qtype_f16_to_f32(h)) +
+                                                    63 * fabs(qtype_f16_to_f32(h2));
+                                        } else {
+                                                memcpy(&h, blk + 208, 2);
+                                                M = 128 * 32 * fabs(qtype_f16_to_f32(h));
+                                        }
+                                        p.t->dequantize(blk, wd, 256);
+                                        for (int j = 0; j < 256; j++) {
+                                                const struct matmul_q8 *xk = &xq[k * 8 + j / 32];
+                                                double xr = (double)xk->q[j % 32] * xk->d;
+                                                rounded += (double)wd[j] * xr;
+                                                a += M * (fabs(x[k * 256 + j]) + xk->d);
+                                                q += xk->d * (0.5 + 254 * U) * fabs(wd[j]);
+                                                mag += fabs((double)wd[j] * x[k * 256 + j]);
+                                        }
+                                }
+                                double rounding = (p.cols / 256.0 + 10) * U * a * 1.01;
+                                double bound = q + rounding + (p.cols / 8.0 + 4) * U * mag * 1.01;
+                                float got = p.y[b * p.rows + r], ex = exact[b * p.rows + r];
+                                if (!(fabs(got - rounded) <= rounding))
+                                        fail_msg("%s row %u vector %u: fast %.9g, with rounded activations "
+                                                 "%.17g, "
+                                                 "bound %.3g",
+                                                 p.t->name, r, b, (double)got, rounded, rounding);
+                                if (!(fabs((double)got - ex) <= bound))
+                                        fail_msg("%s row %u vector %u: fast %.9g, exact %.9g, bound %.3g",
+                                                 p.t->name, r, b, (double)got, (double)ex, bound);
+                                differ += got != ex;
+                        }
+                assert_true(differ > p.rows * p.n_x / 2); /* the fast path did run */
+                free(exact);
+                product_free(&p);
+        }
+}
+
 /* The same y from one batched call as from n_x single calls, from one full row range as from a
  * random split, and (fast path) from the AVX2 kernels as from the plain ones. */
 static void products_agree_bit_for_bit(const struct product *p, int fast, enum matmul_isa isa, float *ref) {
@@ -492,7 +574,8 @@ static void batches_row_ranges_and_kernels_agree_bit_for_bit(void **state) {
         rng_state = 0x55;
         for (size_t ti = 0; ti < N_COMPUTING; ti++) {
                 struct product p;
-                product_new(&p, computing[ti], 23, 32 * 18, 2 * MATMUL_CHUNK + 3);
+                product_new(&p, computing[ti], 23, qtype_of(computing[ti])->block == 256 ? 256 * 2 : 32 * 18,
+                            2 * MATMUL_CHUNK + 3);
                 size_t bytes = sizeof(float) * p.rows * p.n_x;
                 float *plain = malloc(bytes);
                 assert_non_null(plain);
@@ -663,6 +746,7 @@ int main(void) {
                 cmocka_unit_test(quantize_stays_within_half_a_step),
                 cmocka_unit_test(exact_product_equals_dot_bit_for_bit),
                 cmocka_unit_test(fast_product_stays_within_the_activation_rounding_bound),
+                cmocka_unit_test(kquant_fast_product_stays_within_the_activation_rounding_bound),
                 cmocka_unit_test(batches_row_ranges_and_kernels_agree_bit_for_bit),
                 cmocka_unit_test(fast_kernels_follow_the_header_order_with_any_scale),
                 cmocka_unit_test(matmul_rejects_what_it_cannot_compute),

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# bench/long.sh BUILD: SmolLM2's decode speed after a long prompt (issue 17, long context), for the
+# CPU attention kernel (kernels/attention.c). `make bench-long` runs it.
+#
+# For each context C (CONTEXTS, default "16 1024 4096 8160": 8,160 + DECODE stays within the
+# model's 8,192 positions) the prompt is the first characters of
+# ../shared/data/tinystories/validation-sample.txt cut to C tokens (kvc-run --json's prompt_tokens
+# gives the count; the cut is refined until it is within 1%), and each configuration decodes DECODE
+# (default 32) tokens after it, 1 thread: kvc-run's decode_seconds (the one-row passes after the
+# prompt) and decode_cpu_seconds (kvc-run's CPU time over them: on a loaded machine the wall time
+# mostly measures the other jobs; kvcd's own CPU time is not in it) give tokens/s at that context. Configurations, one after the other for each context (so a
+# context's ratios come from neighbouring runs on a shared machine):
+#   local    --local (in-process f32 cache, the full context)
+#   full     through kvcd, --policy full (f32 blocks of 16)
+#   window   through kvcd, --policy window --budget BUDGET (default 1024)
+#   conf     through kvcd, --policy conf --budget BUDGET
+#   conf8    the same with --param int8=1 (kept tokens older than its recent window in INT8 blocks;
+#            not in the default list)
+# (CONFIGS= picks and orders them; DTYPE=f16 or bf16 stores kvcd's keys and values so, default f32.) Context 16 is "short context": the prompt "Once upon a time".
+# Prints one markdown table: tokens per CPU second, and the ratios the targets name; each run's
+# wall-clock rate goes to stderr beside it.
+set -euo pipefail
+
+build=${1:-build}
+bin=$build/bin
+model=${KVC_SMOLLM2:-$HOME/.cache/kvcd/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+contexts=${CONTEXTS:-16 1024 4096 8160}
+decode=${DECODE:-32}
+budget=${BUDGET:-1024}
+configs=${CONFIGS:-local full window conf}
+dtype=${DTYPE:-f32}
+text=../shared/data/tinystories/validation-sample.txt
+
+die() {
+        echo "bench/long.sh: $*" >&2
+        exit 2
+}
+for p in "$bin/kvc-run" "$bin/kvcd"; do [ -x "$p" ] || die "$p is missing: make all BUILD=$build"; done
+[ -f "$model" ] || die "no model at $model: make model"
+[ -f "$text" ] || die "no $text"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvc-bench-long-XXXXXX")
+kvcd_pid=
+cleanup() {
+        if [ -n "$kvcd_pid" ]; then
+                kill "$kvcd_pid" 2>/dev/null || true
+                wait "$kvcd_pid" 2>/dev/null || true
+        fi
+        rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+field() { sed -n "s/.*\"$1\": *\([0-9.e+-]*\).*/\1/p" | head -1; }
+kvcrun() {
+        timeout 3600 "$bin/kvc-run" --model "$model" --json --no-stop --threads 1 "$@" 2>"$tmp/err" ||
+                { cat "$tmp/err" >&2; die "kvc-run $* failed"; }
+}
+# prompt_of C: writes a prompt of C tokens (within 1%) to $tmp/prompt.C, its token count to stdout
+prompt_of() {
+        local c=$1 chars=$(($1 * 4)) n=0
+        if [ "$c" -le 16 ]; then
+                printf 'Once upon a time' >"$tmp/prompt.$c"
+        else
+                for _ in 1 2 3 4; do
+                        head -c "$chars" "$text" >"$tmp/prompt.$c"
+                        n=$(kvcrun --local -i "$(cat "$tmp/prompt.$c")" -n 1 | field prompt_tokens)
+                        [ $((n * 100)) -ge $((c * 99)) ] && [ "$n" -le "$c" ] && break
+                        chars=$((chars * c / n - 4))
+                done
+        fi
+        kvcrun --local -i "$(cat "$tmp/prompt.$c")" -n 1 | field prompt_tokens
+}
+
+"$bin/kvcd" --runtime-dir "$tmp/run" --capacity 2G --log-level warning 2>"$tmp/kvcd.log" &
+kvcd_pid=$!
+for _ in $(seq 400); do
+        [ -S "$tmp/run/kvcd.sock" ] && [ -S "$tmp/run/kvcd.fd.sock" ] && break
+        kill -0 "$kvcd_pid" 2>/dev/null || break
+        sleep 0.05 # waiting for a process we started to bind, bounded
+done
+[ -S "$tmp/run/kvcd.fd.sock" ] || { cat "$tmp/kvcd.log" >&2; die "kvcd did not come up"; }
+
+echo "# SmolLM2 decode at long context (bench/long.sh), 1 thread, $decode tokens after the prompt, kvcd's cache $dtype"
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ local changes)')"
+echo "machine: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), load average at the start $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+declare -A tps
+for c in $contexts; do
+        n=$(prompt_of "$c")
+        p=$(cat "$tmp/prompt.$c")
+        steps=$((n + decode))
+        echo "context $c: $n prompt tokens ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
+        for cfg in $configs; do
+                case $cfg in
+                local) args=(--local) ;;
+                full) args=(--socket "$tmp/run" --dtype "$dtype" --policy full) ;;
+                conf8) args=(--socket "$tmp/run" --dtype "$dtype" --policy conf --budget "$budget" --param int8=1) ;;
+                *) args=(--socket "$tmp/run" --dtype "$dtype" --policy "$cfg" --budget "$budget") ;;
+                esac
+                out=$(kvcrun "${args[@]}" -i "$p" -n "$steps")
+                t=$(field decode_tokens <<<"$out")
+                s=$(field decode_seconds <<<"$out")
+                u=$(field decode_cpu_seconds <<<"$out")
+                tps[$c.$cfg]=$(awk -v t="$t" -v s="$u" 'BEGIN { printf "%.1f", t / s }')
+                wall=$(awk -v t="$t" -v s="$s" 'BEGIN { printf "%.1f", t / s }')
+                echo "  $cfg: ${tps[$c.$cfg]} tokens per CPU second, $wall per wall second ($(date -u +%T))" >&2
+        done
+done
+echo "load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+echo "tokens per CPU second of kvc-run (- where a configuration was not run):"
+echo "| context (tokens) | --local, full cache | kvcd full | kvcd window $budget | kvcd conf $budget | kvcd conf $budget, int8 | window / full | conf / full | short-context window / window | short / conf |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+first=${contexts%% *}
+for c in $contexts; do
+        awk -v c="$c" -v l="${tps[$c.local]:--}" -v f="${tps[$c.full]:--}" -v w="${tps[$c.window]:--}" \
+                -v k="${tps[$c.conf]:--}" -v k8="${tps[$c.conf8]:--}" -v sw="${tps[$first.window]:--}" \
+                -v sk="${tps[$first.conf]:--}" '
+                function ratio(a, b) { return (a == "-" || b == "-" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
+                BEGIN { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, l, f, w, k, k8,
+                        ratio(w, f), ratio(k, f), ratio(sw, w), ratio(sk, k) }'
+done
