@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "mixed.h"
+#include "cpu.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -453,7 +454,7 @@ ATTN_AVX2 static void fast_tile_avx2(struct fast *F, const struct tile *t, const
 static bool fast_cpu_has_avx2(void) {
         static int have = -1;
         if (have < 0)
-                have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+                have = cpu_has_avx2_f16c();
         return have;
 }
 #else
