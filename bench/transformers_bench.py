@@ -65,13 +65,13 @@ def child(mode: str, context: int, decode: int, sock: str) -> dict:
     times = []
     with torch.no_grad():
         t0 = time.perf_counter()
-        out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
         prefill_s = time.perf_counter() - t0
         nxt = int(out.logits[0, -1].argmax())
         gen = [nxt]
         for _ in range(decode - 1):
             t = time.perf_counter()
-            out = model(torch.tensor([[nxt]]), past_key_values=cache, use_cache=True)
+            out = model(torch.tensor([[nxt]]), cache=cache, use_cache=True)
             nxt = int(out.logits[0, -1].argmax())
             times.append(time.perf_counter() - t)
             gen.append(nxt)

@@ -19,7 +19,8 @@ Contract:
   which is how a decoder's forward uses them. Nothing else holds keys or values.
 - Step summaries come from the model's logits: a forward hook on the output embeddings
   summarizes the last position's logits (kvcd.summarize) and queues kvc_step (phase "prefill"
-  for a forward of more than one token, else "decode"). The flush that sends them and applies
+  for a forward of more than one token, else "decode"; the hook acts only after a forward that
+  updated this cache). The flush that sends them and applies
   kvcd's plan is lazy: it runs at the next ``get_mask_sizes`` or ``update``, before any tensor of
   the next forward is handed out (the causal mask asks layer 0 for its size before any update,
   and the size it gets already counts the plan). Nothing compacts under a tensor attention reads.
@@ -163,6 +164,8 @@ class KvcdLayer(CacheLayerMixin):
         _active.cache = c
         c._forwarding = True
         n = key_states.shape[2]
+        if self.layer == 0:
+            c._forward_tokens = n
         # [1, kv_heads, n, head_dim] -> [n, kv_heads, head_dim] float32, the layout kvc_append takes
         k = key_states[0].transpose(0, 1).to(torch.float32).contiguous().numpy()
         v = value_states[0].transpose(0, 1).to(torch.float32).contiguous().numpy()
@@ -181,7 +184,8 @@ class KvcdLayer(CacheLayerMixin):
             raise KvcNotSupported(95, "KvcdCache reads full-precision blocks only (no INT8 tiers)")
         n, T = cv.n_tokens, cv.block_tokens
         c.peak_stored = max(c.peak_stored, n)
-        addrs = np.ctypeslib.as_array(cv.blocks, (cv.n_blocks,)).astype(np.int64) if cv.n_blocks else None
+        addrs = (np.ctypeslib.as_array(ctypes.cast(cv.blocks, ctypes.POINTER(ctypes.c_uint64)), (cv.n_blocks,))
+                 .astype(np.int64) if cv.n_blocks else None)
         if addrs is None:
             raise KvcInvalid(22, f"layer {self.layer} has no blocks after an append")
         g = c.geometry
@@ -237,6 +241,7 @@ class KvcdCache(Cache):
         self.stored_after_plans: List[int] = []  # layer 0's length after each applied flush
         self._pending = False
         self._forwarding = False
+        self._forward_tokens = 0
         self._scores = policy not in _NO_SCORES
         self._ks: Optional[torch.Tensor] = None
         self._vs: Optional[torch.Tensor] = None
@@ -259,7 +264,9 @@ class KvcdCache(Cache):
             return
         self._forwarding = False
         logits = output[0, -1].detach().to(torch.float32).contiguous().numpy()
-        phase = "prefill" if output.shape[1] > 1 else "decode"
+        # the logits may be of the last position only (logits_to_keep): the forward's length is
+        # what layer 0 was given
+        phase = "prefill" if self._forward_tokens > 1 else "decode"
         self.step(logits, phase=phase)
 
     def step(self, logits: np.ndarray, phase: str = "decode") -> None:

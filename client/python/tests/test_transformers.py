@@ -56,12 +56,14 @@ def client(kvcd_daemon):
         yield c
 
 
-def _generate(model, ids: List[int], n: int, cache, force: bool = False) -> List[int]:
+def _generate(model, ids: List[int], n: int, cache, force: bool = False, keyword: str = "cache") -> List[int]:
+    """Greedy generate() of n tokens through cache (given as ``cache=``, transformers 5.x's
+    keyword, or ``past_key_values=``, still accepted)."""
     x = torch.tensor([ids])
     kw = {"min_new_tokens": n} if force else {}
+    kw[keyword] = cache
     with torch.no_grad():
-        out = model.generate(x, attention_mask=torch.ones_like(x), past_key_values=cache, max_new_tokens=n,
-                             do_sample=False, **kw)
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, **kw)
     return out[0, len(ids):].tolist()
 
 
@@ -72,7 +74,7 @@ def test_full_matches_dynamic_cache_and_golden(smollm2, client, name):
     n = len(g["new_ids"])
     ref = _generate(model, g["prompt_ids"], n, DynamicCache(config=model.config))
     cache = KvcdCache(client, model, policy="full")
-    got = _generate(model, g["prompt_ids"], n, cache)
+    got = _generate(model, g["prompt_ids"], n, cache, keyword="past_key_values" if name == "story" else "cache")
     stats = cache.close()
     assert ref == g["new_ids"], "transformers' own cache does not reproduce the golden ids"
     assert got == ref
@@ -147,18 +149,18 @@ def test_positions_and_mask_right_after_eviction(smollm2, client):
     cache = KvcdCache(client, model, policy="window", budget=16)
     with torch.no_grad():
         for i in range(0, len(head), 8):
-            model(torch.tensor([head[i:i + 8]]), past_key_values=cache, use_cache=True)
+            model(torch.tensor([head[i:i + 8]]), cache=cache, use_cache=True)
         cache._sync()  # the plan of the last chunk's step, as the next forward would apply it
         kept = [cache.layers[l]._gather(torch.float32) for l in range(cache.geometry.n_layers)]
         kept = [(k.clone(), v.clone()) for k, v in kept]
         stored = kept[0][0].shape[2]
         assert stored < len(head), "the window evicted nothing"
         assert cache.get_seq_length() == len(head)
-        got = model(torch.tensor([tail]), past_key_values=cache, use_cache=True).logits[0]
+        got = model(torch.tensor([tail]), cache=cache, use_cache=True).logits[0]
         ref_cache = DynamicCache(config=model.config)
         for l, (k, v) in enumerate(kept):
             ref_cache.update(k, v, l)
         pos = torch.arange(len(head), len(ids))[None]
-        want = model(torch.tensor([tail]), past_key_values=ref_cache, position_ids=pos, use_cache=True).logits[0]
+        want = model(torch.tensor([tail]), cache=ref_cache, position_ids=pos, use_cache=True).logits[0]
     cache.close()
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
