@@ -151,8 +151,10 @@ def test_positions_and_mask_right_after_eviction(smollm2, client):
         for i in range(0, len(head), 8):
             model(torch.tensor([head[i:i + 8]]), cache=cache, use_cache=True)
         cache._sync()  # the plan of the last chunk's step, as the next forward would apply it
-        kept = [cache.layers[l]._gather(torch.float32) for l in range(cache.geometry.n_layers)]
-        kept = [(k.clone(), v.clone()) for k, v in kept]
+        kept = []  # each layer's gather reuses the one scratch: copy it before the next
+        for layer in cache.layers:
+            k, v = layer._gather(torch.float32)
+            kept.append((k.clone(), v.clone()))
         stored = kept[0][0].shape[2]
         assert stored < len(head), "the window evicted nothing"
         assert cache.get_seq_length() == len(head)
