@@ -4,11 +4,13 @@ SmolLM2 (issue 20's targets): decode time per token and the process's resident m
 context, one thread.
 
     build/venv-torch/bin/python bench/transformers_bench.py --build build/dev [--context 4096]
-        [--decode 32] [--rounds 2] [--modes dynamic,full,window,h2o]
+        [--decode 32] [--chunk 512] [--rounds 2] [--modes dynamic,full,window,h2o]
 
 Each (mode, round) runs in a child process of its own (so that its RSS is its own): it loads the
 model, prefills a --context-token prompt (SmolLM2's tokens of a repeated story text; what the
-tokens say does not matter here), then decodes --decode tokens greedily by hand (one forward per
+tokens say does not matter here) in --chunk-token pieces (default 512: a budgeted session
+holds at most its limit, so a longer prompt goes in piece by piece with kvcd's plan applied
+between pieces; every mode is prefilled the same way), then decodes --decode tokens greedily by hand (one forward per
 token, argmax) and reports the median decode time per token, VmRSS and VmHWM after the run and
 after loading the model. kvcd modes talk to a kvcd this script starts for the run (a private
 runtime directory, --capacity 1G); window and h2o run at a budget of a quarter of the context.
@@ -41,7 +43,7 @@ def _status_kib(field: str) -> int:
     return 0
 
 
-def child(mode: str, context: int, decode: int, sock: str) -> dict:
+def child(mode: str, context: int, decode: int, sock: str, chunk: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -65,7 +67,10 @@ def child(mode: str, context: int, decode: int, sock: str) -> dict:
     times = []
     with torch.no_grad():
         t0 = time.perf_counter()
-        out = model(torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
+        # in chunks: a budgeted session holds at most its limit, so a prompt longer than that
+        # goes in piece by piece, kvcd's plan applied between pieces (every mode alike)
+        for i in range(0, len(ids), chunk):
+            out = model(torch.tensor([ids[i:i + chunk]]), cache=cache, use_cache=True, logits_to_keep=1)
         prefill_s = time.perf_counter() - t0
         nxt = int(out.logits[0, -1].argmax())
         gen = [nxt]
@@ -118,11 +123,12 @@ def main() -> int:
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--modes", default="dynamic,full,window,h2o")
+    ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--child", default=None)
     ap.add_argument("--socket", default=None)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(a.child, a.context, a.decode, a.socket)))
+        print(json.dumps(child(a.child, a.context, a.decode, a.socket, a.chunk)))
         return 0
     build = os.path.abspath(a.build)
     os.environ["KVC_LIBRARY"] = os.path.join(build, "lib", "libkvc.so")
@@ -132,7 +138,7 @@ def main() -> int:
         for r in range(a.rounds):
             for mode in a.modes.split(","):
                 out = subprocess.run([sys.executable, __file__, "--child", mode, "--socket", run, "--context",
-                                      str(a.context), "--decode", str(a.decode)], capture_output=True, text=True,
+                                      str(a.context), "--decode", str(a.decode), "--chunk", str(a.chunk)], capture_output=True, text=True,
                                      check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
                 res = json.loads(out.stdout.strip().splitlines()[-1])
                 results.setdefault(mode, []).append(res)
