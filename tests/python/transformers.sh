@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/python/transformers.sh BUILD: the pytest tests of kvcd.transformers
+# tests/python/transformers.sh BUILD [PYTEST-ARGS...]: the pytest tests of kvcd.transformers
 # (client/python/tests/test_transformers*.py: SmolLM2 through KvcdCache against DynamicCache and
 # the golden ids of ../shared/models/smollm2) with the venv `make python-deps` made in
 # BUILD/venv-torch, against the build tree's kvcd and libkvc. Installs nothing; nothing is fetched
@@ -8,6 +8,7 @@
 # Makefile lists this script only when the venv exists (or with KVC_TORCH=1, which makes it).
 set -eu
 build=${1:-build}
+[ $# -gt 0 ] && shift
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 case $build in /*) ;; *) build=$root/$build ;; esac
@@ -27,4 +28,4 @@ export KVCCTL=$build/bin/kvcctl
 export PYTHONPATH=$root/client/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 unset KVC_SOCKET
-exec "$py" -m pytest -q -p no:cacheprovider client/python/tests/test_transformers.py
+exec "$py" -m pytest -q -p no:cacheprovider client/python/tests/test_transformers.py "$@"
