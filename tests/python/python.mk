@@ -50,3 +50,10 @@ PYTHON_TORCH_TESTS := tests/python/transformers.sh
 else
 PYTHON_TORCH_TESTS := $(if $(wildcard $(VENV_TORCH_STAMP)),tests/python/transformers.sh)
 endif
+
+# make bench-transformers: bench/transformers_bench.py (KvcdCache against DynamicCache on SmolLM2,
+# 4K context, one thread; about 12 minutes on the 2-core VM). Results: bench/RESULTS.md.
+.PHONY: bench-transformers
+bench-transformers: python-deps model
+	@$(MAKE) --no-print-directory all
+	$(VENV_TORCH)/bin/python bench/transformers_bench.py --build $(BUILD) $(TRANSFORMERS_BENCH_ARGS)
