@@ -166,3 +166,21 @@ def test_positions_and_mask_right_after_eviction(smollm2, client):
         want = model(torch.tensor([tail]), cache=ref_cache, position_ids=pos, use_cache=True).logits[0]
     cache.close()
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+def test_prompt_longer_than_the_session_limit_is_refused(smollm2, client):
+    """The limit: one forward holds at most session.max_tokens (budget + slack) in a layer; a
+    longer prompt in one piece is KvcNoSpace (fed in chunks it goes in, as the mask test does)."""
+    model, _ = smollm2
+    ids = golden("chat-poem")["prompt_ids"]
+    cache = KvcdCache(client, model, policy="window", budget=16)
+    limit = cache.session.max_tokens
+    assert limit < len(ids)
+    with torch.no_grad(), pytest.raises(kvcd.KvcNoSpace):
+        model(torch.tensor([ids]), cache=cache, use_cache=True)
+    cache.close()
+    cache = KvcdCache(client, model, policy="window", budget=16)
+    with torch.no_grad():
+        model(torch.tensor([ids[:limit]]), cache=cache, use_cache=True)
+    assert cache.session.layer_tokens(0) == limit
+    cache.close()
