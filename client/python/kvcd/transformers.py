@@ -343,7 +343,7 @@ def load_smollm2(gguf_path: str, dtype: torch.dtype = torch.float32) -> Tuple[An
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    d, f = os.path.split(os.path.abspath(gguf_path))
+    d, f = os.path.split(os.path.abspath(os.path.expanduser(gguf_path)))
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype)
     model.eval()
