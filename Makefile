@@ -176,7 +176,7 @@ tests: all $(UNIT_TESTS) $(INTEGRATION_TESTS) $(if $(filter 1,$(CUDA)),cuda) cud
 # The CUDA kernels run on the CPU under tests/gpu/emu as one more test program (any machine).
 test: deps model
 	@$(MAKE) --no-print-directory tests
-	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/engine/dequant.sh tests/gpu/emulate.sh tests/gpu/ipc_fake.sh tests/systemd/verify.sh tests/systemd/man.sh tests/python/run.sh tests/systemd/deploy.sh tests/python/binding.sh \
+	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/engine/dequant.sh tests/gpu/emulate.sh tests/gpu/ipc_fake.sh tests/systemd/verify.sh tests/systemd/man.sh tests/python/run.sh tests/systemd/deploy.sh tests/python/binding.sh $(PYTHON_TORCH_TESTS) \
 		$(FUZZ_REPLAY_TESTS)
 
 check: deps

@@ -1,0 +1,353 @@
+"""kvcd.transformers: kvcd as the KV cache of a Hugging Face transformers model (5.x Cache API).
+
+    cache = KvcdCache(client, model, policy="window", budget=256)
+    out = model.generate(ids, past_key_values=cache, max_new_tokens=64, do_sample=False)
+    stats = cache.close()
+
+What this module owns: KvcdCache (a transformers ``Cache`` of KvcdLayer objects, one per decoder
+layer) and the attention function "kvcd_sdpa" it installs for the policies that rank by
+attention. docs/python.md ("transformers") has the decisions and the measurements.
+
+Contract:
+
+- Keys and values live once, in kvcd's pool: ``update`` appends the new tokens to the session
+  (kvc_append: libkvc writes them, their positions and zero scores into the layer's blocks) and
+  returns tensors gathered from the pool's blocks into one scratch buffer that every layer of the
+  cache shares (attention needs one dense [1, kv_heads, n, head_dim] tensor and kvcd's blocks are
+  16 tokens of [kv_heads, 16, head_dim] each, so no strided view covers a layer). The scratch is
+  overwritten by the next layer's update: the tensors ``update`` returns are valid until then,
+  which is how a decoder's forward uses them. Nothing else holds keys or values.
+- Step summaries come from the model's logits: a forward hook on the output embeddings
+  summarizes the last position's logits (kvcd.summarize) and queues kvc_step (phase "prefill"
+  for a forward of more than one token, else "decode"; the hook acts only after a forward that
+  updated this cache). The flush that sends them and applies
+  kvcd's plan is lazy: it runs at the next ``get_mask_sizes`` or ``update``, before any tensor of
+  the next forward is handed out (the causal mask asks layer 0 for its size before any update,
+  and the size it gets already counts the plan). Nothing compacts under a tensor attention reads.
+- ``get_seq_length()`` is the number of tokens seen (the next token's position), not the number
+  stored. ``get_mask_sizes`` answers (stored + query, seen - stored): the offset makes the mask
+  compare the stored tokens as older than every query and the new tokens causally among
+  themselves, which is right whatever subset kvcd kept (kept slots stay in position order, all
+  before the new ones). RoPE is applied before the cache, so kept keys keep their rotation.
+- Scores (sum, EMA, last) for the policies that rank by attention come from the model's own
+  attention inputs: "kvcd_sdpa" runs transformers' SDPA attention unchanged (the model's numerics)
+  and, for a one-token query, also kvc_attend on the same query over the same cached keys, whose
+  only use is the score update (its output is dropped). That doubles the attention work of a
+  decode step for those policies; `full` and `window` skip it. Prefill forwards add no scores.
+- Batch size 1, host pools, full-precision layers (no INT8 tiers, no log-weights: `prob` and the
+  INT8 options are refused by update with KvcNotSupported).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from . import _lib
+from .client import Client, Geometry, Session, SessionStats, summarize
+from .errors import KvcInvalid, KvcNotSupported
+
+ATTN_IMPLEMENTATION = "kvcd_sdpa"
+# the policies whose plans do not read attention scores: no kvc_attend for them
+_NO_SCORES = frozenset({"full", "window", "streaming"})
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_ELEM = {"float32": ctypes.c_float, "float16": ctypes.c_uint16, "bfloat16": ctypes.c_uint16}
+
+_active = threading.local()  # the KvcdCache whose update ran last in this thread
+
+
+def _align64(n: int) -> int:
+    return (n + 63) & ~63
+
+
+def _kvcd_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: Optional[torch.Tensor], **kwargs: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """transformers' SDPA attention, plus kvc_attend's score update when the active cache wants it."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    cache = getattr(_active, "cache", None)
+    if cache is not None and cache._scores and query.shape[2] == 1:
+        cache._score(int(module.layer_idx), query)
+    return out
+
+
+def register() -> None:
+    """Registers "kvcd_sdpa" with transformers' attention and mask interfaces (idempotent)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, _kvcd_sdpa)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPLEMENTATION, sdpa_mask)
+
+
+def geometry_of(config: Any, dtype: str = "float32") -> Geometry:
+    """The kvcd Geometry of a Llama-family transformers config."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    return Geometry(n_layers=cfg.num_hidden_layers, n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim,
+                    max_tokens=cfg.max_position_embeddings, dtype=dtype)
+
+
+class _Pool:
+    """The pool's mapped range as one flat torch tensor (no copy: the mapping itself), grown on
+    demand to cover the highest block seen. Elements of the session's dtype."""
+
+    def __init__(self, client: Client, dtype: str) -> None:
+        self.base = int(_lib.load().kvc_pool_base(client._p()) or 0)
+        self.dtype = dtype
+        self.elem = ctypes.sizeof(_ELEM[dtype])
+        self.n = 0
+        self.flat: Optional[torch.Tensor] = None
+
+    def cover(self, end_byte: int) -> torch.Tensor:
+        if self.flat is None or end_byte > self.n * self.elem:
+            n = max(end_byte // self.elem + 1, 2 * self.n)
+            buf = (_ELEM[self.dtype] * n).from_address(self.base)
+            t = torch.from_numpy(np.ctypeslib.as_array(buf))
+            if self.dtype != "float32":
+                t = t.view(_TORCH_DTYPES[self.dtype])
+            self.flat, self.n = t, n
+        assert self.flat is not None
+        return self.flat
+
+
+class KvcdLayer(CacheLayerMixin):
+    """One decoder layer of a KvcdCache: its keys and values are the session's layer in the pool."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self, cache: "KvcdCache", layer: int) -> None:
+        super().__init__()
+        self.cache = cache
+        self.layer = layer
+        self.seen = 0  # tokens seen: the position of the next one
+        self._addrs: Optional[np.ndarray] = None  # the block addresses the index below is for
+        self._kidx: Optional[torch.Tensor] = None  # [kv_heads, blocks * 16]: element offsets of rows
+        self._vidx: Optional[torch.Tensor] = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
+        self.cache._sync()
+        stored = self.cache.session.layer_tokens(self.layer)
+        return stored + query_length, self.seen - stored
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+        c = self.cache
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if key_states.shape[0] != 1:
+            raise KvcNotSupported(95, f"KvcdCache holds one sequence, not a batch of {key_states.shape[0]}")
+        if key_states.device.type != "cpu":
+            raise KvcNotSupported(95, "KvcdCache keeps keys and values in kvcd's host pool: run the model on CPU")
+        c._sync()
+        _active.cache = c
+        c._forwarding = True
+        n = key_states.shape[2]
+        if self.layer == 0:
+            c._forward_tokens = n
+        # [1, kv_heads, n, head_dim] -> [n, kv_heads, head_dim] float32, the layout kvc_append takes
+        k = key_states[0].transpose(0, 1).to(torch.float32).contiguous().numpy()
+        v = value_states[0].transpose(0, 1).to(torch.float32).contiguous().numpy()
+        c.session.append(self.layer, self.seen, k, v)
+        self.seen += n
+        return self._gather(key_states.dtype)
+
+    def _gather(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The layer's keys and values, gathered from its blocks into the cache's scratch."""
+        c = self.cache
+        cv = _lib.CLayerView()
+        r = _lib.load().kvc_layer_view(c.session._p(), self.layer, ctypes.byref(cv))
+        if r < 0:
+            c.session._check(r, f"layer_view {self.layer}")
+        if cv.n_q8:
+            raise KvcNotSupported(95, "KvcdCache reads full-precision blocks only (no INT8 tiers)")
+        n, T = cv.n_tokens, cv.block_tokens
+        c.peak_stored = max(c.peak_stored, n)
+        addrs = (np.ctypeslib.as_array(ctypes.cast(cv.blocks, ctypes.POINTER(ctypes.c_uint64)), (cv.n_blocks,))
+                 .astype(np.int64) if cv.n_blocks else None)
+        if addrs is None:
+            raise KvcInvalid(22, f"layer {self.layer} has no blocks after an append")
+        g = c.geometry
+        H, D = g.n_kv_heads, g.head_dim
+        if self._addrs is None or not np.array_equal(self._addrs, addrs):
+            e = c.pool.elem
+            offs = (addrs - c.pool.base) // e  # element offset of each block
+            rows = np.arange(H)[:, None, None] * (T * D) + np.arange(T)[None, None, :] * D
+            kidx = (offs[None, :, None] + rows).reshape(H, -1)
+            vdelta = _align64(H * T * D * e) // e
+            self._kidx = torch.from_numpy(kidx)
+            self._vidx = torch.from_numpy(kidx + vdelta)
+            self._addrs = addrs
+            c.pool.cover(int(addrs.max() - c.pool.base) + int(cv.block_bytes))
+        assert self._kidx is not None and self._vidx is not None and c.pool.flat is not None
+        flat = c.pool.flat
+        rows_view = torch.as_strided(flat, (flat.numel() - D, D), (1, 1))  # row r: elements [r, r + D)
+        ks, vs = c._scratch(H * n, D, flat.dtype)
+        torch.index_select(rows_view, 0, self._kidx[:, :n].reshape(-1), out=ks)
+        torch.index_select(rows_view, 0, self._vidx[:, :n].reshape(-1), out=vs)
+        keys = ks.view(1, H, n, D)
+        values = vs.view(1, H, n, D)
+        if keys.dtype != dtype:
+            keys, values = keys.to(dtype), values.to(dtype)
+        return keys, values
+
+    def reset(self) -> None:
+        raise KvcNotSupported(95, "a KvcdCache is one session: close it and open another")
+
+
+class KvcdCache(Cache):
+    """A transformers Cache whose layers live in a kvcd session (one sequence).
+
+    ``client`` is a kvcd.Client; ``model`` the transformers model (its config gives the geometry;
+    a hook on its output embeddings sends the step summaries; the policies that rank by attention
+    switch it to the "kvcd_sdpa" attention, which close() undoes). ``policy``, ``budget``,
+    ``params`` and the other keywords go to Client.open_session. ``dtype`` is how kvcd stores the
+    keys and values (default: the model's dtype)."""
+
+    def __init__(self, client: Client, model: torch.nn.Module, policy: str = "full", budget: int = 0,
+                 params: Optional[Dict[str, Any]] = None, dtype: Optional[str] = None,
+                 **session_kwargs: Any) -> None:
+        mdtype = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(
+            getattr(model, "dtype", torch.float32), "float32")
+        self.geometry = geometry_of(model.config, dtype or mdtype)
+        self.client = client
+        self.policy = policy
+        self.session: Session = client.open_session(self.geometry, policy=policy, budget=budget, params=params,
+                                                    **session_kwargs)
+        self.pool = _Pool(client, self.geometry.dtype)
+        self.steps = 0  # kvc_step calls made
+        self.peak_stored = 0  # the most tokens one layer held when attention read it
+        self.stored_after_plans: List[int] = []  # layer 0's length after each applied flush
+        self._pending = False
+        self._forwarding = False
+        self._forward_tokens = 0
+        self._scores = policy not in _NO_SCORES
+        self._ks: Optional[torch.Tensor] = None
+        self._vs: Optional[torch.Tensor] = None
+        self._model = model
+        self._prev_attn: Optional[str] = None
+        head = model.get_output_embeddings()
+        if head is None:
+            raise KvcInvalid(22, "the model has no output embeddings to take the logits from")
+        self._hook = head.register_forward_hook(self._on_logits)
+        if self._scores:
+            register()
+            self._prev_attn = model.config._attn_implementation
+            model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        super().__init__(layers=[KvcdLayer(self, i) for i in range(self.geometry.n_layers)])
+
+    # ---- the model's side ----
+
+    def _on_logits(self, module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        if not self._forwarding:  # a forward that did not use this cache
+            return
+        self._forwarding = False
+        logits = output[0, -1].detach().to(torch.float32).contiguous().numpy()
+        # the logits may be of the last position only (logits_to_keep): the forward's length is
+        # what layer 0 was given
+        phase = "prefill" if self._forward_tokens > 1 else "decode"
+        self.step(logits, phase=phase)
+
+    def step(self, logits: np.ndarray, phase: str = "decode") -> None:
+        """Queues the summary of one step's logits; the next update or mask query flushes it. The
+        hook calls this itself; call it only for a model driven without the hook."""
+        self.session.step(self.steps, summarize(logits), phase=phase)
+        self.steps += 1
+        self._pending = True
+
+    def _sync(self) -> None:
+        """Sends the queued summaries and applies kvcd's plan (between forwards only)."""
+        if self._pending:
+            self._pending = False
+            self.client.flush()
+            self.stored_after_plans.append(self.session.layer_tokens(0))
+
+    def _score(self, layer: int, query: torch.Tensor) -> None:
+        q = query[0, :, 0, :].to(torch.float32).contiguous().numpy()
+        self.session.attend(layer, q)
+
+    def _scratch(self, rows: int, D: int, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self._ks is None or self._ks.shape[0] < rows or self._ks.dtype != dtype:
+            cap = max(rows, 2 * (self._ks.shape[0] if self._ks is not None else 0), 1024)
+            self._ks = torch.empty(cap, D, dtype=dtype)
+            self._vs = torch.empty(cap, D, dtype=dtype)
+        assert self._vs is not None
+        return self._ks[:rows], self._vs[:rows]
+
+    # ---- Cache ----
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
+
+    def layer_tokens(self) -> List[int]:
+        """The tokens each layer holds in kvcd now."""
+        return [self.session.layer_tokens(i) for i in range(self.geometry.n_layers)]
+
+    def crop(self, max_length: int) -> None:
+        raise KvcNotSupported(95, "KvcdCache cannot be cropped (kvcd owns what is kept)")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if beam_idx.numel() != 1 or int(beam_idx[0]) != 0:
+            raise KvcNotSupported(95, "KvcdCache holds one sequence: no beam search")
+
+    def close(self) -> Optional[SessionStats]:
+        """Flushes what is queued, removes the hook (and the attention switch), closes the session
+        and returns kvcd's final accounting. A second close returns the same."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+            if self._prev_attn is not None:
+                self._model.set_attn_implementation(self._prev_attn)
+                self._prev_attn = None
+        if getattr(_active, "cache", None) is self:
+            _active.cache = None
+        if not self.session.closed:
+            self._sync()
+        self._ks = self._vs = None
+        self.pool.flat = None
+        return self.session.close()
+
+    def __enter__(self) -> "KvcdCache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def load_smollm2(gguf_path: str, dtype: torch.dtype = torch.float32) -> Tuple[Any, Any]:
+    """SmolLM2 (or any Llama GGUF) as a transformers model and tokenizer, dequantized from the
+    GGUF by transformers' loader, offline (nothing from a model hub). Sets HF_HUB_OFFLINE=1."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, f = os.path.split(os.path.abspath(os.path.expanduser(gguf_path)))
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype)
+    model.eval()
+    return model, tok
+
+
+__all__: Iterable[str] = ["KvcdCache", "KvcdLayer", "register", "geometry_of", "load_smollm2", "ATTN_IMPLEMENTATION"]
