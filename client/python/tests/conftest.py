@@ -9,6 +9,7 @@ stopped at the end of its test. Every wait here has a deadline.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import shutil
@@ -29,6 +30,13 @@ def _bin(name: str) -> str:
     return os.path.join(BUILD, "bin", name)
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: kvcd gets SIGTERM when the test process dies (a crash in a test
+    skips the fixture's teardown, and kvcd would outlive the run)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class Daemon:
     """One kvcd: ``dir`` its runtime directory, ``proc`` the process, ``log`` its stderr."""
 
@@ -44,7 +52,7 @@ class Daemon:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [_bin("kvcd"), "--runtime-dir", self.dir, "--log-level", "debug", *(extra or [])],
-                stdout=subprocess.DEVNULL, stderr=log, env=env)
+                stdout=subprocess.DEVNULL, stderr=log, env=env, preexec_fn=_die_with_parent)
         try:
             self._wait_ready(ns)
         finally:
