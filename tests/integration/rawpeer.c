@@ -126,3 +126,64 @@ int rawpeer_open_session(struct rawpeer *p, const char *policy, uint32_t budget,
         *ret_id = in->session_opened->session_id;
         return 0;
 }
+
+int rawadmin_open(struct rawadmin *a, const char *dir) {
+        char ep[300];
+        int zero = 0;
+        memset(a, 0, sizeof(*a));
+        if (wire_arena_new(WIRE_REPLY_MAX_BYTES, &a->arena) < 0)
+                return -ENOMEM;
+        snprintf(ep, sizeof(ep), "ipc://%s/kvcd.admin.sock", dir);
+        a->ctx = zmq_ctx_new();
+        a->sock = a->ctx ? zmq_socket(a->ctx, ZMQ_DEALER) : NULL;
+        if (!a->sock || zmq_setsockopt(a->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+            zmq_connect(a->sock, ep) < 0)
+                return -ECONNREFUSED;
+        return 0;
+}
+
+void rawadmin_close(struct rawadmin *a) {
+        if (a->sock)
+                zmq_close(a->sock);
+        if (a->ctx)
+                zmq_ctx_term(a->ctx);
+        wire_arena_free(a->arena);
+        memset(a, 0, sizeof(*a));
+}
+
+int rawadmin_status(struct rawadmin *a, int timeout_ms, const Kvc__Status **ret) {
+        Kvc__StatusRequest sr = KVC__STATUS_REQUEST__INIT;
+        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
+        env.version = WIRE_VERSION;
+        env.request_id = ++a->next_id;
+        env.body_case = KVC__ENVELOPE__BODY_STATUS_REQUEST;
+        env.status_request = &sr;
+        uint8_t buf[64];
+        size_t n = wire_packed_size(&env);
+        wire_pack(&env, buf);
+        if (zmq_send(a->sock, buf, n, 0) < 0)
+                return -EIO;
+        for (;;) {
+                zmq_pollitem_t it = { .socket = a->sock, .events = ZMQ_POLLIN };
+                if (zmq_poll(&it, 1, timeout_ms) <= 0)
+                        return -ETIMEDOUT;
+                zmq_msg_t msg;
+                zmq_msg_init(&msg);
+                if (zmq_msg_recv(&msg, a->sock, 0) < 0) {
+                        zmq_msg_close(&msg);
+                        return -EIO;
+                }
+                char why[WIRE_MAX_MESSAGE];
+                int r = wire_decode(a->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES,
+                                    &in, why, sizeof(why));
+                zmq_msg_close(&msg);
+                if (r < 0)
+                        return r;
+                if (in->request_id != env.request_id)
+                        continue;
+                if (in->body_case != KVC__ENVELOPE__BODY_STATUS)
+                        return -EPROTO;
+                *ret = in->status;
+                return 0;
+        }
+}

@@ -1,5 +1,6 @@
 /* rawpeer.h: a client that speaks kvcd's protocol by hand (wire.c and raw sockets, no libkvc),
- * so tests can send what libkvc never would: garbage, oversized frames, other clients' ids. */
+ * so tests can send what libkvc never would: garbage, oversized frames, other clients' ids; and
+ * rawadmin, an admin peer that stays connected between requests (kvcctl connects once a request). */
 #pragma once
 
 #include <stdbool.h>
@@ -29,3 +30,16 @@ int rawpeer_recv(struct rawpeer *p, int timeout_ms, Kvc__Envelope **ret);
 int rawpeer_call(struct rawpeer *p, Kvc__Envelope *env, Kvc__Envelope **ret);
 /* Opens a session of the stories260K geometry with the policy; its id in *ret_id. */
 int rawpeer_open_session(struct rawpeer *p, const char *policy, uint32_t budget, uint64_t *ret_id);
+
+struct rawadmin {
+        void *ctx, *sock;
+        struct wire_arena *arena;
+        uint64_t next_id;
+};
+
+/* Connects to the admin socket of kvcd in runtime directory dir. */
+int rawadmin_open(struct rawadmin *a, const char *dir);
+void rawadmin_close(struct rawadmin *a);
+/* A Status round trip within timeout_ms; *ret is valid until the next call. Answers to earlier
+ * requests (that timed out) are skipped. */
+int rawadmin_status(struct rawadmin *a, int timeout_ms, const Kvc__Status **ret);

@@ -81,90 +81,31 @@ static int64_t now_ms(void) {
 
 /* ---- an admin peer that stays connected (kvcctl is a process per request) ---- */
 
-struct admin {
-        void *ctx, *sock;
-        struct wire_arena *arena;
-        uint64_t next_id;
-};
-
 struct status {
         uint64_t capacity, used, deaths;
         uint32_t clients, sessions, chunks_in_use, chunks_total;
 };
 
-static int admin_open(struct admin *a, const char *dir) {
-        char ep[300];
-        int zero = 0;
-        memset(a, 0, sizeof(*a));
-        if (wire_arena_new(WIRE_REPLY_MAX_BYTES, &a->arena) < 0)
-                return -ENOMEM;
-        snprintf(ep, sizeof(ep), "ipc://%s/kvcd.admin.sock", dir);
-        a->ctx = zmq_ctx_new();
-        a->sock = a->ctx ? zmq_socket(a->ctx, ZMQ_DEALER) : NULL;
-        if (!a->sock || zmq_setsockopt(a->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
-            zmq_connect(a->sock, ep) < 0)
-                return -ECONNREFUSED;
+static int admin_status(struct rawadmin *a, struct status *ret) {
+        const Kvc__Status *s;
+        int r = rawadmin_status(a, HARNESS_DEADLINE_MS, &s);
+        if (r < 0)
+                return r;
+        *ret = (struct status){ .capacity = s->capacity_bytes,
+                                .used = s->used_bytes,
+                                .deaths = s->client_deaths,
+                                .clients = s->clients,
+                                .sessions = s->sessions,
+                                .chunks_in_use = s->chunks_in_use,
+                                .chunks_total = s->chunks_total };
         return 0;
-}
-
-static void admin_close(struct admin *a) {
-        if (a->sock)
-                zmq_close(a->sock);
-        if (a->ctx)
-                zmq_ctx_term(a->ctx);
-        wire_arena_free(a->arena);
-        memset(a, 0, sizeof(*a));
-}
-
-static int admin_status(struct admin *a, struct status *ret) {
-        Kvc__StatusRequest sr = KVC__STATUS_REQUEST__INIT;
-        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
-        env.version = WIRE_VERSION;
-        env.request_id = ++a->next_id;
-        env.body_case = KVC__ENVELOPE__BODY_STATUS_REQUEST;
-        env.status_request = &sr;
-        uint8_t buf[64];
-        size_t n = wire_packed_size(&env);
-        wire_pack(&env, buf);
-        if (zmq_send(a->sock, buf, n, 0) < 0)
-                return -EIO;
-        for (;;) {
-                zmq_pollitem_t it = { .socket = a->sock, .events = ZMQ_POLLIN };
-                if (zmq_poll(&it, 1, HARNESS_DEADLINE_MS) <= 0)
-                        return -ETIMEDOUT;
-                zmq_msg_t msg;
-                zmq_msg_init(&msg);
-                if (zmq_msg_recv(&msg, a->sock, 0) < 0) {
-                        zmq_msg_close(&msg);
-                        return -EIO;
-                }
-                char why[WIRE_MAX_MESSAGE];
-                int r = wire_decode(a->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES,
-                                    &in, why, sizeof(why));
-                zmq_msg_close(&msg);
-                if (r < 0)
-                        return r;
-                if (in->request_id != env.request_id)
-                        continue;
-                if (in->body_case != KVC__ENVELOPE__BODY_STATUS)
-                        return -EPROTO;
-                const Kvc__Status *s = in->status;
-                *ret = (struct status){ .capacity = s->capacity_bytes,
-                                        .used = s->used_bytes,
-                                        .deaths = s->client_deaths,
-                                        .clients = s->clients,
-                                        .sessions = s->sessions,
-                                        .chunks_in_use = s->chunks_in_use,
-                                        .chunks_total = s->chunks_total };
-                return 0;
-        }
 }
 
 /* ---- the fixture: one kvcd, its admin peer, its idle fd count, solo outputs ---- */
 
 struct fixture {
         struct daemon d;
-        struct admin admin;
+        struct rawadmin admin;
         int base_fds;      /* kvcd's fds when idle, chunk memfds aside */
         char *solo_window; /* the solo outputs the survivors must reproduce */
         char *solo_conf;
@@ -222,7 +163,7 @@ static char *solo_run(const struct fixture *f, const char *const *config) {
 
 static int measure_baseline(struct fixture *f) {
         struct status st;
-        if (admin_open(&f->admin, f->d.dir) < 0 || admin_status(&f->admin, &st) < 0)
+        if (rawadmin_open(&f->admin, f->d.dir) < 0 || admin_status(&f->admin, &st) < 0)
                 return -1;
         f->base_fds = harness_fd_count(f->d.pid, CHUNK_FD_PREFIX, NULL);
         return f->base_fds > 0 ? 0 : -1;
@@ -318,7 +259,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
         struct fixture *f = *state;
-        admin_close(&f->admin);
+        rawadmin_close(&f->admin);
         harness_daemon_drain_notify(&f->d); /* a full notify socket would block kvcd's stop */
         int st = harness_daemon_stop(&f->d);
         free(f->solo_window);
@@ -792,7 +733,7 @@ static void kvcd_killed_under_load_fails_its_clients_and_restarts_clean(void **s
                 assert_int_equal(harness_daemon_kill(&f->d, &st), 0);
                 assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
                 int64_t killed_at = now_ms();
-                admin_close(&f->admin);
+                rawadmin_close(&f->admin);
 
                 for (int i = 0; i < 3; i++) {
                         char *rest = harness_read_all(p[i].out_fd), *err = harness_read_all(err_fd[i]);

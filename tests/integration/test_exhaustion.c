@@ -85,74 +85,29 @@ static long long cpu_ms(pid_t pid) {
 /* ---- an admin peer that stays connected (kvcctl would need a new connection per request) ---- */
 
 struct admin {
-        void *ctx, *sock;
-        struct wire_arena *arena;
-        uint64_t next_id;
+        struct rawadmin raw;
         uint64_t errors; /* errors_total in the last Status */
 };
 
 static int admin_open(struct admin *a, const char *dir) {
-        char ep[300];
-        int zero = 0;
-        memset(a, 0, sizeof(*a));
-        if (wire_arena_new(WIRE_REPLY_MAX_BYTES, &a->arena) < 0)
-                return -ENOMEM;
-        snprintf(ep, sizeof(ep), "ipc://%s/kvcd.admin.sock", dir);
-        a->ctx = zmq_ctx_new();
-        a->sock = a->ctx ? zmq_socket(a->ctx, ZMQ_DEALER) : NULL;
-        if (!a->sock || zmq_setsockopt(a->sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
-            zmq_connect(a->sock, ep) < 0)
-                return -ECONNREFUSED;
-        return 0;
+        a->errors = 0;
+        return rawadmin_open(&a->raw, dir);
 }
 
 static void admin_close(struct admin *a) {
-        if (a->sock)
-                zmq_close(a->sock);
-        if (a->ctx)
-                zmq_ctx_term(a->ctx);
-        wire_arena_free(a->arena);
-        memset(a, 0, sizeof(*a));
+        rawadmin_close(&a->raw);
 }
 
 /* kvcd's clients and sessions (and a->errors), from a Status round trip. */
 static int admin_status(struct admin *a, uint32_t *ret_clients, uint32_t *ret_sessions) {
-        Kvc__StatusRequest sr = KVC__STATUS_REQUEST__INIT;
-        Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
-        env.version = WIRE_VERSION;
-        env.request_id = ++a->next_id;
-        env.body_case = KVC__ENVELOPE__BODY_STATUS_REQUEST;
-        env.status_request = &sr;
-        uint8_t buf[64];
-        size_t n = wire_packed_size(&env);
-        wire_pack(&env, buf);
-        if (zmq_send(a->sock, buf, n, 0) < 0)
-                return -EIO;
-        for (;;) {
-                zmq_pollitem_t it = { .socket = a->sock, .events = ZMQ_POLLIN };
-                if (zmq_poll(&it, 1, HARNESS_DEADLINE_MS) <= 0)
-                        return -ETIMEDOUT;
-                zmq_msg_t msg;
-                zmq_msg_init(&msg);
-                if (zmq_msg_recv(&msg, a->sock, 0) < 0) {
-                        zmq_msg_close(&msg);
-                        return -EIO;
-                }
-                char why[WIRE_MAX_MESSAGE];
-                int r = wire_decode(a->arena, zmq_msg_data(&msg), zmq_msg_size(&msg), WIRE_REPLY_MAX_BYTES,
-                                    &in, why, sizeof(why));
-                zmq_msg_close(&msg);
-                if (r < 0)
-                        return r;
-                if (in->request_id != env.request_id)
-                        continue;
-                if (in->body_case != KVC__ENVELOPE__BODY_STATUS)
-                        return -EPROTO;
-                a->errors = in->status->errors_total;
-                *ret_clients = in->status->clients;
-                *ret_sessions = in->status->sessions;
-                return 0;
-        }
+        const Kvc__Status *s;
+        int r = rawadmin_status(&a->raw, HARNESS_DEADLINE_MS, &s);
+        if (r < 0)
+                return r;
+        a->errors = s->errors_total;
+        *ret_clients = s->clients;
+        *ret_sessions = s->sessions;
+        return 0;
 }
 
 /* Waits (admin round trips, deadline) until kvcd has `clients` clients. */
@@ -486,7 +441,7 @@ static void out_of_descriptors_kvcd_keeps_serving_and_does_not_spin(void **state
                 assert_int_equal(admin_status(&a, &clients, &sessions), 0);
                 assert_true(sessions >= 1);
                 answers++;
-                zmq_pollitem_t it = { .socket = a.sock, .events = ZMQ_POLLIN };
+                zmq_pollitem_t it = { .socket = a.raw.sock, .events = ZMQ_POLLIN };
                 zmq_poll(&it, 1, 50);
         }
         long long cpu = cpu_ms(d->pid) - cpu0, wall = now_ms() - t0;
