@@ -1196,6 +1196,17 @@ static void usage(FILE *f) {
                    "  -h, --help, -V, --version\n");
 }
 
+/* What the SmolLM2 tasks (niah, longdoc) take from the lab's own options: the model is --model,
+ * else $KVC_SMOLLM2. */
+static void niah_options_from(struct niah_options *no, const struct eval *e, bool model_given) {
+        const char *env = getenv("KVC_SMOLLM2");
+        no->socket = e->socket;
+        no->model_path = model_given ? e->model_path : env ? env : NULL;
+        no->data_path = e->data_path;
+        no->out_dir = e->out_dir;
+        no->quick = e->quick;
+}
+
 int main(int argc, char **argv) {
         static const struct option opts[] = {
                 { "socket", required_argument, NULL, 'S' },
@@ -1327,12 +1338,7 @@ int main(int argc, char **argv) {
                 return 1;
         }
         if (strcmp(task, "longdoc") == 0) {
-                const char *env = getenv("KVC_SMOLLM2");
-                no.socket = e.socket;
-                no.model_path = model_given ? e.model_path : env ? env : NULL;
-                no.data_path = e.data_path;
-                no.out_dir = e.out_dir;
-                no.quick = e.quick;
+                niah_options_from(&no, &e, model_given);
                 if (!no.n_lengths) {
                         no.lengths[0] = e.quick ? 256 : 4096;
                         no.n_lengths = 1;
@@ -1353,12 +1359,7 @@ int main(int argc, char **argv) {
                 return longdoc_run(&no) < 0 ? 1 : 0;
         }
         if (strcmp(task, "niah") == 0) {
-                const char *env = getenv("KVC_SMOLLM2");
-                no.socket = e.socket;
-                no.model_path = model_given ? e.model_path : env ? env : NULL;
-                no.data_path = e.data_path;
-                no.out_dir = e.out_dir;
-                no.quick = e.quick;
+                niah_options_from(&no, &e, model_given);
                 if (!no.n_lengths) {
                         no.lengths[0] = e.quick ? 192 : 1024;
                         no.lengths[1] = 2048;

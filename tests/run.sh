@@ -23,8 +23,9 @@ for t in "$@"; do
         out=$("$t" 2>&1)
         rc=$?
         printf '%s\n' "$out" | sed "s/^/[$name] /"
-        p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | tail -1)
-        f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | tail -1)
+        # a program may run several groups, each with its own summary: all of them count
+        p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{ s += $1 } END { if (NR) print s }')
+        f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | awk '{ s += $1 } END { if (NR) print s }')
         passed=$((passed + ${p:-0}))
         failed=$((failed + ${f:-0}))
         while read -r t; do

@@ -304,6 +304,24 @@ static double charged_bytes(struct kvc_session *s, uint32_t n_layers, double *re
         return b;
 }
 
+/* Adds k steps of what kvcd holds for s to the running sums (both tasks weight a step by the rows
+ * it scored). */
+static void held_add(struct kvc_session *s, uint32_t n_layers, uint32_t k, double *charged, double *tokens) {
+        double tok;
+        *charged += k * charged_bytes(s, n_layers, &tok);
+        *tokens += k * tok;
+}
+
+/* Closes s: its peak as kvcd charged it, and the sums made averages over weight. */
+static void held_close(struct kvc_session *s, double weight, double *charged, double *tokens,
+                       uint64_t *peak_charged) {
+        struct kvc_session_stats st;
+        if (kvc_session_close(s, &st) == 0)
+                *peak_charged = st.peak_bytes;
+        *charged /= weight > 0 ? weight : 1;
+        *tokens /= weight > 0 ? weight : 1;
+}
+
 static int run_needle(struct niah *n, const struct needle *nd, struct niah_result *res) {
         const struct model_config *mc = n->mc;
         uint32_t C = n->n_cfg, V = (uint32_t)mc->vocab_size, L = (uint32_t)mc->n_layers;
@@ -393,24 +411,15 @@ static int run_needle(struct niah *n, const struct needle *nd, struct niah_resul
                 }
                 if (r == 0 && (r = kvc_flush(n->client)) < 0)
                         fprintf(stderr, "kvc-eval niah: step %u: %s\n", last, kvc_last_error(n->client));
-                for (uint32_t c = 0; r == 0 && c < C; c++) {
-                        double tok;
-                        res[c].charged += k * charged_bytes(ss[c], L, &tok);
-                        res[c].tokens += k * tok;
-                }
+                for (uint32_t c = 0; r == 0 && c < C; c++)
+                        held_add(ss[c], L, k, &res[c].charged, &res[c].tokens);
                 weight += k;
                 pos += k;
                 n->rows_done += nr;
         }
-        for (uint32_t c = 0; c < C; c++) {
-                if (!ss[c])
-                        continue;
-                struct kvc_session_stats st;
-                if (kvc_session_close(ss[c], &st) == 0)
-                        res[c].peak_charged = st.peak_bytes;
-                res[c].charged /= weight > 0 ? weight : 1;
-                res[c].tokens /= weight > 0 ? weight : 1;
-        }
+        for (uint32_t c = 0; c < C; c++)
+                if (ss[c])
+                        held_close(ss[c], weight, &res[c].charged, &res[c].tokens, &res[c].peak_charged);
         return r;
 }
 
@@ -902,24 +911,15 @@ static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t sco
                 if (r == 0 && (r = kvc_flush(n->client)) < 0)
                         fprintf(stderr, "kvc-eval longdoc: step %u: %s\n", pos + k - 1,
                                 kvc_last_error(n->client));
-                for (uint32_t c = 0; r == 0 && c < C; c++) {
-                        double tok;
-                        res[c].charged += k * charged_bytes(ss[c], L, &tok);
-                        res[c].tokens += k * tok;
-                }
+                for (uint32_t c = 0; r == 0 && c < C; c++)
+                        held_add(ss[c], L, k, &res[c].charged, &res[c].tokens);
                 weight += k;
                 pos += k;
                 n->rows_done += nr;
         }
-        for (uint32_t c = 0; c < C; c++) {
-                if (!ss[c])
-                        continue;
-                struct kvc_session_stats st;
-                if (kvc_session_close(ss[c], &st) == 0)
-                        res[c].peak_charged = st.peak_bytes;
-                res[c].charged /= weight > 0 ? weight : 1;
-                res[c].tokens /= weight > 0 ? weight : 1;
-        }
+        for (uint32_t c = 0; c < C; c++)
+                if (ss[c])
+                        held_close(ss[c], weight, &res[c].charged, &res[c].tokens, &res[c].peak_charged);
         free(ref);
         free(lp);
         return r;

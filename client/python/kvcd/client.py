@@ -25,7 +25,7 @@ import ctypes
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 
@@ -87,6 +87,29 @@ def _f32p(a: np.ndarray) -> int:
         return ctypes.addressof(ctypes.c_char.from_buffer(a))
     except (TypeError, ValueError):
         return a.__array_interface__["data"][0]
+
+
+_T = TypeVar("_T", bound="_Closes")
+
+
+class _Closes:
+    """A context manager that closes itself at the end of the block, and when it is collected
+    (errors there are dropped: the interpreter may be shutting down)."""
+
+    def close(self) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 @dataclass(frozen=True)
@@ -289,7 +312,7 @@ class LayerView:
         return np.concatenate(parts, axis=1)[:, :n].copy()
 
 
-class Session:
+class Session(_Closes):
     """One sequence's cache in kvcd's pool (Client.open_session). Use it as a context manager or
     call close()."""
 
@@ -300,18 +323,6 @@ class Session:
         self._final: Optional[SessionStats] = None
         self._kv_shapes = [(geometry.n_kv_heads, geometry.head_dim), (geometry.n_kv_heads * geometry.head_dim,)]
         self._q_shapes = [(geometry.n_heads, geometry.head_dim), (geometry.n_heads * geometry.head_dim,)]
-
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = f"id={self.id}" if self._ptr else "closed"
@@ -501,7 +512,7 @@ class Session:
         return self._final
 
 
-class Client:
+class Client(_Closes):
     """One connection to kvcd (kvcd.connect). A context manager; close() closes every session."""
 
     def __init__(self, socket: Optional[str] = None, name: Optional[str] = None, plan_lag: int = 0,
@@ -518,18 +529,6 @@ class Client:
             why = lib.kvc_last_error(None)
             _raise(r, (why or b"").decode(errors="replace") or f"cannot connect to kvcd at {socket or 'the default'}")
         self._ptr = out.value
-
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def _p(self) -> int:
         if not self._ptr:
