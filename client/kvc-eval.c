@@ -1457,11 +1457,13 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "kvc-eval: %d of %u workers failed: no results (%s untouched)\n", failed,
                         e.jobs, e.out_dir);
                 unlink(pairs_path);
-                return 1;
+        } else {
+                report(&e, m, &own);
+                fprintf(stderr,
+                        "kvc-eval: %u configurations, %llu tokens scored each, %.1f s; results in %s\n",
+                        e.n_configs, (unsigned long long)(e.n_configs ? m[0].n : 0), seconds() - t0,
+                        e.out_dir);
         }
-        report(&e, m, &own);
-        fprintf(stderr, "kvc-eval: %u configurations, %llu tokens scored each, %.1f s; results in %s\n",
-                e.n_configs, (unsigned long long)(e.n_configs ? m[0].n : 0), seconds() - t0, e.out_dir);
         free(e.recs);
         tokenizer_free(e.tok);
         model_free(e.model);
