@@ -32,7 +32,7 @@ $(VLLM_KV_EVENTS): tests/python/vllm-requirements.txt | pydeps
 #
 # `make test` runs tests/python/transformers.sh when the venv exists, or always with KVC_TORCH=1
 # (which then makes the venv first). Without either it is left out of the list, not failed:
-# whether CI downloads torch is the lead's decision (docs/python.md, "transformers").
+# CI does not download torch for now (3 GB on every fresh machine; docs/python.md, "transformers").
 VENV_TORCH := $(BUILD)/venv-torch
 VENV_TORCH_STAMP := $(VENV_TORCH)/.requirements
 
