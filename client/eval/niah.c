@@ -662,26 +662,50 @@ static void finish_partial(const struct niah_options *o, const char *name, bool 
                 fprintf(stderr, "kvc-eval niah: cannot write %s: %s\n", to, strerror(errno));
 }
 
-int niah_run(const struct niah_options *o) {
-        struct niah n = { .o = o, .rng = o->seed ? o->seed : 0x243f6a8885a308d3ull };
+/* What both tasks start from: the GGUF model and its tokenizer, the stories, a kvcd client (named
+ * kvc-eval-TASK). On failure it says why on stderr; when the model itself did not open, n->model
+ * is NULL and nothing is held, otherwise lab_close releases what did open. */
+static int lab_open(struct niah *n, const char *task) {
+        const struct niah_options *o = n->o;
         struct model_options mo = { .threads = o->threads };
-        char why[256] = "";
-        int r = model_open(o->model_path, &mo, &n.model, why, sizeof(why));
-        if (r == 0 && !model_is_gguf(n.model))
-                r = -EINVAL, snprintf(why, sizeof(why), "the needle task needs a GGUF chat model");
+        char why[256] = "", name[64];
+        int r = model_open(o->model_path, &mo, &n->model, why, sizeof(why));
+        if (r == 0 && !model_is_gguf(n->model))
+                r = -EINVAL, snprintf(why, sizeof(why), "the %s task needs a GGUF chat model", task);
         if (r == 0)
-                r = text_open_gguf(o->model_path, &n.tok, why, sizeof(why));
+                r = text_open_gguf(o->model_path, &n->tok, why, sizeof(why));
         if (r < 0) {
-                fprintf(stderr, "kvc-eval niah: %s: %s\n", o->model_path, why[0] ? why : strerror(-r));
-                model_free(n.model);
+                fprintf(stderr, "kvc-eval %s: %s: %s\n", task, o->model_path, why[0] ? why : strerror(-r));
+                n->model = model_free(n->model);
                 return r;
         }
-        n.mc = model_get_config(n.model);
-        if ((r = load_data(&n)) < 0)
-                fprintf(stderr, "kvc-eval niah: %s: no stories (%s)\n", o->data_path, strerror(-r));
-        struct kvc_options ko = { .socket = o->socket, .name = "kvc-eval-niah", .timeout_ms = 120000 };
-        if (r == 0 && (r = kvc_connect(&ko, &n.client)) < 0)
-                fprintf(stderr, "kvc-eval niah: cannot connect to kvcd: %s\n", strerror(-r));
+        n->mc = model_get_config(n->model);
+        if ((r = load_data(n)) < 0) {
+                fprintf(stderr, "kvc-eval %s: %s: no stories (%s)\n", task, o->data_path, strerror(-r));
+                return r;
+        }
+        snprintf(name, sizeof(name), "kvc-eval-%s", task);
+        struct kvc_options ko = { .socket = o->socket, .name = name, .timeout_ms = 120000 };
+        if ((r = kvc_connect(&ko, &n->client)) < 0)
+                fprintf(stderr, "kvc-eval %s: cannot connect to kvcd: %s\n", task, strerror(-r));
+        return r;
+}
+
+static void lab_close(struct niah *n) {
+        if (n->client)
+                kvc_disconnect(n->client);
+        text_free(n->tok);
+        model_free(n->model);
+        free(n->data);
+        free(n->stories);
+        free(n->story_lens);
+}
+
+int niah_run(const struct niah_options *o) {
+        struct niah n = { .o = o, .rng = o->seed ? o->seed : 0x243f6a8885a308d3ull };
+        int r = lab_open(&n, "niah");
+        if (r < 0 && !n.model)
+                return r;
         FILE *jsonl = NULL, *csv = NULL, *md = NULL, *per = NULL;
         if (r == 0) {
                 jsonl = open_partial(o, "niah.jsonl");
@@ -771,13 +795,7 @@ int niah_run(const struct niah_options *o) {
         }
         if (r == 0)
                 fprintf(stderr, "kvc-eval niah: %.0f s; results in %s\n", now_s() - n.t0, o->out_dir);
-        if (n.client)
-                kvc_disconnect(n.client);
-        text_free(n.tok);
-        model_free(n.model);
-        free(n.data);
-        free(n.stories);
-        free(n.story_lens);
+        lab_close(&n);
         return r;
 }
 
@@ -992,25 +1010,10 @@ static void write_doc_outputs(struct niah *n, uint32_t length, uint32_t docs, co
 
 int longdoc_run(const struct niah_options *o) {
         struct niah n = { .o = o, .rng = o->seed ? o->seed : 0x13198a2e03707344ull };
-        struct model_options mo = { .threads = o->threads };
-        char why[256] = "";
         uint32_t docs = o->needles;
-        int r = model_open(o->model_path, &mo, &n.model, why, sizeof(why));
-        if (r == 0 && !model_is_gguf(n.model))
-                r = -EINVAL, snprintf(why, sizeof(why), "the long-document task needs a GGUF model");
-        if (r == 0)
-                r = text_open_gguf(o->model_path, &n.tok, why, sizeof(why));
-        if (r < 0) {
-                fprintf(stderr, "kvc-eval longdoc: %s: %s\n", o->model_path, why[0] ? why : strerror(-r));
-                model_free(n.model);
+        int r = lab_open(&n, "longdoc");
+        if (r < 0 && !n.model)
                 return r;
-        }
-        n.mc = model_get_config(n.model);
-        if ((r = load_data(&n)) < 0)
-                fprintf(stderr, "kvc-eval longdoc: %s: no stories (%s)\n", o->data_path, strerror(-r));
-        struct kvc_options ko = { .socket = o->socket, .name = "kvc-eval-longdoc", .timeout_ms = 120000 };
-        if (r == 0 && (r = kvc_connect(&ko, &n.client)) < 0)
-                fprintf(stderr, "kvc-eval longdoc: cannot connect to kvcd: %s\n", strerror(-r));
         FILE *jsonl = r == 0 ? open_partial(o, "longdoc.jsonl") : NULL,
              *md = r == 0 ? open_partial(o, "longdoc.md") : NULL;
         if (r == 0 && (!jsonl || !md))
@@ -1068,12 +1071,6 @@ int longdoc_run(const struct niah_options *o) {
                 finish_partial(o, "longdoc.jsonl", r == 0);
                 finish_partial(o, "longdoc.md", r == 0);
         }
-        if (n.client)
-                kvc_disconnect(n.client);
-        text_free(n.tok);
-        model_free(n.model);
-        free(n.data);
-        free(n.stories);
-        free(n.story_lens);
+        lab_close(&n);
         return r;
 }
