@@ -552,75 +552,140 @@ static struct tile fast_block_tile(const struct block_layout *l, uint8_t *b, uin
                               .cnt = cnt };
 }
 
-/* The fast kernel over M, whose q8 layout may be NULL when n_q8 is 0 (a plain layer). */
-static int fast_layer(const struct mixed_layer *M, const float *q, float *out, uint32_t n_heads,
-                      float ema_gamma, int update_scores, float *scratch, enum attn_isa isa) {
+/* Where the tiles of a layer come from: blocks (M; its q8 layout may be NULL when n_q8 is 0) or a
+ * contiguous f32 cache (keys, values; no log-weights, no scores). */
+struct rows_src {
+        const struct mixed_layer *M;
+        const float *keys, *values;
+        size_t row_stride; /* floats between tokens of the contiguous cache */
+        uint32_t H, D, T, n, nq;
+};
+
+/* The tile at slot j of KV head g: a block's worth of tokens (its INT8 or full-precision part). */
+static struct tile rows_tile(const struct rows_src *src, uint32_t g, uint32_t j) {
+        if (!src->M) {
+                size_t off = (size_t)j * src->row_stride + (size_t)g * src->D;
+                uint32_t cnt = src->n - j < src->T ? src->n - j : src->T;
+                return (struct tile){ .k = (const uint8_t *)(src->keys + off),
+                                      .v = (const uint8_t *)(src->values + off),
+                                      .stride = src->row_stride * sizeof(float),
+                                      .dtype = BLOCK_DTYPE_F32,
+                                      .slot0 = j,
+                                      .cnt = cnt };
+        }
+        const struct mixed_layer *M = src->M;
+        bool q8 = j < src->nq;
+        uint32_t len = q8 ? src->nq - j : src->n - j, cnt = len < src->T ? len : src->T;
+        return q8 ? fast_block_tile(M->q8, M->q8_blocks[j / src->T], g, j, cnt)
+                  : fast_block_tile(M->fp, M->fp_blocks[(j - src->nq) / src->T], g, j, cnt);
+}
+
+/* The score update of KV head g after F's row: a_j = exp(s_j - m_tile) exp(m_tile - m) / l,
+ * averaged over the group, tile by tile in the order the row was computed; shared slots left
+ * alone. F->s holds each tile's coefficients. */
+static void fast_scores(struct fast *F, const struct mixed_layer *M, uint32_t g, float ema_gamma) {
         const struct block_layout *lf = M->fp, *lq = M->q8;
-        uint32_t H = lf->n_kv_heads, D = lf->head_dim, T = lf->block_tokens, n = M->n_tokens, nq = M->n_q8;
-        if (!q || !out)
-                return -EINVAL;
-        struct fast F;
-        int r = fast_init(&F, n, n_heads, H, D, T, update_scores, scratch, isa);
-        if (r < 0)
-                return r;
-        F.n_shared = M->n_shared;
-        for (uint32_t g = 0; g < H; g++) {
-                F.mask = M->n_shared ? M->shared_mask + (size_t)g * M->mask_stride : NULL;
-                fast_head_begin(&F, q, g);
-                /* tile i is computed while tile i + 1's rows are fetched */
-                struct tile t = { .cnt = 0 }, next;
-                for (uint32_t i = 0, j = 0; j < n; i++) {
-                        bool q8 = j < nq;
-                        uint32_t len = q8 ? nq - j : n - j, cnt = len < T ? len : T;
-                        next = q8 ? fast_block_tile(lq, M->q8_blocks[j / T], g, j, cnt)
-                                  : fast_block_tile(lf, M->fp_blocks[(j - nq) / T], g, j, cnt);
-                        fast_prefetch(&next, D);
-                        if (i)
-                                fast_tile(&F, &t);
-                        t = next;
-                        j += cnt;
+        uint32_t T = lf->block_tokens, n = F->n, nq = M->n_q8, tile = 0;
+        for (uint32_t part = 0; part < 2; part++) {
+                const struct block_layout *l = part ? lf : lq;
+                uint32_t base = part ? nq : 0, len = part ? n - nq : nq;
+                for (uint32_t j0 = 0; j0 < len; j0 += T, tile++) {
+                        uint8_t *b = part ? M->fp_blocks[j0 / T] : M->q8_blocks[j0 / T];
+                        uint32_t cnt = len - j0 < T ? len - j0 : T;
+                        for (uint32_t rr = 0; rr < F->group; rr++) {
+                                float tmax = F->tm[(size_t)rr * F->n_tiles + tile];
+                                F->s[rr] = F->l[rr] > 0.0f && !isinf(tmax)
+                                                   ? expf(tmax - F->m[rr]) / F->l[rr] / (float)F->group
+                                                   : 0.0f;
+                        }
+                        for (uint32_t u = 0; u < cnt; u++) {
+                                uint32_t j = base + j0 + u;
+                                if (j < M->n_shared)
+                                        continue;
+                                float a = 0.0f;
+                                for (uint32_t rr = 0; rr < F->group; rr++)
+                                        a += F->p[(size_t)rr * n + j] * F->s[rr];
+                                float *sum = block_side(l, b, l->sum_offset, g, u);
+                                float *ema = block_side(l, b, l->ema_offset, g, u);
+                                float *last = block_side(l, b, l->last_offset, g, u);
+                                *sum += a;
+                                *ema = ema_gamma * *ema + (1.0f - ema_gamma) * a;
+                                *last = a;
+                        }
                 }
-                fast_tile(&F, &t);
-                fast_head_end(&F, out, g);
-                if (!update_scores)
-                        continue;
-                /* a_j = exp(s_j - m_tile) exp(m_tile - m) / l, averaged over the group, tile by tile
-                 * in the order above; shared slots left alone. F.s holds the tile's coefficients. */
-                uint32_t tile = 0;
-                for (uint32_t part = 0; part < 2; part++) {
-                        const struct block_layout *l = part ? lf : lq;
-                        uint32_t base = part ? nq : 0, len = part ? n - nq : nq;
-                        for (uint32_t j0 = 0; j0 < len; j0 += T, tile++) {
-                                uint8_t *b = part ? M->fp_blocks[j0 / T] : M->q8_blocks[j0 / T];
-                                uint32_t cnt = len - j0 < T ? len - j0 : T;
-                                for (uint32_t rr = 0; rr < F.group; rr++) {
-                                        float tmax = F.tm[(size_t)rr * F.n_tiles + tile];
-                                        F.s[rr] = F.l[rr] > 0.0f && !isinf(tmax)
-                                                          ? expf(tmax - F.m[rr]) / F.l[rr] / (float)F.group
-                                                          : 0.0f;
-                                }
-                                for (uint32_t u = 0; u < cnt; u++) {
-                                        uint32_t j = base + j0 + u;
-                                        if (j < M->n_shared)
+        }
+}
+
+/* The fast kernel for n_rows query rows over src's n tokens: row r (queries q + r * n_heads * D,
+ * output likewise) over slots [0, n - n_rows + r + 1), computed as a layer of that many tokens
+ * alone would be, so a row's result does not depend on the other rows; up to ATTN_ROWS_GROUP rows
+ * at a time share each read of a tile (one state per row, rows_floats of scratch each), and their
+ * scores are updated row after row. */
+static int fast_rows(const struct rows_src *src, uint32_t n_rows, const float *q, float *out,
+                     uint32_t n_heads, float ema_gamma, int update_scores, float *scratch, size_t rows_floats,
+                     enum attn_isa isa) {
+        const struct mixed_layer *M = src->M;
+        uint32_t H = src->H, D = src->D, n = src->n;
+        if (!q || !out || !scratch || n_rows == 0 || n_rows > n || src->nq > n - n_rows + 1)
+                return -EINVAL;
+        size_t stride = (size_t)n_heads * D;
+        struct fast F[ATTN_ROWS_GROUP];
+        for (uint32_t r0 = 0; r0 < n_rows; r0 += ATTN_ROWS_GROUP) {
+                uint32_t rows = n_rows - r0 < ATTN_ROWS_GROUP ? n_rows - r0 : ATTN_ROWS_GROUP;
+                for (uint32_t i = 0; i < rows; i++) {
+                        int r = fast_init(&F[i], n - n_rows + r0 + i + 1, n_heads, H, D, src->T,
+                                          update_scores && M, scratch + i * rows_floats, isa);
+                        if (r < 0)
+                                return r;
+                        F[i].n_shared = M ? M->n_shared : 0;
+                }
+                uint32_t last = F[rows - 1].n; /* the longest row's tokens */
+                for (uint32_t g = 0; g < H; g++) {
+                        for (uint32_t i = 0; i < rows; i++) {
+                                F[i].mask =
+                                        F[i].n_shared ? M->shared_mask + (size_t)g * M->mask_stride : NULL;
+                                fast_head_begin(&F[i], q + (r0 + i) * stride, g);
+                        }
+                        /* a tile is computed for every row while the next tile's rows are fetched */
+                        struct tile t = rows_tile(src, g, 0);
+                        for (uint32_t j = 0;;) {
+                                uint32_t end = j + t.cnt;
+                                struct tile next = end < last ? rows_tile(src, g, end) : t;
+                                if (end < last)
+                                        fast_prefetch(&next, D);
+                                for (uint32_t i = 0; i < rows; i++) {
+                                        if (F[i].n <= j)
                                                 continue;
-                                        float a = 0.0f;
-                                        for (uint32_t rr = 0; rr < F.group; rr++)
-                                                a += F.p[(size_t)rr * n + j] * F.s[rr];
-                                        float *sum = block_side(l, b, l->sum_offset, g, u);
-                                        float *ema = block_side(l, b, l->ema_offset, g, u);
-                                        float *last = block_side(l, b, l->last_offset, g, u);
-                                        *sum += a;
-                                        *ema = ema_gamma * *ema + (1.0f - ema_gamma) * a;
-                                        *last = a;
+                                        struct tile ti = t; /* the row's layer ends at F[i].n */
+                                        ti.cnt = F[i].n - j < t.cnt ? F[i].n - j : t.cnt;
+                                        fast_tile(&F[i], &ti);
                                 }
+                                if (end >= last)
+                                        break;
+                                j = end;
+                                t = next;
+                        }
+                        for (uint32_t i = 0; i < rows; i++) {
+                                fast_head_end(&F[i], out + (r0 + i) * stride, g);
+                                if (update_scores && M)
+                                        fast_scores(&F[i], M, g, ema_gamma);
                         }
                 }
         }
         return 0;
 }
 
-int attn_decode_fast(const struct block_layer *L, const float *q, float *out, uint32_t n_heads,
-                     float ema_gamma, int update_scores, float *scratch, enum attn_isa isa) {
+static struct rows_src rows_src_blocks(const struct mixed_layer *M) {
+        return (struct rows_src){ .M = M,
+                                  .H = M->fp->n_kv_heads,
+                                  .D = M->fp->head_dim,
+                                  .T = M->fp->block_tokens,
+                                  .n = M->n_tokens,
+                                  .nq = M->n_q8 };
+}
+
+/* A plain layer as a mixed one without INT8 tokens; -EINVAL for a layer the kernel cannot read. */
+static int plain_as_mixed(const struct block_layer *L, struct mixed_layer *M) {
         if (!L || !L->layout || L->layout->dtype == BLOCK_DTYPE_Q8 || !block_dtype_bytes(L->layout->dtype) ||
             (uint64_t)L->n_tokens > (uint64_t)L->n_blocks * L->layout->block_tokens ||
             (L->n_blocks && !L->blocks))
@@ -628,51 +693,81 @@ int attn_decode_fast(const struct block_layer *L, const float *q, float *out, ui
         if (L->n_shared &&
             (!L->shared_mask || (uint64_t)L->mask_stride * 8 < L->n_shared || L->n_shared > L->n_tokens))
                 return -EINVAL;
-        struct mixed_layer M = { .fp = L->layout,
-                                 .fp_blocks = L->blocks,
-                                 .n_fp_blocks = L->n_blocks,
-                                 .n_tokens = L->n_tokens,
-                                 .n_shared = L->n_shared,
-                                 .shared_mask = L->shared_mask,
-                                 .mask_stride = L->mask_stride };
-        return fast_layer(&M, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
+        *M = (struct mixed_layer){ .fp = L->layout,
+                                   .fp_blocks = L->blocks,
+                                   .n_fp_blocks = L->n_blocks,
+                                   .n_tokens = L->n_tokens,
+                                   .n_shared = L->n_shared,
+                                   .shared_mask = L->shared_mask,
+                                   .mask_stride = L->mask_stride };
+        return 0;
+}
+
+static int rows_over(const struct mixed_layer *M, uint32_t n_rows, const float *q, float *out,
+                     uint32_t n_heads, float ema_gamma, int update_scores, float *scratch,
+                     enum attn_isa isa) {
+        struct rows_src src = rows_src_blocks(M);
+        if (src.n == 0)
+                return -EINVAL;
+        size_t per = attn_fast_scratch_floats(src.n, n_heads, src.H, src.D, src.T);
+        if (!per)
+                return -EINVAL;
+        return fast_rows(&src, n_rows, q, out, n_heads, ema_gamma, update_scores, scratch, per, isa);
+}
+
+size_t attn_rows_scratch_floats(uint32_t n_tokens, uint32_t n_rows, uint32_t n_heads, uint32_t n_kv_heads,
+                                uint32_t head_dim, uint32_t tile_tokens) {
+        uint32_t group = n_rows < ATTN_ROWS_GROUP ? n_rows : ATTN_ROWS_GROUP;
+        return group * attn_fast_scratch_floats(n_tokens, n_heads, n_kv_heads, head_dim, tile_tokens);
+}
+
+int attn_decode_fast(const struct block_layer *L, const float *q, float *out, uint32_t n_heads,
+                     float ema_gamma, int update_scores, float *scratch, enum attn_isa isa) {
+        return attn_prefill_fast(L, 1, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
 }
 
 int attn_decode_fast_mixed(const struct mixed_layer *M, const float *q, float *out, uint32_t n_heads,
                            float ema_gamma, int update_scores, float *scratch, enum attn_isa isa) {
+        return attn_prefill_fast_mixed(M, 1, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
+}
+
+int attn_prefill_fast(const struct block_layer *L, uint32_t n_rows, const float *q, float *out,
+                      uint32_t n_heads, float ema_gamma, int update_scores, float *scratch,
+                      enum attn_isa isa) {
+        struct mixed_layer M;
+        int r = plain_as_mixed(L, &M);
+        return r < 0 ? r : rows_over(&M, n_rows, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
+}
+
+int attn_prefill_fast_mixed(const struct mixed_layer *M, uint32_t n_rows, const float *q, float *out,
+                            uint32_t n_heads, float ema_gamma, int update_scores, float *scratch,
+                            enum attn_isa isa) {
         if (!M || mixed_layer_check(M) < 0)
                 return -EINVAL;
-        return fast_layer(M, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
+        return rows_over(M, n_rows, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
 }
 
 int attn_decode_rows(const float *keys, const float *values, size_t row_stride, uint32_t n_tokens,
                      const float *q, float *out, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
                      float *scratch, enum attn_isa isa) {
-        if (!keys || !values || !q || !out || row_stride < (size_t)n_kv_heads * head_dim)
+        return attn_prefill_rows(keys, values, row_stride, n_tokens, 1, q, out, n_heads, n_kv_heads, head_dim,
+                                 scratch, isa);
+}
+
+int attn_prefill_rows(const float *keys, const float *values, size_t row_stride, uint32_t n_tokens,
+                      uint32_t n_rows, const float *q, float *out, uint32_t n_heads, uint32_t n_kv_heads,
+                      uint32_t head_dim, float *scratch, enum attn_isa isa) {
+        if (!keys || !values || row_stride < (size_t)n_kv_heads * head_dim || n_tokens == 0)
                 return -EINVAL;
-        struct fast F;
-        int r = fast_init(&F, n_tokens, n_heads, n_kv_heads, head_dim, ATTN_ROWS_TILE, false, scratch, isa);
-        if (r < 0)
-                return r;
-        for (uint32_t g = 0; g < n_kv_heads; g++) {
-                fast_head_begin(&F, q, g);
-                struct tile t = { .cnt = 0 }, next;
-                for (uint32_t j = 0; j < n_tokens; j += ATTN_ROWS_TILE) {
-                        size_t off = (size_t)j * row_stride + (size_t)g * head_dim;
-                        next = (struct tile){ .k = (const uint8_t *)(keys + off),
-                                              .v = (const uint8_t *)(values + off),
-                                              .stride = row_stride * sizeof(float),
-                                              .dtype = BLOCK_DTYPE_F32,
-                                              .slot0 = j,
-                                              .cnt = n_tokens - j < ATTN_ROWS_TILE ? n_tokens - j
-                                                                                   : ATTN_ROWS_TILE };
-                        fast_prefetch(&next, head_dim);
-                        if (j)
-                                fast_tile(&F, &t);
-                        t = next;
-                }
-                fast_tile(&F, &t);
-                fast_head_end(&F, out, g);
-        }
-        return 0;
+        size_t per = attn_fast_scratch_floats(n_tokens, n_heads, n_kv_heads, head_dim, ATTN_ROWS_TILE);
+        if (!per)
+                return -EINVAL;
+        struct rows_src src = { .keys = keys,
+                                .values = values,
+                                .row_stride = row_stride,
+                                .H = n_kv_heads,
+                                .D = head_dim,
+                                .T = ATTN_ROWS_TILE,
+                                .n = n_tokens };
+        return fast_rows(&src, n_rows, q, out, n_heads, 0.0f, 0, scratch, per, isa);
 }

@@ -62,6 +62,26 @@ int attn_decode_fast(const struct block_layer *L, const float *q, float *out, ui
 int attn_decode_fast_mixed(const struct mixed_layer *M, const float *q, float *out, uint32_t n_heads,
                            float ema_gamma, int update_scores, float *scratch, enum attn_isa isa);
 
+/* ---- many query rows at once: a prompt chunk ----
+ *
+ * The last n_rows tokens of a layer (a chunk of a prompt just appended) attend causally: row r
+ * (queries q + r * n_heads * head_dim, output likewise) over slots [0, n_tokens - n_rows + r + 1),
+ * computed exactly as attn_decode_fast over a layer of that many tokens computes it (the same
+ * tiles, the same order: bit for bit), scores updated row after row as n_rows calls would. Up to
+ * ATTN_ROWS_GROUP rows share each read of a tile of keys and values, so a chunk reads the cache
+ * once per group instead of once per row. The rows' tokens must be full precision (n_q8 <=
+ * n_tokens - n_rows + 1); -EINVAL otherwise and as attn_decode_fast. scratch holds
+ * attn_rows_scratch_floats(n_tokens, n_rows, ...) floats. n_rows = 1 is attn_decode_fast. */
+#define ATTN_ROWS_GROUP 8u
+size_t attn_rows_scratch_floats(uint32_t n_tokens, uint32_t n_rows, uint32_t n_heads, uint32_t n_kv_heads,
+                                uint32_t head_dim, uint32_t tile_tokens);
+int attn_prefill_fast(const struct block_layer *L, uint32_t n_rows, const float *q, float *out,
+                      uint32_t n_heads, float ema_gamma, int update_scores, float *scratch,
+                      enum attn_isa isa);
+int attn_prefill_fast_mixed(const struct mixed_layer *M, uint32_t n_rows, const float *q, float *out,
+                            uint32_t n_heads, float ema_gamma, int update_scores, float *scratch,
+                            enum attn_isa isa);
+
 /* The same kernel over a contiguous f32 cache (kvc-run --local's): token t's KV head g key is
  * keys[t * row_stride + g * head_dim .. + head_dim), its value likewise in values; no
  * log-weights, no scores. Tiles of ATTN_ROWS_TILE tokens, the block size kvc-run gives kvcd, so a
@@ -71,3 +91,8 @@ int attn_decode_fast_mixed(const struct mixed_layer *M, const float *q, float *o
 int attn_decode_rows(const float *keys, const float *values, size_t row_stride, uint32_t n_tokens,
                      const float *q, float *out, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
                      float *scratch, enum attn_isa isa);
+/* attn_decode_rows for the last n_rows of n_tokens rows, causally (as attn_prefill_fast); scratch
+ * holds attn_rows_scratch_floats(n_tokens, n_rows, n_heads, n_kv_heads, head_dim, ATTN_ROWS_TILE). */
+int attn_prefill_rows(const float *keys, const float *values, size_t row_stride, uint32_t n_tokens,
+                      uint32_t n_rows, const float *q, float *out, uint32_t n_heads, uint32_t n_kv_heads,
+                      uint32_t head_dim, float *scratch, enum attn_isa isa);

@@ -8,7 +8,8 @@
  * element may differ by ATTN_TOL = 2e-5 absolute; the score arrays (each a_j <= 1, sum averaged
  * over the group) by SCORE_TOL = 1e-5. Masks are exact: a masked token gets exactly zero. The
  * rows entry over a contiguous f32 cache equals the blocks entry over f32 blocks of 16 bit for
- * bit (what makes kvc-run through kvcd with --policy full print --local's text).
+ * bit (what makes kvc-run through kvcd with --policy full print --local's text), and a prompt
+ * chunk's rows at once (attn_prefill_*) equal one decode call per row bit for bit, scores included.
  */
 #include <errno.h>
 #include <math.h>
@@ -348,6 +349,135 @@ static void rows_equal_f32_blocks_of_16_bit_for_bit(void **state) {
         }
 }
 
+/* A layer's first n tokens (the others not there yet), as a plain or a mixed layer. */
+static struct mixed_layer mixed_first(struct layer *t, uint32_t n_q8, uint32_t n) {
+        struct mixed_layer M = mixed_of(t, n_q8);
+        M.n_tokens = n;
+        M.n_fp_blocks = (n - n_q8 + t->fp.block_tokens - 1) / t->fp.block_tokens;
+        return M;
+}
+
+/* A prompt chunk's rows at once (attn_prefill_fast, _mixed, _rows) against one decode call per row
+ * over the layer as it was when that row was appended: the same outputs and the same score arrays,
+ * bit for bit, on both paths; chunks that cross row groups and block boundaries. */
+static void prefill_equals_one_call_per_row(void **state) {
+        (void)state;
+        rng_state = 31;
+        struct {
+                enum block_dtype dt;
+                uint32_t n, n_rows, n_q8;
+                int masked;
+        } cases[] = { { BLOCK_DTYPE_F16, 100, 19, 0, 0 },
+                      { BLOCK_DTYPE_F32, 70, 70, 0, 1 },
+                      { BLOCK_DTYPE_F16, 90, 17, 48, 0 },
+                      { BLOCK_DTYPE_BF16, 9, 1, 0, 1 } };
+        uint32_t T = 16, H = 3, D = 64, nh = 9, QD = nh * D;
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+                uint32_t n = cases[c].n, R = cases[c].n_rows, nq = cases[c].n_q8;
+                struct layer base;
+                layer_make(&base, T, H, D, cases[c].dt, n, cases[c].masked);
+                size_t sf = attn_rows_scratch_floats(n, R, nh, H, D, T);
+                struct mixed_layer probe = mixed_of(&base, 0);
+                size_t qf = compact_mixed_scratch_floats(&probe) + 2 * (size_t)n;
+                float *scratch = malloc((sf > qf ? sf : qf) * sizeof(float));
+                float *q = malloc((size_t)R * QD * sizeof(float)),
+                      *want = malloc((size_t)R * QD * sizeof(float)),
+                      *got = malloc((size_t)R * QD * sizeof(float));
+                assert_non_null(scratch);
+                for (size_t i = 0; i < (size_t)R * QD; i++)
+                        q[i] = uni(-2, 2);
+                if (nq) {
+                        struct mixed_layer M = mixed_of(&base, 0);
+                        M.n_q8_blocks = (nq + T - 1) / T;
+                        assert_int_equal(mixed_advance_q8(&M, nq, scratch), 0);
+                }
+                for (size_t k = 0; k < sizeof(isas) / sizeof(isas[0]); k++) {
+                        struct layer a, b;
+                        layer_copy(&a, &base);
+                        layer_copy(&b, &base);
+                        int r = 0;
+                        for (uint32_t i = 0; i < R && r == 0; i++) {
+                                struct mixed_layer M = mixed_first(&a, nq, n - R + i + 1);
+                                r = attn_decode_fast_mixed(&M, q + (size_t)i * QD, want + (size_t)i * QD, nh,
+                                                           0.75f, 1, scratch, isas[k]);
+                        }
+                        if (r == -ENOTSUP && isas[k] == ATTN_ISA_AVX2) {
+                                layer_done(&a);
+                                layer_done(&b);
+                                continue;
+                        }
+                        assert_int_equal(r, 0);
+                        struct mixed_layer M = mixed_of(&b, nq);
+                        struct block_layer L = plain_of(&b);
+                        r = nq ? attn_prefill_fast_mixed(&M, R, q, got, nh, 0.75f, 1, scratch, isas[k])
+                               : attn_prefill_fast(&L, R, q, got, nh, 0.75f, 1, scratch, isas[k]);
+                        assert_int_equal(r, 0);
+                        assert_memory_equal(got, want, (size_t)R * QD * sizeof(float));
+                        for (uint32_t blk = 0; blk < base.nb; blk++) { /* scores included */
+                                assert_memory_equal(a.fb[blk], b.fb[blk], base.fp.block_bytes);
+                                assert_memory_equal(a.qb[blk], b.qb[blk], base.q8.block_bytes);
+                        }
+                        layer_done(&a);
+                        layer_done(&b);
+                }
+                free(scratch);
+                free(q);
+                free(want);
+                free(got);
+                layer_done(&base);
+        }
+}
+
+/* The contiguous cache's chunk (kvc-run --local's prefill) against one attn_decode_rows per row. */
+static void prefill_rows_equal_one_call_per_row(void **state) {
+        (void)state;
+        rng_state = 32;
+        uint32_t H = 3, D = 64, nh = 9, QD = nh * D, n = 75, R = 41;
+        float *keys = malloc((size_t)n * H * D * sizeof(float)),
+              *vals = malloc((size_t)n * H * D * sizeof(float));
+        float *q = malloc((size_t)R * QD * sizeof(float)), *want = malloc((size_t)R * QD * sizeof(float)),
+              *got = malloc((size_t)R * QD * sizeof(float));
+        for (size_t i = 0; i < (size_t)n * H * D; i++) {
+                keys[i] = uni(-1, 1);
+                vals[i] = uni(-1, 1);
+        }
+        for (size_t i = 0; i < (size_t)R * QD; i++)
+                q[i] = uni(-2, 2);
+        float *scratch = malloc(attn_rows_scratch_floats(n, R, nh, H, D, ATTN_ROWS_TILE) * sizeof(float));
+        for (size_t k = 0; k < sizeof(isas) / sizeof(isas[0]); k++) {
+                int r = 0;
+                for (uint32_t i = 0; i < R && r == 0; i++)
+                        r = attn_decode_rows(keys, vals, (size_t)H * D, n - R + i + 1, q + (size_t)i * QD,
+                                             want + (size_t)i * QD, nh, H, D, scratch, isas[k]);
+                if (r == -ENOTSUP)
+                        continue;
+                assert_int_equal(r, 0);
+                assert_int_equal(attn_prefill_rows(keys, vals, (size_t)H * D, n, R, q, got, nh, H, D, scratch,
+                                                   isas[k]),
+                                 0);
+                assert_memory_equal(got, want, (size_t)R * QD * sizeof(float));
+        }
+        /* a chunk longer than the layer, an empty one, INT8 slots among the rows */
+        assert_int_equal(
+                attn_prefill_rows(keys, vals, (size_t)H * D, 4, 5, q, got, nh, H, D, scratch, ATTN_ISA_BEST),
+                -EINVAL);
+        assert_int_equal(
+                attn_prefill_rows(keys, vals, (size_t)H * D, 4, 0, q, got, nh, H, D, scratch, ATTN_ISA_BEST),
+                -EINVAL);
+        struct layer t;
+        layer_make(&t, 16, H, D, BLOCK_DTYPE_F16, 40, 0);
+        struct mixed_layer M = mixed_of(&t, 32);
+        assert_int_equal(attn_prefill_fast_mixed(&M, 10, q, got, nh, 0.75f, 1, scratch, ATTN_ISA_BEST),
+                         -EINVAL);
+        layer_done(&t);
+        free(scratch);
+        free(keys);
+        free(vals);
+        free(q);
+        free(want);
+        free(got);
+}
+
 static void fast_rejects_bad_arguments(void **state) {
         (void)state;
         rng_state = 23;
@@ -395,6 +525,8 @@ int main(void) {
                 cmocka_unit_test(fast_masks_shared_slots_and_leaves_their_scores),
                 cmocka_unit_test(fast_gives_zeros_when_every_token_is_masked),
                 cmocka_unit_test(rows_equal_f32_blocks_of_16_bit_for_bit),
+                cmocka_unit_test(prefill_equals_one_call_per_row),
+                cmocka_unit_test(prefill_rows_equal_one_call_per_row),
                 cmocka_unit_test(fast_rejects_bad_arguments),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
