@@ -44,6 +44,7 @@
 #include "eval/niah.h"
 #include "eval/stats.h"
 #include "kvc.h"
+#include "kvccache.h"
 #include "model.h"
 #include "tokenizer.h"
 
@@ -354,17 +355,6 @@ static double q8_token_bytes(const struct model_config *mc) {
         return 2.0 * mc->n_kv_heads * hd + 4.0 * mc->n_kv_heads + 4.0 * mc->n_kv_heads * hd / 16.0;
 }
 
-static int kvcd_store(void *ctx, int layer, int pos, const float *k, const float *v) {
-        return kvc_append(ctx, (uint32_t)layer, pos, k, v);
-}
-
-static int kvcd_attend(void *ctx, int layer, int pos, const float *q, float *out) {
-        (void)pos;
-        return kvc_attend(ctx, (uint32_t)layer, q, out);
-}
-
-static const struct model_cache_ops kvcd_ops = { .store = kvcd_store, .attend = kvcd_attend };
-
 static int run_story(struct eval *e, struct kvc_client *client, const struct story *st, uint32_t index,
                      struct metrics *m, struct metrics *own, FILE *pairs) {
         const struct model_config *mc = model_get_config(e->model);
@@ -427,8 +417,8 @@ static int run_story(struct eval *e, struct kvc_client *client, const struct sto
                 for (uint32_t c = 0; r == 0 && c < e->n_configs; c++) {
                         double t0 = seconds();
                         float *logits;
-                        if ((r = model_forward(e->model, st->tokens[pos], (int)pos, &kvcd_ops, sessions[c],
-                                               &logits)) < 0)
+                        if ((r = model_forward(e->model, st->tokens[pos], (int)pos, &kvccache_ops,
+                                               sessions[c], &logits)) < 0)
                                 break;
                         uint32_t top = log_softmax(logits, V, lp);
                         struct metrics *mt = &m[c];

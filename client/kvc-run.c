@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "kvc.h"
+#include "kvccache.h"
 #include "model.h"
 #include "sampler.h"
 #include "text.h"
@@ -261,18 +262,6 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 return -EINVAL; /* a hand-off needs the file, kvcd, and greedy decoding */
         return optind < argc ? -EINVAL : 0;
 }
-
-/* The cache the model's forward pass uses when kvcd manages it. */
-static int kvcd_store(void *ctx, int layer, int pos, const float *k, const float *v) {
-        return kvc_append(ctx, (uint32_t)layer, pos, k, v);
-}
-
-static int kvcd_attend(void *ctx, int layer, int pos, const float *q, float *out) {
-        (void)pos;
-        return kvc_attend(ctx, (uint32_t)layer, q, out);
-}
-
-static const struct model_cache_ops kvcd_cache_ops = { .store = kvcd_store, .attend = kvcd_attend };
 
 /* Appends the JSON escape of s[0..n) to out (bounded). */
 static void json_escape(FILE *f, const char *s, size_t n) {
@@ -548,7 +537,7 @@ static int generate(struct runner *r, int *ret_steps) {
                         return e;
                 token = prompt[pos + 1];
         }
-        const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvcd_cache_ops;
+        const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvccache_ops;
         void *ctx = r->o.local ? (void *)r->plain : (void *)r->session;
 
         struct model_row rows[MODEL_MAX_ROWS];
@@ -690,7 +679,7 @@ static int batch_prompts(struct runner *r, struct seq *seqs, int *ret_n) {
  * weights are read once for all of them, and kvcd gets all their steps in one StepBatch. */
 static int generate_batch(struct runner *r, struct seq *seqs, int n_seqs, int *ret_positions) {
         const struct model_config *mc = model_get_config(r->model);
-        const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvcd_cache_ops;
+        const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvccache_ops;
         int steps = r->o.steps < mc->seq_len ? r->o.steps : mc->seq_len, positions = 0, e = 0;
         bool echo = !r->o.chat && !r->o.prompts;
         struct model_row rows[MODEL_MAX_ROWS];

@@ -4,6 +4,10 @@
  * with the expected shape and a type qtype.c computes with; after llama_new nothing is checked
  * again and nothing is allocated (llama_forward does no allocation and no I/O).
  *
+ * Attention: with a cache that attends rows together (model_cache_ops.attend_rows), a layer stores
+ * every row first, then each context's rows (a prompt chunk, or one decode row) attend in one
+ * call, the contexts spread over the threads; otherwise row by row, store then attend.
+ *
  * Products: every weight matrix W [rows][cols] (GGUF ne = {cols, rows}) multiplies one vector
  * (matmul.h: the exact path, or 8-bit activations quantized once per product); its rows are split
  * into one contiguous range per thread, and a row's result depends on the row and the vector
@@ -18,6 +22,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +59,12 @@ struct llama {
         float *hb, *hb2, *logits;        /* logits: LLAMA_MAX_LOGIT_ROWS rows */
         float *floats;                   /* one allocation behind all of the above */
         struct matmul_q8 *xq;            /* the fast path's activations, every row */
+        struct llama_run {               /* a pass's rows of one context (find_runs) */
+                uint32_t first, n;
+                uint64_t cost;
+                int result;
+        } runs[LLAMA_MAX_ROWS];
+        uint32_t n_runs;
 };
 
 struct product {
@@ -334,6 +345,81 @@ static void rope(const struct llama *m, float *vec, int n_heads, const float *co
         }
 }
 
+/* The rows of a pass as runs, for cache->attend_rows: each context's rows consecutive, at
+ * consecutive positions, in one run. The runs go in m->runs, longest work first (rows times the
+ * last position: what attention over them costs), so that the threads finish together; 0 when
+ * the rows are not so arranged (the pass then attends row by row). */
+static uint32_t find_runs(struct llama *m, const struct model_row *rows, uint32_t n) {
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < n; i++) {
+                if (k && rows[i].ctx == rows[m->runs[k - 1].first].ctx) {
+                        struct llama_run *u = &m->runs[k - 1];
+                        if (rows[i].pos != rows[u->first + u->n - 1].pos + 1)
+                                return 0;
+                        u->n++;
+                        continue;
+                }
+                for (uint32_t j = 0; j < k; j++)
+                        if (rows[m->runs[j].first].ctx == rows[i].ctx)
+                                return 0; /* a context in two runs */
+                m->runs[k++] = (struct llama_run){ .first = i, .n = 1 };
+        }
+        for (uint32_t i = 0; i < k; i++)
+                m->runs[i].cost = (uint64_t)m->runs[i].n *
+                                  (uint64_t)(rows[m->runs[i].first + m->runs[i].n - 1].pos + 1);
+        for (uint32_t i = 1; i < k; i++) /* insertion sort, by cost descending, stable */
+                for (uint32_t j = i; j > 0 && m->runs[j].cost > m->runs[j - 1].cost; j--) {
+                        struct llama_run t = m->runs[j];
+                        m->runs[j] = m->runs[j - 1];
+                        m->runs[j - 1] = t;
+                }
+        m->n_runs = k;
+        return k;
+}
+
+struct attend_job {
+        struct llama *m;
+        const struct model_row *rows;
+        const struct model_cache_ops *cache;
+        int layer;
+        atomic_uint next;
+};
+
+/* A thread's share of the runs: the next one not taken, until none is left. A run's result
+ * depends on its rows alone, not on which thread computes it. */
+static void attend_job_run(void *ctx, uint32_t idx, uint32_t n) {
+        (void)idx, (void)n;
+        struct attend_job *j = ctx;
+        struct llama *m = j->m;
+        size_t dim = (size_t)m->cfg.dim;
+        for (uint32_t k; (k = atomic_fetch_add(&j->next, 1)) < m->n_runs;) {
+                struct llama_run *u = &m->runs[k];
+                const struct model_row *row = &j->rows[u->first];
+                u->result = j->cache->attend_rows(row->ctx, j->layer, row->pos, u->n, m->q + u->first * dim,
+                                                  m->xb + u->first * dim);
+        }
+}
+
+/* Every run of layer l attended, the runs spread over the threads; the first failure in row
+ * order. */
+static int attend_runs(struct llama *m, const struct model_row *rows, const struct model_cache_ops *cache,
+                       int l) {
+        struct attend_job j = { .m = m, .rows = rows, .cache = cache, .layer = l };
+        atomic_init(&j.next, 0);
+        if (m->n_runs == 1)
+                attend_job_run(&j, 0, 1);
+        else
+                threads_run(m->pool, attend_job_run, &j);
+        int r = 0;
+        uint32_t first = UINT32_MAX;
+        for (uint32_t k = 0; k < m->n_runs; k++)
+                if (m->runs[k].result < 0 && m->runs[k].first < first) {
+                        first = m->runs[k].first;
+                        r = m->runs[k].result;
+                }
+        return r;
+}
+
 int llama_forward_rows(struct llama *m, const struct model_row *rows, uint32_t n,
                        const struct model_cache_ops *cache, float **ret_logits) {
         if (!m || !rows || !cache || !cache->store || !cache->attend || !ret_logits || n == 0 ||
@@ -349,6 +435,7 @@ int llama_forward_rows(struct llama *m, const struct model_row *rows, uint32_t n
         if (n_logits > LLAMA_MAX_LOGIT_ROWS)
                 return -EINVAL;
         size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim, kv = (size_t)m->kv_dim;
+        uint32_t n_runs = cache->attend_rows ? find_runs(m, rows, n) : 0;
         const struct qtype *et = qtype_of(m->embd->type);
         size_t half = (size_t)m->head_dim / 2;
         for (uint32_t i = 0; i < n; i++) {
@@ -374,10 +461,15 @@ int llama_forward_rows(struct llama *m, const struct model_row *rows, uint32_t n
                         rope(m, m->q + i * dim, c->n_heads, cs, sn);
                         rope(m, m->k + i * kv, c->n_kv_heads, cs, sn);
                         int r = cache->store(rows[i].ctx, l, rows[i].pos, m->k + i * kv, m->v + i * kv);
-                        if (r < 0 || (r = cache->attend(rows[i].ctx, l, rows[i].pos, m->q + i * dim,
-                                                        m->xb + i * dim)) < 0)
+                        if (r == 0 && !n_runs)
+                                r = cache->attend(rows[i].ctx, l, rows[i].pos, m->q + i * dim,
+                                                  m->xb + i * dim);
+                        if (r < 0)
                                 return r;
                 }
+                int r = n_runs ? attend_runs(m, rows, cache, l) : 0;
+                if (r < 0)
+                        return r;
                 matmul(m, L->wo, m->xb, n, m->xb2);
                 for (size_t i = 0; i < n * dim; i++)
                         m->x[i] += m->xb2[i];

@@ -481,7 +481,7 @@ struct plain_cache {
         int n_layers, n_heads, head_size, kv_dim, kv_mul, max_tokens;
         float *keys;   /* [n_layers][max_tokens][kv_dim] */
         float *values; /* same */
-        float *att;    /* attn_decode_rows's scratch */
+        float *att;    /* attn_prefill_rows's scratch, for a group of rows */
         int *n_stored; /* [n_layers], positions 0..n_stored-1 hold data */
 };
 
@@ -515,9 +515,9 @@ int plain_cache_new(const struct model_config *cfg, int max_tokens, struct plain
         }
         c->keys = malloc(n_floats * sizeof(float));
         c->values = malloc(n_floats * sizeof(float));
-        c->att = malloc(attn_fast_scratch_floats((uint32_t)max_tokens, (uint32_t)cfg->n_heads,
-                                                 (uint32_t)cfg->n_kv_heads, (uint32_t)c->head_size,
-                                                 ATTN_ROWS_TILE) *
+        c->att = malloc(attn_rows_scratch_floats((uint32_t)max_tokens, ATTN_ROWS_GROUP,
+                                                 (uint32_t)cfg->n_heads, (uint32_t)cfg->n_kv_heads,
+                                                 (uint32_t)c->head_size, ATTN_ROWS_TILE) *
                         sizeof(float));
         c->n_stored = calloc((size_t)c->n_layers, sizeof(int));
         if (!c->keys || !c->values || !c->att || !c->n_stored) {
@@ -582,7 +582,24 @@ static int plain_cache_attend(void *ctx, int layer, int pos, const float *q, flo
                 (uint32_t)(c->n_heads / c->kv_mul), (uint32_t)c->head_size, c->att, ATTN_ISA_BEST);
 }
 
+/* Rows pos .. pos + n - 1 at once: row r over positions 0 .. pos + r. */
+static int plain_cache_attend_rows(void *ctx, int layer, int pos, uint32_t n, const float *q, float *out) {
+        struct plain_cache *c = ctx;
+
+        if (!c || !q || !out || layer < 0 || layer >= c->n_layers || pos < 0 || n == 0)
+                return -EINVAL;
+        if ((int64_t)pos + n > c->max_tokens)
+                return -ERANGE;
+        if ((int64_t)pos + n > c->n_stored[layer])
+                return -EINVAL;
+        return attn_prefill_rows(
+                c->keys + plain_cache_index(c, layer, 0), c->values + plain_cache_index(c, layer, 0),
+                (size_t)c->kv_dim, (uint32_t)pos + n, n, q, out, (uint32_t)c->n_heads,
+                (uint32_t)(c->n_heads / c->kv_mul), (uint32_t)c->head_size, c->att, ATTN_ISA_BEST);
+}
+
 const struct model_cache_ops plain_cache_ops = {
         .store = plain_cache_store,
         .attend = plain_cache_attend,
+        .attend_rows = plain_cache_attend_rows,
 };

@@ -64,6 +64,13 @@ struct model_cache_ops {
          * out receives [n_heads * head_dim]. Grouped-query: query head h uses KV head
          * h / (n_heads / n_kv_heads). */
         int (*attend)(void *ctx, int layer, int pos, const float *q, float *out);
+        /* Optional: attention of n rows at once, the layer's last n stored tokens (positions pos ..
+         * pos + n - 1, stored in that order just before), row r over what was stored up to its own
+         * token; q and out are [n][n_heads * head_dim]. It must compute what n attend() calls, each
+         * right after its row's store(), would. With it, a pass stores every row of a layer first
+         * and then attends the rows of each context together, the contexts in parallel on the
+         * engine's threads (so attend_rows must be safe to call for different contexts at once). */
+        int (*attend_rows)(void *ctx, int layer, int pos, uint32_t n, const float *q, float *out);
 };
 
 /* One forward step of token at position pos. For each layer it calls cache->store(layer, pos, ...)
@@ -88,7 +95,9 @@ struct model_row {
 
 /* Runs rows[0..n) through the model in one pass. Within a layer the rows store and attend in
  * order, so a row sees what the rows before it stored: a chunk of a prompt is causal, exactly as
- * feeding its tokens one by one; each row's result is the same as in any other pass (a row's
+ * feeding its tokens one by one (with cache->attend_rows, a context's rows must be consecutive
+ * positions in consecutive rows, each context in one run, to be attended together; otherwise the
+ * pass attends row by row); each row's result is the same as in any other pass (a row's
  * arithmetic depends on the row alone). *ret_logits points at one vocab_size vector per row that
  * asked for logits, in row order, owned by the model until the next call. -EINVAL for n outside
  * 1..MODEL_MAX_ROWS, more than MODEL_MAX_LOGIT_ROWS rows wanting logits (a llama2.c checkpoint:

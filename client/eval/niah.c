@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kvc.h"
+#include "kvccache.h"
 #include "model.h"
 #include "stats.h"
 #include "text.h"
@@ -83,17 +84,6 @@ static uint64_t next_rand(uint64_t *s) {
         x ^= x << 17;
         return *s = x;
 }
-
-static int store_kvcd(void *ctx, int layer, int pos, const float *k, const float *v) {
-        return kvc_append(ctx, (uint32_t)layer, pos, k, v);
-}
-
-static int attend_kvcd(void *ctx, int layer, int pos, const float *q, float *out) {
-        (void)pos;
-        return kvc_attend(ctx, (uint32_t)layer, q, out);
-}
-
-static const struct model_cache_ops niah_kvcd_ops = { .store = store_kvcd, .attend = attend_kvcd };
 
 /* The configurations for haystacks of `length` tokens: the full cache, then every family at
  * every fraction of the length. */
@@ -379,7 +369,7 @@ static int run_needle(struct niah *n, const struct needle *nd, struct niah_resul
                                 };
                         }
                 float *logits;
-                if ((r = model_forward_rows(n->model, rows, nr, &niah_kvcd_ops, &logits)) < 0) {
+                if ((r = model_forward_rows(n->model, rows, nr, &kvccache_ops, &logits)) < 0) {
                         fprintf(stderr, "kvc-eval niah: forward pass at %u: %s\n", pos, strerror(-r));
                         break;
                 }
@@ -887,7 +877,7 @@ static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t sco
                                                                  .ctx = ss[c],
                                                                  .logits = true };
                 float *logits;
-                if ((r = model_forward_rows(n->model, rows, nr, &niah_kvcd_ops, &logits)) < 0) {
+                if ((r = model_forward_rows(n->model, rows, nr, &kvccache_ops, &logits)) < 0) {
                         fprintf(stderr, "kvc-eval longdoc: forward pass at %u: %s\n", pos, strerror(-r));
                         break;
                 }

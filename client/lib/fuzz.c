@@ -91,6 +91,7 @@ fail:
                 free(s->layers);
                 free(s->plan_copy);
                 free(s->attn_scratch);
+                free(s->rows_scratch);
                 free(s->compact_scratch);
         }
         free(s);

@@ -69,6 +69,7 @@ struct kvc_session {
         uint64_t plan_bytes;
         uint32_t *plan_copy; /* plan_bytes: the keep-sets copied out of the shared buffer */
         float *attn_scratch;
+        float *rows_scratch; /* kvc_attend_rows' for a chunk, made at its first use */
         float *compact_scratch;
         struct layer *layers;
         uint64_t last_step;

@@ -178,6 +178,14 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
  * the update of the per-token scores (sum, EMA, last) the policies rank by. */
 int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out);
 
+/* Attention of a prompt chunk: the layer's last n_rows tokens (appended with kvc_append, no plan
+ * applied since) attend causally, row r of q ([n_rows][n_heads * head_dim]) over the layer's
+ * slots up to and including its own, into out (same shape). It computes what n_rows kvc_attend()
+ * calls, each right after its token's kvc_append(), would (bit for bit, scores included), reading
+ * the cache once for every 8 rows instead of once a row. -EINVAL for n_rows 0 or more than the
+ * layer's full-precision tokens. */
+int kvc_attend_rows(struct kvc_session *s, uint32_t layer, uint32_t n_rows, const float *q, float *out);
+
 uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer);
 /* The shared prefix at the front of every layer: tokens already there when the session opened
  * (attached), or published since; they are never written again. */

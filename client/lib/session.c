@@ -73,6 +73,7 @@ struct kvc_session *session_free(struct kvc_session *s) {
         free(s->plan_copy);
         free(s->mask);
         free(s->attn_scratch);
+        free(s->rows_scratch);
         free(s->compact_scratch);
         free(s);
         return NULL;
@@ -486,22 +487,47 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
 }
 
 int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out) {
+        return kvc_attend_rows(s, layer, 1, q, out);
+}
+
+/* The scratch of n_rows rows at once: the session's own for one, a lazily made one for a chunk. */
+static float *rows_scratch(struct kvc_session *s, uint32_t n_rows) {
+        if (n_rows == 1)
+                return s->attn_scratch;
+        if (!s->rows_scratch) {
+                uint32_t slots = s->max_layer_blocks * s->layout.block_tokens + 1;
+                s->rows_scratch =
+                        malloc(attn_rows_scratch_floats(slots, ATTN_ROWS_GROUP, s->g.n_heads, s->g.n_kv_heads,
+                                                        s->g.head_dim, s->layout.block_tokens) *
+                               sizeof(float));
+        }
+        return s->rows_scratch;
+}
+
+int kvc_attend_rows(struct kvc_session *s, uint32_t layer, uint32_t n_rows, const float *q, float *out) {
         if (layer >= s->g.n_layers)
                 return client_error(s->c, -EINVAL, "layer %u of %u", layer, s->g.n_layers);
         if (s->c->dev)
                 return client_error(s->c, -ENOTSUP, "kvc_attend: " DEVICE_POOL_HINT);
+        const struct layer *L = &s->layers[layer];
+        if (n_rows == 0 || n_rows > L->n_tokens - L->n_q8)
+                return client_error(s->c, -EINVAL, "layer %u: %u rows to attend, %u full-precision tokens",
+                                    layer, n_rows, L->n_tokens - L->n_q8);
+        float *scratch = rows_scratch(s, n_rows);
+        if (!scratch)
+                return client_error(s->c, -ENOMEM, "attention scratch for %u rows", n_rows);
         int r;
         /* the fast kernel (attention.h): the references are attn_decode_ref and attn_decode_mixed */
-        if (s->layers[layer].n_q8 == 0) { /* bit for bit what kvc-run --local computes, at f32 */
+        if (L->n_q8 == 0) { /* bit for bit what kvc-run --local computes, at f32 */
                 struct block_layer bl = session_fp_layer(s, layer);
-                r = attn_decode_fast(&bl, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch,
-                                     ATTN_ISA_BEST);
+                r = attn_prefill_fast(&bl, n_rows, q, out, s->g.n_heads, s->ema_gamma, 1, scratch,
+                                      ATTN_ISA_BEST);
         } else {
                 struct mixed_layer ml = session_mixed_layer(s, layer);
-                r = attn_decode_fast_mixed(&ml, q, out, s->g.n_heads, s->ema_gamma, 1, s->attn_scratch,
-                                           ATTN_ISA_BEST);
+                r = attn_prefill_fast_mixed(&ml, n_rows, q, out, s->g.n_heads, s->ema_gamma, 1, scratch,
+                                            ATTN_ISA_BEST);
         }
-        return r < 0 ? client_error(s->c, r, "attention over an empty layer %u", layer) : 0;
+        return r < 0 ? client_error(s->c, r, "attention over layer %u", layer) : 0;
 }
 
 int kvc_append_slots(struct kvc_session *s, uint32_t layer, uint32_t n) {
