@@ -16,6 +16,10 @@
 #   conf     through kvcd, --policy conf --budget BUDGET
 #   conf8    the same with --param int8=1 (kept tokens older than its recent window in INT8 blocks;
 #            not in the default list)
+#   llama    llama.cpp's llama-bench at the same depth (-d CONTEXT -p 0 -n DECODE -t 1, f16 cache,
+#            flash attention off: its fastest path here; --repack 0), when BUILD/peers has it
+#            (`make peers`): its rate is wall-clock only, so the table compares it with kvc-run's
+#            wall rates of the same context (both on a loaded machine: indicative)
 # (CONFIGS= picks and orders them; DTYPE=f16 or bf16 stores kvcd's keys and values so, default f32.) Context 16 is "short context": the prompt "Once upon a time".
 # Prints one markdown table: tokens per CPU second, and the ratios the targets name; each run's
 # wall-clock rate goes to stderr beside it.
@@ -27,7 +31,8 @@ model=${KVC_SMOLLM2:-$HOME/.cache/kvcd/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 contexts=${CONTEXTS:-16 1024 4096 8160}
 decode=${DECODE:-32}
 budget=${BUDGET:-1024}
-configs=${CONFIGS:-local full window conf}
+configs=${CONFIGS:-local full window conf llama}
+lb=$build/peers/llama.cpp/bin/llama-bench
 dtype=${DTYPE:-f32}
 text=../shared/data/tinystories/validation-sample.txt
 
@@ -84,13 +89,23 @@ echo "# SmolLM2 decode at long context (bench/long.sh), 1 thread, $decode tokens
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ local changes)')"
 echo "machine: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), load average at the start $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-declare -A tps
+declare -A tps wl
 for c in $contexts; do
         n=$(prompt_of "$c")
         p=$(cat "$tmp/prompt.$c")
         steps=$((n + decode))
         echo "context $c: $n prompt tokens ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
         for cfg in $configs; do
+                if [ "$cfg" = llama ]; then
+                        [ -x "$lb" ] || { echo "  llama: $lb is missing (make peers): skipped" >&2; continue; }
+                        d=$((c <= 16 ? 0 : n))
+                        wl[$c.llama]=$(LD_LIBRARY_PATH=$(dirname "$lb") timeout 1800 "$lb" -m "$model" --repack 0 \
+                                -fa 0 -r 1 -t 1 -p 0 -n "$decode" -d "$d" -o jsonl 2>"$tmp/lb.err" |
+                                field avg_ts | awk '{ printf "%.1f", $1 }') || true
+                        [ -n "${wl[$c.llama]}" ] || { cat "$tmp/lb.err" >&2; die "llama-bench -d $d failed"; }
+                        echo "  llama: ${wl[$c.llama]} per wall second at depth $d ($(date -u +%T))" >&2
+                        continue
+                fi
                 case $cfg in
                 local) args=(--local) ;;
                 full) args=(--socket "$tmp/run" --dtype "$dtype" --policy full) ;;
@@ -103,6 +118,7 @@ for c in $contexts; do
                 u=$(field decode_cpu_seconds <<<"$out")
                 tps[$c.$cfg]=$(awk -v t="$t" -v s="$u" 'BEGIN { printf "%.1f", t / s }')
                 wall=$(awk -v t="$t" -v s="$s" 'BEGIN { printf "%.1f", t / s }')
+                wl[$c.$cfg]=$wall
                 echo "  $cfg: ${tps[$c.$cfg]} tokens per CPU second, $wall per wall second ($(date -u +%T))" >&2
         done
 done
@@ -120,3 +136,15 @@ for c in $contexts; do
                 BEGIN { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, l, f, w, k, k8,
                         ratio(w, f), ratio(k, f), ratio(sw, w), ratio(sk, k) }'
 done
+if [[ " $configs " == *" llama "* ]]; then
+        echo
+        echo "wall-clock tokens/s in the same run (llama.cpp has no CPU-time figure; - where not run):"
+        echo "| context (tokens) | llama.cpp, full f16 cache | kvc-run --local | kvcd full | kvcd window $budget | kvcd conf $budget | window / llama.cpp | conf / llama.cpp |"
+        echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+        for c in $contexts; do
+                awk -v c="$c" -v a="${wl[$c.llama]:--}" -v l="${wl[$c.local]:--}" -v f="${wl[$c.full]:--}" \
+                        -v w="${wl[$c.window]:--}" -v k="${wl[$c.conf]:--}" '
+                        function ratio(x, y) { return (x == "-" || y == "-" || y + 0 == 0) ? "-" : sprintf("%.2f", x / y) }
+                        BEGIN { printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", c, a, l, f, w, k, ratio(w, a), ratio(k, a) }'
+        done
+fi
