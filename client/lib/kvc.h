@@ -182,8 +182,8 @@ int kvc_attend(struct kvc_session *s, uint32_t layer, const float *q, float *out
  * applied since) attend causally, row r of q ([n_rows][n_heads * head_dim]) over the layer's
  * slots up to and including its own, into out (same shape). It computes what n_rows kvc_attend()
  * calls, each right after its token's kvc_append(), would (bit for bit, scores included), reading
- * the cache once for every 8 rows instead of once a row. -EINVAL for n_rows 0 or more than the
- * layer's full-precision tokens. */
+ * the cache once for every 8 rows instead of once a row. -EINVAL for n_rows 0, more than the
+ * layer's tokens, or rows a plan moved to INT8. kvc_attend() is kvc_attend_rows() of one row. */
 int kvc_attend_rows(struct kvc_session *s, uint32_t layer, uint32_t n_rows, const float *q, float *out);
 
 uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer);

@@ -510,9 +510,10 @@ int kvc_attend_rows(struct kvc_session *s, uint32_t layer, uint32_t n_rows, cons
         if (s->c->dev)
                 return client_error(s->c, -ENOTSUP, "kvc_attend: " DEVICE_POOL_HINT);
         const struct layer *L = &s->layers[layer];
-        if (n_rows == 0 || n_rows > L->n_tokens - L->n_q8)
-                return client_error(s->c, -EINVAL, "layer %u: %u rows to attend, %u full-precision tokens",
-                                    layer, n_rows, L->n_tokens - L->n_q8);
+        /* the rows are the layer's newest tokens: all but the first of them full precision */
+        if (n_rows == 0 || n_rows > L->n_tokens || L->n_q8 > L->n_tokens - n_rows + 1)
+                return client_error(s->c, -EINVAL, "layer %u: %u rows to attend over %u tokens (%u in INT8)",
+                                    layer, n_rows, L->n_tokens, L->n_q8);
         float *scratch = rows_scratch(s, n_rows);
         if (!scratch)
                 return client_error(s->c, -ENOMEM, "attention scratch for %u rows", n_rows);
