@@ -186,6 +186,26 @@ static int load_data(struct niah *n) {
         return n->n_stories > NIAH_TEST_FIRST + 16 ? 0 : -ENODATA;
 }
 
+uint32_t lab_log_softmax(const float *lg, uint32_t V, float *out) {
+        uint32_t best = 0;
+        for (uint32_t v = 1; v < V; v++)
+                best = lg[v] > lg[best] ? v : best;
+        double sum = 0;
+        for (uint32_t v = 0; v < V; v++)
+                sum += exp((double)lg[v] - lg[best]);
+        double lse = lg[best] + log(sum);
+        for (uint32_t v = 0; v < V; v++)
+                out[v] = (float)(lg[v] - lse);
+        return best;
+}
+
+double lab_kl(const float *log_p, const float *log_q, uint32_t V) {
+        double kl = 0;
+        for (uint32_t v = 0; v < V; v++)
+                kl += exp((double)log_p[v]) * ((double)log_p[v] - log_q[v]);
+        return kl;
+}
+
 FILE *open_partial(const struct niah_options *o, const char *name) {
         char path[600];
         snprintf(path, sizeof(path), "%s/%s.partial", o->out_dir, name);

@@ -93,6 +93,11 @@ void held_add(struct kvc_session *s, uint32_t n_layers, uint32_t k, double *char
 void held_close(struct kvc_session *s, double weight, double *charged, double *tokens,
                 uint64_t *peak_charged);
 
+/* out[v] = log softmax(lg)[v] for v < V (in double, stored as float); returns the argmax. */
+uint32_t lab_log_softmax(const float *lg, uint32_t V, float *out);
+/* KL(p || q) of two log-distributions of V entries. */
+double lab_kl(const float *log_p, const float *log_q, uint32_t V);
+
 /* out_dir/NAME.partial, for writing. */
 FILE *open_partial(const struct niah_options *o, const char *name);
 /* Renames out_dir/NAME.partial over NAME when keep, else removes it. */
