@@ -235,14 +235,7 @@ static int run_prompt(struct longgen *g, struct lg_result *res) {
                                  most = MODEL_MAX_ROWS / C;
                         k = stop - pos;
                         k = k < n->o->chunk ? k : n->o->chunk;
-                        k = k < most ? k : most;
-                        for (uint32_t c = 0; c < C; c++) {
-                                int room =
-                                        (int)kvc_session_max_tokens(ss[c]) - (int)kvc_layer_tokens(ss[c], 0);
-                                if (room >= 1 && (uint32_t)room < k)
-                                        k = (uint32_t)room;
-                        }
-                        k = k ? k : 1;
+                        k = lab_chunk(ss, C, k < most ? k : most);
                 }
                 uint32_t nr = 0;
                 for (uint32_t c = 0; c < C; c++)

@@ -135,6 +135,7 @@ static int run_doc(struct mechanism *m, const int *ids, uint32_t T) {
         struct niah *n = &m->n;
         uint32_t C = n->n_cfg, V = (uint32_t)n->mc->vocab_size;
         struct mech_ctx ctx[NIAH_MAX_CONFIGS] = { 0 };
+        struct kvc_session *ss[NIAH_MAX_CONFIGS] = { 0 };
         float *ref = malloc(V * sizeof(float)), *lp = malloc(V * sizeof(float));
         int r = ref && lp ? 0 : -ENOMEM;
         memset(m->mass, 0, (size_t)m->n_w * m->length * sizeof(double));
@@ -142,21 +143,17 @@ static int run_doc(struct mechanism *m, const int *ids, uint32_t T) {
         memset(m->attn_ent, 0, m->length * sizeof(double));
         for (uint32_t c = 0; r == 0 && c < C; c++) {
                 ctx[c] = (struct mech_ctx){ .m = m, .full = c == 0 };
-                r = lab_session_open(n, &n->cfg[c], 0, "mechanism", &ctx[c].s);
+                r = lab_session_open(n, &n->cfg[c], 0, "mechanism", &ss[c]);
+                ctx[c].s = ss[c];
         }
         struct model_row rows[MODEL_MAX_ROWS];
         uint32_t pos = 0, before[NIAH_MAX_CONFIGS];
         while (r == 0 && pos + 1 < T) {
                 uint32_t k = T - 1 - pos, most = MODEL_MAX_LOGIT_ROWS / C;
                 k = k < most ? k : most;
-                k = k < n->o->chunk ? k : n->o->chunk;
-                for (uint32_t c = 0; c < C; c++) {
-                        before[c] = kvc_layer_tokens(ctx[c].s, 0);
-                        int room = (int)kvc_session_max_tokens(ctx[c].s) - (int)before[c];
-                        if (room >= 1 && (uint32_t)room < k)
-                                k = (uint32_t)room;
-                }
-                k = k ? k : 1;
+                k = lab_chunk(ss, C, k < n->o->chunk ? k : n->o->chunk);
+                for (uint32_t c = 0; c < C; c++)
+                        before[c] = kvc_layer_tokens(ss[c], 0);
                 uint32_t nr = 0;
                 for (uint32_t c = 0; c < C; c++)
                         for (uint32_t j = 0; j < k; j++)

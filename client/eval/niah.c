@@ -175,14 +175,7 @@ static int run_needle(struct niah *n, const struct needle *nd, struct niah_resul
                                                                            : nd->n_prompt;
                         k = stop - pos;
                         uint32_t most = n->o->chunk < MODEL_MAX_ROWS / C ? n->o->chunk : MODEL_MAX_ROWS / C;
-                        k = k < most ? k : most;
-                        for (uint32_t c = 0; c < C; c++) {
-                                int room =
-                                        (int)kvc_session_max_tokens(ss[c]) - (int)kvc_layer_tokens(ss[c], 0);
-                                if (room >= 1 && (uint32_t)room < k)
-                                        k = (uint32_t)room;
-                        }
-                        k = k ? k : 1;
+                        k = lab_chunk(ss, C, k < most ? k : most);
                 }
                 uint32_t nr = 0;
                 for (uint32_t c = 0; c < C; c++)
@@ -595,13 +588,7 @@ static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t sco
         while (r == 0 && pos + 1 < length) {
                 uint32_t k = length - 1 - pos, most = MODEL_MAX_LOGIT_ROWS / C;
                 k = k < most ? k : most;
-                k = k < n->o->chunk ? k : n->o->chunk;
-                for (uint32_t c = 0; c < C; c++) {
-                        int room = (int)kvc_session_max_tokens(ss[c]) - (int)kvc_layer_tokens(ss[c], 0);
-                        if (room >= 1 && (uint32_t)room < k)
-                                k = (uint32_t)room;
-                }
-                k = k ? k : 1;
+                k = lab_chunk(ss, C, k < n->o->chunk ? k : n->o->chunk);
                 uint32_t nr = 0;
                 for (uint32_t c = 0; c < C; c++)
                         for (uint32_t j = 0; j < k; j++)
@@ -623,20 +610,10 @@ static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t sco
                         for (uint32_t c = 0; c < C; c++) {
                                 const float *lg = logits + ((size_t)c * k + j) * V;
                                 float *out = c == 0 ? ref : lp;
-                                uint32_t best = 0;
-                                for (uint32_t v = 1; v < V; v++)
-                                        best = lg[v] > lg[best] ? v : best;
-                                double sum = 0;
-                                for (uint32_t v = 0; v < V; v++)
-                                        sum += exp((double)lg[v] - lg[best]);
-                                double lse = lg[best] + log(sum);
-                                for (uint32_t v = 0; v < V; v++)
-                                        out[v] = (float)(lg[v] - lse);
+                                uint32_t best = lab_log_softmax(lg, V, out);
                                 if (c == 0)
                                         ref_top = best;
-                                double kl = 0;
-                                for (uint32_t v = 0; c && v < V; v++)
-                                        kl += exp((double)ref[v]) * ((double)ref[v] - lp[v]);
+                                double kl = c ? lab_kl(ref, lp, V) : 0;
                                 res[c].nll -= out[ids[p + 1]];
                                 res[c].kl += kl;
                                 res[c].top1 += best == ref_top;
