@@ -40,6 +40,7 @@
 #define LG_MAX_BINS 128
 #define LG_TARGET   0.35 /* the SCOPE target: at 35% of the full cache's bytes ... */
 #define LG_KEEP     0.95 /* ... within 5% of its quality (top-1 agreement; the full cache's is 1) */
+#define LG_NEAR     0.1  /* a configuration this close in bytes stands in when none bracket them */
 
 enum lg_kind { LG_FULL, LG_UNIFIED, LG_PREFILL, LG_DECODE, LG_BOTH };
 static const char *const kind_names[] = { "reference", "unified", "prefill only", "decode only",
@@ -323,8 +324,9 @@ static double mean_peak(const struct lg_result *res, uint32_t K, uint32_t C, uin
 }
 
 /* Family fam's sums of m at `want` peak bytes, prompt by prompt (x[0..K)): linear between the two
- * configurations around want by their mean peak over prompts. -ERANGE when they do not bracket
- * it; *lo and *hi name them. */
+ * configurations around want by their mean peak over prompts (0). When they do not bracket it,
+ * the configuration nearest in bytes if it is within LG_NEAR of want (1: *lo == *hi, and the
+ * report says at what share it was read), else -ERANGE. *lo and *hi name them. */
 static int at_bytes(const struct longgen *g, const struct lg_result *res, uint32_t K, const char *fam,
                     double want, enum lg_metric m, double *x, int *lo, int *hi) {
         const struct niah *n = &g->n;
@@ -340,13 +342,34 @@ static int at_bytes(const struct longgen *g, const struct lg_result *res, uint32
                 if (by >= want && (*hi < 0 || by < bhi))
                         *hi = (int)i, bhi = by;
         }
-        if (*lo < 0 || *hi < 0)
-                return -ERANGE;
+        if (*lo < 0 || *hi < 0) {
+                int near = *lo >= 0 ? *lo : *hi;
+                double by = *lo >= 0 ? blo : bhi;
+                if (near < 0 || fabs(by - want) > LG_NEAR * want)
+                        return -ERANGE;
+                *lo = *hi = near;
+                for (uint32_t k = 0; k < K; k++)
+                        x[k] = metric(&res[(size_t)k * C + near], m);
+                return 1;
+        }
         double t = bhi > blo ? (want - blo) / (bhi - blo) : 0;
         for (uint32_t k = 0; k < K; k++)
                 x[k] = (1 - t) * metric(&res[(size_t)k * C + *lo], m) +
                        t * metric(&res[(size_t)k * C + *hi], m);
         return 0;
+}
+
+/* "between A and B", or "at A (X% of the full cache's peak; none bracket the bytes)". */
+static const char *where(const struct longgen *g, const struct lg_result *res, uint32_t K, int lo, int hi,
+                         char *buf, size_t len) {
+        const struct niah *n = &g->n;
+        if (lo != hi)
+                snprintf(buf, len, "between %s and %s", n->cfg[lo].label, n->cfg[hi].label);
+        else
+                snprintf(buf, len, "at %s, %.1f%% of the full cache's peak: none bracket the bytes",
+                         n->cfg[lo].label,
+                         100 * mean_peak(res, K, n->n_cfg, (uint32_t)lo) / mean_peak(res, K, n->n_cfg, 0));
+        return buf;
 }
 
 static void print_ci(FILE *f, const char *fmt, const struct stats_ci *ci, bool ok) {
@@ -481,9 +504,10 @@ static void write_targets(struct longgen *g, const struct lg_result *res, uint32
                         continue;
                 }
                 bool scope = kind_of(&n->cfg[c]) == LG_BOTH || kind_of(&n->cfg[c]) == LG_DECODE;
-                fprintf(md, "- %s (between %s and %s): top-1 %.3f [%.3f, %.3f], KL %.4f [%.4f, %.4f]%s%s\n",
-                        fam, n->cfg[lo].label, n->cfg[hi].label, ag.mean, ag.lo, ag.hi, kl.mean, kl.lo, kl.hi,
-                        scope ? " — " : "",
+                char at[160];
+                fprintf(md, "- %s (%s): top-1 %.3f [%.3f, %.3f], KL %.4f [%.4f, %.4f]%s%s\n", fam,
+                        where(g, res, K, lo, hi, at, sizeof(at)), ag.mean, ag.lo, ag.hi, kl.mean, kl.lo,
+                        kl.hi, scope ? " — " : "",
                         scope ? (ag.lo >= LG_KEEP  ? "holds"
                                  : ag.hi < LG_KEEP ? "does not hold"
                                                    : "not resolved (the interval spans 0.95)")
@@ -503,16 +527,17 @@ static void write_targets(struct longgen *g, const struct lg_result *res, uint32
                                 continue; /* once per unified family */
                         const char *fam = n->cfg[u].fam->label;
                         int lo, hi;
+                        char at[160];
                         struct stats_ci dk, da;
                         for (uint32_t k = 0; k < K; k++)
                                 y[k] = res[(size_t)k * C + s].kl;
                         int rk = at_bytes(g, res, K, fam, bytes, LG_KL, x, &lo, &hi);
-                        if (rk == 0)
+                        if (rk >= 0)
                                 rk = stats_paired_ci(y, x, w, K, &dk);
                         for (uint32_t k = 0; k < K; k++)
                                 y[k] = res[(size_t)k * C + s].agree;
-                        int ra = rk == 0 ? at_bytes(g, res, K, fam, bytes, LG_AGREE, x, &lo, &hi) : rk;
-                        if (ra == 0)
+                        int ra = rk >= 0 ? at_bytes(g, res, K, fam, bytes, LG_AGREE, x, &lo, &hi) : rk;
+                        if (ra >= 0)
                                 ra = stats_paired_ci(y, x, w, K, &da);
                         if (rk < 0 || ra < 0) {
                                 fprintf(md,
@@ -523,11 +548,12 @@ static void write_targets(struct longgen *g, const struct lg_result *res, uint32
                                 continue;
                         }
                         fprintf(md,
-                                "- %s (%.0f bytes) vs %s (between %s and %s): ΔKL %+.4f [%+.4f, %+.4f] %s; "
-                                "Δtop-1 "
-                                "%+.3f [%+.3f, %+.3f] %s\n",
-                                n->cfg[s].label, bytes, fam, n->cfg[lo].label, n->cfg[hi].label, dk.mean,
-                                dk.lo, dk.hi, stats_verdict(&dk, 0, true), da.mean, da.lo, da.hi,
+                                "- %s (%.0f bytes, %.1f%% of the full cache's peak) vs %s (%s): ΔKL %+.4f "
+                                "[%+.4f, "
+                                "%+.4f] %s; Δtop-1 %+.3f [%+.3f, %+.3f] %s\n",
+                                n->cfg[s].label, bytes, 100 * bytes / mean_peak(res, K, C, 0), fam,
+                                where(g, res, K, lo, hi, at, sizeof(at)), dk.mean, dk.lo, dk.hi,
+                                stats_verdict(&dk, 0, true), da.mean, da.lo, da.hi,
                                 stats_verdict(&da, 0, false));
                 }
         }
