@@ -133,6 +133,9 @@ static void budgets_under_the_length_are_charged_less(void **state) {
                             field(longgen_output, "full", "peak_charged_bytes"));
                 assert_true(field(longgen_output, labels[i], "avg_charged_bytes") <
                             field(longgen_output, "full", "avg_charged_bytes"));
+                assert_true(field(longgen_output, labels[i], "end_charged_bytes") <
+                            field(longgen_output, "full", "end_charged_bytes"));
+                assert_true(field(longgen_output, labels[i], "end_of_full") < 1);
                 assert_true(field(longgen_output, labels[i], "kl") > 0);
         }
         const char *names[] = { "longgen.md", "longgen.jsonl", "longgen_prompts.csv", "longgen_curve.csv",
