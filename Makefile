@@ -214,7 +214,7 @@ quality-smol-long: quality-deps model
 		--lengths 1024,2048,4096,8000 --needles 10 --fractions 0.25,0.5
 # long generation (SCOPE's setting) and the mechanism (confidence vs attention against what a window
 # costs) on SmolLM2, at the sizes bench/quality/smollm2/ was measured at (about 15 CPU-minutes each).
-QUALITY_LONGGEN_ARGS ?= --lengths 256 --prompts 4 --gen-tokens 1024 --fractions 0.35,0.5 --threads 1
+QUALITY_LONGGEN_ARGS ?= --lengths 256 --prompts 4 --gen-tokens 768 --fractions 0.35,0.5 --threads 1
 QUALITY_MECHANISM_ARGS ?= --lengths 2048 --documents 5 --fractions 0.0625,0.25 --threads 1
 quality-longgen: model
 	@$(MAKE) --no-print-directory all
