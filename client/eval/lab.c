@@ -113,6 +113,22 @@ void progress(struct niah *n, const char *task, uint32_t length, uint32_t needle
                 needle, n->o->needles, n->n_cfg, rate, left > 0 ? left : 0);
 }
 
+struct niah_config *lab_config_add(struct niah *n, const struct niah_family *fam, double fraction,
+                                   uint32_t budget) {
+        if (n->n_cfg >= NIAH_MAX_CONFIGS)
+                return NULL;
+        struct niah_config *c = &n->cfg[n->n_cfg++];
+        *c = (struct niah_config){ .fam = fam, .fraction = fraction, .budget = budget };
+        if (!fam) {
+                snprintf(c->label, sizeof(c->label), "full");
+                return c;
+        }
+        snprintf(c->label, sizeof(c->label), "%s-%.0f%%", fam->label, 100 * fraction);
+        for (size_t p = 0; p < fam->n_params; p++)
+                c->params[p] = (struct kvc_param){ .key = fam->keys[p], .value = fam->values[p] };
+        return c;
+}
+
 int lab_session_open(struct niah *n, const struct niah_config *cf, uint32_t prompt_tokens, const char *task,
                      struct kvc_session **ret) {
         const struct model_config *mc = n->mc;

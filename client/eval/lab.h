@@ -79,6 +79,12 @@ int tb_add(struct textbuf *b, const char *s, size_t n);
  * short), -ENOMEM. */
 int haystack(struct niah *n, uint32_t length, struct textbuf *out);
 
+/* Appends a configuration: fam at `budget` tokens, labelled "LABEL-F%" for fraction F, with the
+ * family's fixed parameters; fam NULL is the full cache ("full"). The caller sets n->n_cfg = 0
+ * first. NULL when NIAH_MAX_CONFIGS are there. */
+struct niah_config *lab_config_add(struct niah *n, const struct niah_family *fam, double fraction,
+                                   uint32_t budget);
+
 /* Opens the kvcd session of configuration cf (FP16 keys and values, the model's geometry) with
  * prompt_tokens declared; on failure says why on stderr under `task`. */
 int lab_session_open(struct niah *n, const struct niah_config *cf, uint32_t prompt_tokens, const char *task,

@@ -98,35 +98,24 @@ static void make_configs(struct longgen *g, uint32_t P, uint32_t N) {
         size_t n_fams = n->o->quick ? sizeof(quick_families) / sizeof(quick_families[0])
                                     : sizeof(main_families) / sizeof(main_families[0]);
         n->n_cfg = 0;
-        struct niah_config *c = &n->cfg[n->n_cfg++];
-        memset(c, 0, sizeof(*c));
-        snprintf(c->label, sizeof(c->label), "full");
+        lab_config_add(n, NULL, 0, 0);
         for (size_t f = 0; f < n_fams; f++)
-                for (uint32_t i = 0; i < n->o->n_fractions && n->n_cfg < NIAH_MAX_CONFIGS; i++) {
+                for (uint32_t i = 0; i < n->o->n_fractions; i++) {
                         double fr = n->o->fractions[i];
-                        c = &n->cfg[n->n_cfg++];
-                        memset(c, 0, sizeof(*c));
-                        c->fam = &fams[f].f;
-                        c->fraction = fr;
-                        snprintf(c->label, sizeof(c->label), "%s-%.0f%%", fams[f].f.label, 100 * fr);
-                        long total = lround(fr * (P + N)), prompt = lround(fr * P);
+                        long total = lround(fr * (P + N)), prompt = lround(fr * P), budget = total;
                         switch (fams[f].kind) {
-                        case LG_PREFILL: c->budget = (uint32_t)prompt; break;
-                        case LG_DECODE:
-                                c->budget = (uint32_t)(total - (long)P > 16 ? total - (long)P : 16);
-                                break;
-                        case LG_BOTH: c->budget = (uint32_t)lround(fr * N); break;
-                        default: c->budget = (uint32_t)total; break;
+                        case LG_PREFILL: budget = prompt; break;
+                        case LG_DECODE: budget = total - (long)P > 16 ? total - (long)P : 16; break;
+                        case LG_BOTH: budget = lround(fr * N); break;
+                        default: break;
                         }
-                        for (size_t p = 0; p < fams[f].f.n_params; p++) {
-                                const char *v = fams[f].f.values[p];
-                                if (!v) { /* scope's prefill_budget: the prompt's share */
+                        struct niah_config *c = lab_config_add(n, &fams[f].f, fr, (uint32_t)budget);
+                        for (size_t p = 0; c && p < fams[f].f.n_params; p++)
+                                if (!fams[f].f.values[p]) { /* scope's prefill_budget: the prompt's share */
                                         snprintf(c->value_buf[p], sizeof(c->value_buf[p]), "%ld",
                                                  prompt > 8 ? prompt : 8);
-                                        v = c->value_buf[p];
+                                        c->params[p].value = c->value_buf[p];
                                 }
-                                c->params[p] = (struct kvc_param){ .key = fams[f].f.keys[p], .value = v };
-                        }
                 }
 }
 

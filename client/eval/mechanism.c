@@ -517,16 +517,16 @@ int mechanism_run(const struct niah_options *o) {
         m->length = o->lengths[0];
         int r = docs >= 2 && m->length >= 64 ? 0 : -EINVAL;
         /* the configurations: the full cache, then a window per fraction */
-        n->cfg[n->n_cfg++] = (struct niah_config){ .label = "full" };
+        lab_config_add(n, NULL, 0, 0);
         static const struct niah_family window = { "window", "window", { 0 }, { 0 }, 0 };
         for (uint32_t i = 0; r == 0 && i < o->n_fractions; i++) {
                 uint32_t W = (uint32_t)lround(o->fractions[i] * m->length);
                 if (W < 1 || W + MECH_HORIZON + 2 >= m->length)
                         r = -EINVAL;
                 m->W[m->n_w++] = W;
-                struct niah_config *c = &n->cfg[n->n_cfg++];
-                *c = (struct niah_config){ .fam = &window, .fraction = o->fractions[i], .budget = W };
-                snprintf(c->label, sizeof(c->label), "window-%u", W);
+                struct niah_config *c = lab_config_add(n, &window, o->fractions[i], W);
+                if (c)
+                        snprintf(c->label, sizeof(c->label), "window-%u", W);
         }
         if (r < 0) {
                 fprintf(stderr, "kvc-eval mechanism: every window must be shorter than the documents\n");

@@ -46,22 +46,11 @@ static void make_configs(struct niah *n, uint32_t length) {
         size_t n_fams = n->o->quick ? sizeof(quick_families) / sizeof(quick_families[0])
                                     : sizeof(main_families) / sizeof(main_families[0]);
         n->n_cfg = 0;
-        struct niah_config *c = &n->cfg[n->n_cfg++];
-        memset(c, 0, sizeof(*c));
-        snprintf(c->label, sizeof(c->label), "full");
-        for (size_t f = 0; f < n_fams; f++) {
-                for (uint32_t i = 0; i < n->o->n_fractions && n->n_cfg < NIAH_MAX_CONFIGS; i++) {
-                        c = &n->cfg[n->n_cfg++];
-                        memset(c, 0, sizeof(*c));
-                        c->fam = &fams[f];
-                        c->fraction = n->o->fractions[i];
-                        c->budget = (uint32_t)lround(c->fraction * length);
-                        snprintf(c->label, sizeof(c->label), "%s-%.0f%%", fams[f].label, 100 * c->fraction);
-                        for (size_t p = 0; p < fams[f].n_params; p++)
-                                c->params[p] = (struct kvc_param){ .key = fams[f].keys[p],
-                                                                   .value = fams[f].values[p] };
-                }
-        }
+        lab_config_add(n, NULL, 0, 0);
+        for (size_t f = 0; f < n_fams; f++)
+                for (uint32_t i = 0; i < n->o->n_fractions; i++)
+                        lab_config_add(n, &fams[f], n->o->fractions[i],
+                                       (uint32_t)lround(n->o->fractions[i] * length));
 }
 
 static const char *const colours[] = { "blue",  "red",  "green",  "yellow", "white", "black",
