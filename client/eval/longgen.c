@@ -318,8 +318,8 @@ static double mean_peak(const struct lg_result *res, uint32_t K, uint32_t C, uin
 }
 
 /* The bytes the targets read: charged at the end of the answer, where the full cache is largest
- * (SCOPE's compression ratio). Not the peak: kvcd's peak also counts a prompt held whole until it
- * is compressed and the blocks a plan holds twice while it moves tokens to INT8. */
+ * (SCOPE's compression ratio). Not the peak: kvcd's peak also counts what is held for a while only
+ * (a prompt held whole until it is compressed; conf-int8's peak is far above its steady state). */
 static double mean_end(const struct lg_result *res, uint32_t K, uint32_t C, uint32_t c) {
         double s = 0;
         for (uint32_t k = 0; k < K; k++)
