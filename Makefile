@@ -70,7 +70,8 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c tests/integration/sdharness.c)
 
-.PHONY: all deps test check demo cuda install clean tests quality quality-deps quality-plots quality-smol quality-smol-long
+.PHONY: all deps test check demo cuda install clean tests quality quality-deps quality-plots quality-smol quality-smol-long \
+	quality-longgen quality-mechanism
 .SECONDARY:
 .DEFAULT_GOAL := all
 
@@ -211,6 +212,18 @@ quality-smol-long: quality-deps model
 	@$(MAKE) --no-print-directory all
 	@SMOLLM2=$(SMOLLM2_GGUF) bench/quality-smol.sh $(BUILD) "$(QUALITY_SMOL_OUT)" -- \
 		--lengths 1024,2048,4096,8000 --needles 10 --fractions 0.25,0.5
+# long generation (SCOPE's setting) and the mechanism (confidence vs attention against what a window
+# costs) on SmolLM2, at the sizes bench/quality/smollm2/ was measured at (about 15 CPU-minutes each).
+QUALITY_LONGGEN_ARGS ?= --lengths 256 --prompts 4 --gen-tokens 768 --fractions 0.35,0.5 --threads 1
+QUALITY_MECHANISM_ARGS ?= --lengths 2048 --documents 5 --fractions 0.0625,0.25 --threads 1
+quality-longgen: model
+	@$(MAKE) --no-print-directory all
+	@QUALITY_TASK=longgen SMOLLM2=$(SMOLLM2_GGUF) bench/quality-smol.sh $(BUILD) "$(QUALITY_SMOL_OUT)" -- \
+		$(QUALITY_LONGGEN_ARGS)
+quality-mechanism: model
+	@$(MAKE) --no-print-directory all
+	@QUALITY_TASK=mechanism SMOLLM2=$(SMOLLM2_GGUF) bench/quality-smol.sh $(BUILD) "$(QUALITY_SMOL_OUT)" -- \
+		$(QUALITY_MECHANISM_ARGS)
 
 include kernels/cuda.mk
 include tests/fuzz/fuzz.mk

@@ -6,7 +6,8 @@
 # (length by depth) with gnuplot. OUT defaults to a new build/quality-smol/DATE directory: the
 # committed bench/quality/ is written only when named (make quality-smol QUALITY_SMOL_OUT=bench/quality).
 # kvc-eval writes its files as .partial and renames them at the end, so an interrupted run leaves
-# OUT's old results as they were.
+# OUT's old results as they were. QUALITY_TASK=longgen or mechanism runs that task instead of the
+# needle task (make quality-longgen, make quality-mechanism; no plots).
 set -euo pipefail
 build=${1:-build}
 out=${2:-build/quality-smol/$(date -u +%Y%m%d-%H%M%S)}
@@ -26,8 +27,9 @@ pid=$!
 # kvcctl needs the admin socket to exist; a bench script may poll for it (10 s at most)
 for _ in $(seq 200); do [ -S "$dir/run/kvcd.admin.sock" ] && break; sleep 0.05; done
 "$build/bin/kvcctl" --socket "$dir/run" --timeout 10000 status >/dev/null
+task=${QUALITY_TASK:-niah}
 start=$(date +%s)
-"$build/bin/kvc-eval" --socket "$dir/run" --task niah --model "$model" --out "$out" "$@" >"$dir/niah.out"
-echo "kvc-eval niah: $(( $(date +%s) - start )) s" >&2
+"$build/bin/kvc-eval" --socket "$dir/run" --task "$task" --model "$model" --out "$out" "$@" >"$dir/$task.out"
+echo "kvc-eval $task: $(( $(date +%s) - start )) s" >&2
 "$build/bin/kvcctl" --socket "$dir/run" audit >&2
-bench/quality-smol-plot.sh "$out"
+if [ "$task" = niah ]; then bench/quality-smol-plot.sh "$out"; fi

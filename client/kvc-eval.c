@@ -41,6 +41,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "eval/longgen.h"
+#include "eval/mechanism.h"
 #include "eval/niah.h"
 #include "eval/stats.h"
 #include "kvc.h"
@@ -1173,12 +1175,16 @@ static void usage(FILE *f) {
                    "  --quick                3 stories, 4 configurations: checks the harness itself\n"
                    "                         (with --task niah: one 192-token haystack, 3 needles, the full\n"
                    "                         cache, window and conf at half of it)\n"
-                   "  --task ppl|niah|longdoc  perplexity on stories260K (default), needle in a haystack\n"
-                   "                         or long documents (4096 tokens, ppl/KL/top-1 against the full\n"
-                   "                         cache) on a GGUF chat model (docs/quality.md)\n"
+                   "  --task ppl|niah|longdoc|longgen|mechanism  perplexity on stories260K (default), needle\n"
+                   "                         in a haystack, long documents (4096 tokens, ppl/KL/top-1 against\n"
+                   "                         the full cache), long generation (SCOPE's setting) or the\n"
+                   "                         mechanism (confidence and attention against a window's KL), on a\n"
+                   "                         GGUF chat model (docs/quality.md)\n"
                    "  --lengths L,...        niah: haystack tokens (default 1024,2048,4096)\n"
                    "  --needles N            niah: needles per length (default 10)\n"
-                   "  --documents N          longdoc: documents per length (default 10; quick 2)\n"
+                   "  --documents N          longdoc, mechanism: documents per length (default 10; quick 2)\n"
+                   "  --prompts N            longgen: prompts per length (default 10; quick 2)\n"
+                   "  --gen-tokens N         longgen: answer tokens (default 1024; quick 48)\n"
                    "  --fractions F,...      niah: budgets as fractions of the haystack (default 0.25,0.5)\n"
                    "  --chunk N              niah: prefill rows per configuration and pass (default 64)\n"
                    "  --threads N            niah: the engine's threads (default: every CPU)\n"
@@ -1195,6 +1201,35 @@ static void niah_options_from(struct niah_options *no, const struct eval *e, boo
         no->data_path = e->data_path;
         no->out_dir = e->out_dir;
         no->quick = e->quick;
+}
+
+/* The long-generation and mechanism tasks' defaults (docs/quality.md), checked, and the run. */
+static int smol_long_task(const char *task, struct niah_options *no, const struct eval *e, bool model_given,
+                          uint32_t gen_tokens) {
+        bool longgen = strcmp(task, "longgen") == 0;
+        niah_options_from(no, e, model_given);
+        if (!no->n_lengths) {
+                no->lengths[0] = longgen ? (e->quick ? 64 : 256) : (e->quick ? 256 : 2048);
+                no->n_lengths = 1;
+        }
+        if (!no->n_fractions) {
+                no->fractions[0] = longgen ? (e->quick ? 0.5 : 0.35) : (e->quick ? 0.125 : 0.0625);
+                no->fractions[1] = longgen ? 0.5 : 0.25;
+                no->n_fractions = e->quick ? 1 : 2;
+        }
+        if (no->needles == 10 && e->quick)
+                no->needles = 2;
+        if (!gen_tokens)
+                gen_tokens = e->quick ? 48 : 1024;
+        if (!no->model_path || no->needles < 2 || no->needles > 1000 || no->chunk < 1) {
+                fprintf(stderr,
+                        "kvc-eval: --task %s needs --model (a GGUF; or KVC_SMOLLM2), 2..1000 --%s and a "
+                        "--chunk of at "
+                        "least 1\n",
+                        task, longgen ? "prompts" : "documents");
+                return 2;
+        }
+        return (longgen ? longgen_run(no, gen_tokens) : mechanism_run(no)) < 0 ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
@@ -1218,6 +1253,8 @@ int main(int argc, char **argv) {
                 { "lengths", required_argument, NULL, 'L' },
                 { "needles", required_argument, NULL, 'N' },
                 { "documents", required_argument, NULL, 'N' },
+                { "prompts", required_argument, NULL, 'N' },
+                { "gen-tokens", required_argument, NULL, 'G' },
                 { "fractions", required_argument, NULL, 'F' },
                 { "chunk", required_argument, NULL, 'K' },
                 { "threads", required_argument, NULL, 'T' },
@@ -1237,6 +1274,7 @@ int main(int argc, char **argv) {
                           .split = "test" };
         struct niah_options no = { .needles = 10, .chunk = 64, .threads = 0, .seed = 0 };
         const char *task = "ppl";
+        uint32_t gen_tokens = 0;
         bool model_given = false;
         int o;
         while ((o = getopt_long(argc, argv, "hV", opts, NULL)) != -1) {
@@ -1258,6 +1296,7 @@ int main(int argc, char **argv) {
                                 no.fractions[no.n_fractions++] = strtod(p, &p);
                         break;
                 case 'N': no.needles = (uint32_t)atoi(optarg); break;
+                case 'G': gen_tokens = (uint32_t)atoi(optarg); break;
                 case 'K': no.chunk = (uint32_t)atoi(optarg); break;
                 case 'T': no.threads = (uint32_t)atoi(optarg); break;
                 case 'R': no.seed = strtoull(optarg, NULL, 0); break;
@@ -1297,8 +1336,12 @@ int main(int argc, char **argv) {
                 usage(stderr);
                 return 2;
         }
-        if (strcmp(task, "niah") != 0 && strcmp(task, "ppl") != 0 && strcmp(task, "longdoc") != 0) {
-                fprintf(stderr, "kvc-eval: --task is ppl, niah or longdoc\n");
+        static const char *const tasks[] = { "ppl", "niah", "longdoc", "longgen", "mechanism" };
+        bool known = false;
+        for (size_t i = 0; i < sizeof(tasks) / sizeof(tasks[0]); i++)
+                known |= strcmp(task, tasks[i]) == 0;
+        if (!known) {
+                fprintf(stderr, "kvc-eval: --task is ppl, niah, longdoc, longgen or mechanism\n");
                 return 2;
         }
         if (e.quick && strcmp(task, "ppl") == 0) {
@@ -1327,6 +1370,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "kvc-eval: cannot make %s: %s\n", e.out_dir, strerror(errno));
                 return 1;
         }
+        if (strcmp(task, "longgen") == 0 || strcmp(task, "mechanism") == 0)
+                return smol_long_task(task, &no, &e, model_given, gen_tokens);
         if (strcmp(task, "longdoc") == 0) {
                 niah_options_from(&no, &e, model_given);
                 if (!no.n_lengths) {

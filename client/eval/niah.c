@@ -12,19 +12,12 @@
 
 #include "kvc.h"
 #include "kvccache.h"
+#include "lab.h"
 #include "model.h"
 #include "stats.h"
 #include "text.h"
 
-#define NIAH_MAX_CONFIGS 32
-#define NIAH_TEST_FIRST  200 /* the test split of the stories: kvc-eval's TUNE_STORIES on */
-#define NIAH_BOOT        2000
-
-struct niah_family {
-        const char *label, *policy;
-        const char *keys[3], *values[3];
-        size_t n_params;
-};
+#define NIAH_BOOT 2000
 
 /* The main suite: the window baseline, H2O (decode-time ranking), SnapKV (prompt compression) and
  * CONF-KV with INT8 (the issue's target), 9 configurations with the full cache: what fits make
@@ -41,49 +34,11 @@ static const struct niah_family quick_families[] = {
         { "conf-fixed", "conf", { "gate" }, { "fixed" }, 1 },
 };
 
-struct niah_config {
-        char label[64];
-        const struct niah_family *fam; /* NULL: the full cache */
-        double fraction;
-        uint32_t budget;
-        struct kvc_param params[3];
-};
-
 /* One needle of one configuration. */
 struct niah_result {
         double hit, logp, charged, tokens;
         uint64_t peak_charged;
 };
-
-struct niah {
-        const struct niah_options *o;
-        struct model *model;
-        struct text *tok;
-        const struct model_config *mc;
-        struct kvc_client *client;
-        char *data;
-        size_t data_len;
-        const char **stories;
-        size_t *story_lens, n_stories;
-        struct niah_config cfg[NIAH_MAX_CONFIGS];
-        uint32_t n_cfg; /* per length: the budgets depend on it */
-        uint64_t rng;
-        double t0, rows_done, rows_total;
-};
-
-static double now_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t next_rand(uint64_t *s) {
-        uint64_t x = *s;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        return *s = x;
-}
 
 /* The configurations for haystacks of `length` tokens: the full cache, then every family at
  * every fraction of the length. */
@@ -92,95 +47,11 @@ static void make_configs(struct niah *n, uint32_t length) {
         size_t n_fams = n->o->quick ? sizeof(quick_families) / sizeof(quick_families[0])
                                     : sizeof(main_families) / sizeof(main_families[0]);
         n->n_cfg = 0;
-        struct niah_config *c = &n->cfg[n->n_cfg++];
-        memset(c, 0, sizeof(*c));
-        snprintf(c->label, sizeof(c->label), "full");
-        for (size_t f = 0; f < n_fams; f++) {
-                for (uint32_t i = 0; i < n->o->n_fractions && n->n_cfg < NIAH_MAX_CONFIGS; i++) {
-                        c = &n->cfg[n->n_cfg++];
-                        memset(c, 0, sizeof(*c));
-                        c->fam = &fams[f];
-                        c->fraction = n->o->fractions[i];
-                        c->budget = (uint32_t)lround(c->fraction * length);
-                        snprintf(c->label, sizeof(c->label), "%s-%.0f%%", fams[f].label, 100 * c->fraction);
-                        for (size_t p = 0; p < fams[f].n_params; p++)
-                                c->params[p] = (struct kvc_param){ .key = fams[f].keys[p],
-                                                                   .value = fams[f].values[p] };
-                }
-        }
-}
-
-/* ---- haystacks ---- */
-
-static size_t split_stories(const char *text, size_t len, const char **starts, size_t *lens, size_t max) {
-        static const char marker[] = "Once upon a time";
-        size_t k = 0;
-        const char *p = memmem(text, len, marker, sizeof(marker) - 1), *end = text + len;
-        while (p && k < max) {
-                const char *nx = memmem(p + 1, (size_t)(end - p - 1), marker, sizeof(marker) - 1);
-                const char *stop = nx ? nx : end;
-                while (stop > p && (stop[-1] == '\n' || stop[-1] == ' '))
-                        stop--;
-                starts[k] = p;
-                lens[k] = (size_t)(stop - p);
-                k++;
-                p = nx;
-        }
-        return k;
-}
-
-struct textbuf {
-        char *s;
-        size_t len, cap;
-};
-
-static int tb_add(struct textbuf *b, const char *s, size_t n) {
-        if (b->len + n + 1 > b->cap) {
-                size_t cap = (b->len + n + 1) * 2;
-                char *p = realloc(b->s, cap);
-                if (!p)
-                        return -ENOMEM;
-                b->s = p;
-                b->cap = cap;
-        }
-        memcpy(b->s + b->len, s, n);
-        b->len += n;
-        b->s[b->len] = '\0';
-        return 0;
-}
-
-/* Text of exactly `length` tokens (as the model's tokenizer cuts it) from stories of the test
- * split joined by blank lines, starting at a random story. */
-static int haystack(struct niah *n, uint32_t length, struct textbuf *out) {
-        struct textbuf joined = { 0 };
-        size_t avail = n->n_stories - NIAH_TEST_FIRST;
-        size_t s = NIAH_TEST_FIRST + next_rand(&n->rng) % avail;
-        int r = 0;
-        /* about 4 bytes a token in these stories; 5 per token leaves room for the cut */
-        while (r == 0 && joined.len < (size_t)length * 5 + 64) {
-                if (joined.len)
-                        r = tb_add(&joined, "\n\n", 2);
-                if (r == 0)
-                        r = tb_add(&joined, n->stories[s], n->story_lens[s]);
-                s = s + 1 < n->n_stories ? s + 1 : NIAH_TEST_FIRST;
-        }
-        size_t cap = joined.len + 8, got = 0;
-        int *ids = malloc(cap * sizeof(int));
-        if (r == 0 && !ids)
-                r = -ENOMEM;
-        if (r == 0)
-                r = text_encode(n->tok, joined.s, ids, cap, &got);
-        if (r == 0 && got < length)
-                r = -ENODATA;
-        char piece[256];
-        for (uint32_t i = 0; r == 0 && i < length; i++) {
-                size_t pl = 0;
-                if ((r = text_piece(n->tok, i ? ids[i - 1] : -1, ids[i], piece, sizeof(piece), &pl)) == 0)
-                        r = tb_add(out, piece, pl);
-        }
-        free(ids);
-        free(joined.s);
-        return r;
+        lab_config_add(n, NULL, 0, 0);
+        for (size_t f = 0; f < n_fams; f++)
+                for (uint32_t i = 0; i < n->o->n_fractions; i++)
+                        lab_config_add(n, &fams[f], n->o->fractions[i],
+                                       (uint32_t)lround(n->o->fractions[i] * length));
 }
 
 static const char *const colours[] = { "blue",  "red",  "green",  "yellow", "white", "black",
@@ -272,46 +143,6 @@ static int build_needle(struct niah *n, uint32_t length, uint32_t index, struct 
 
 /* ---- one haystack, every configuration in one batch ---- */
 
-static void progress(struct niah *n, const char *task, uint32_t length, uint32_t needle) {
-        double el = now_s() - n->t0, rate = el > 0 ? n->rows_done / el : 0;
-        double left = rate > 0 ? (n->rows_total - n->rows_done) / rate : 0;
-        fprintf(stderr, "kvc-eval %s: length %u, %s %u/%u, %u configurations, %.0f tokens/s, %.0f s left\n",
-                task, length, strcmp(task, "niah") == 0 ? "needle" : "document", needle, n->o->needles,
-                n->n_cfg, rate, left > 0 ? left : 0);
-}
-
-static double charged_bytes(struct kvc_session *s, uint32_t n_layers, double *ret_tokens) {
-        double b = 0, t = 0;
-        for (uint32_t l = 0; l < n_layers; l++) {
-                struct kvc_layer_view v;
-                if (kvc_layer_view(s, l, &v) < 0)
-                        continue;
-                b += (double)v.n_blocks * (double)v.block_bytes +
-                     (double)v.n_q8_blocks * (double)v.q8_block_bytes;
-                t += v.n_tokens;
-        }
-        *ret_tokens = t / n_layers;
-        return b;
-}
-
-/* Adds k steps of what kvcd holds for s to the running sums (both tasks weight a step by the rows
- * it scored). */
-static void held_add(struct kvc_session *s, uint32_t n_layers, uint32_t k, double *charged, double *tokens) {
-        double tok;
-        *charged += k * charged_bytes(s, n_layers, &tok);
-        *tokens += k * tok;
-}
-
-/* Closes s: its peak as kvcd charged it, and the sums made averages over weight. */
-static void held_close(struct kvc_session *s, double weight, double *charged, double *tokens,
-                       uint64_t *peak_charged) {
-        struct kvc_session_stats st;
-        if (kvc_session_close(s, &st) == 0)
-                *peak_charged = st.peak_bytes;
-        *charged /= weight > 0 ? weight : 1;
-        *tokens /= weight > 0 ? weight : 1;
-}
-
 static int run_needle(struct niah *n, const struct needle *nd, struct niah_result *res) {
         const struct model_config *mc = n->mc;
         uint32_t C = n->n_cfg, V = (uint32_t)mc->vocab_size, L = (uint32_t)mc->n_layers;
@@ -319,24 +150,8 @@ static int run_needle(struct niah *n, const struct needle *nd, struct niah_resul
         double weight = 0;
         int r = 0;
         memset(res, 0, C * sizeof(*res));
-        for (uint32_t c = 0; r == 0 && c < C; c++) {
-                const struct niah_config *cf = &n->cfg[c];
-                struct kvc_session_config sc = {
-                        .geometry = { .n_layers = L,
-                                      .n_heads = (uint32_t)mc->n_heads,
-                                      .n_kv_heads = (uint32_t)mc->n_kv_heads,
-                                      .head_dim = (uint32_t)(mc->dim / mc->n_heads),
-                                      .dtype = KVC_DTYPE_F16,
-                                      .max_tokens = (uint32_t)mc->seq_len },
-                        .policy = cf->fam ? cf->fam->policy : "full",
-                        .budget_tokens = cf->budget,
-                        .params = cf->params,
-                        .n_params = cf->fam ? cf->fam->n_params : 0,
-                        .prompt_tokens = nd->question,
-                };
-                if ((r = kvc_session_open(n->client, &sc, &ss[c])) < 0)
-                        fprintf(stderr, "kvc-eval niah: %s: %s\n", cf->label, kvc_last_error(n->client));
-        }
+        for (uint32_t c = 0; r == 0 && c < C; c++)
+                r = lab_session_open(n, &n->cfg[c], nd->question, "niah", &ss[c]);
         struct model_row rows[MODEL_MAX_ROWS];
         uint32_t total =
                 nd->n_prompt + nd->n_answer - 1; /* positions run: the last answer token is not fed */
@@ -350,14 +165,7 @@ static int run_needle(struct niah *n, const struct needle *nd, struct niah_resul
                                                                            : nd->n_prompt;
                         k = stop - pos;
                         uint32_t most = n->o->chunk < MODEL_MAX_ROWS / C ? n->o->chunk : MODEL_MAX_ROWS / C;
-                        k = k < most ? k : most;
-                        for (uint32_t c = 0; c < C; c++) {
-                                int room =
-                                        (int)kvc_session_max_tokens(ss[c]) - (int)kvc_layer_tokens(ss[c], 0);
-                                if (room >= 1 && (uint32_t)room < k)
-                                        k = (uint32_t)room;
-                        }
-                        k = k ? k : 1;
+                        k = lab_chunk(ss, C, k < most ? k : most);
                 }
                 uint32_t nr = 0;
                 for (uint32_t c = 0; c < C; c++)
@@ -614,83 +422,6 @@ static void write_outputs(struct niah *n, uint32_t li, const struct niah_result 
         free(d);
 }
 
-static int load_data(struct niah *n) {
-        FILE *f = fopen(n->o->data_path, "rb");
-        if (!f)
-                return -errno;
-        fseek(f, 0, SEEK_END);
-        long len = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        n->data = malloc((size_t)len + 1);
-        int r = n->data && fread(n->data, 1, (size_t)len, f) == (size_t)len ? 0 : -EIO;
-        fclose(f);
-        if (r < 0)
-                return r;
-        n->data[len] = '\0';
-        n->data_len = (size_t)len;
-        n->stories = malloc(4096 * sizeof(char *));
-        n->story_lens = malloc(4096 * sizeof(size_t));
-        if (!n->stories || !n->story_lens)
-                return -ENOMEM;
-        n->n_stories = split_stories(n->data, n->data_len, n->stories, n->story_lens, 4096);
-        return n->n_stories > NIAH_TEST_FIRST + 16 ? 0 : -ENODATA;
-}
-
-static FILE *open_partial(const struct niah_options *o, const char *name) {
-        char path[600];
-        snprintf(path, sizeof(path), "%s/%s.partial", o->out_dir, name);
-        return fopen(path, "w");
-}
-
-static void finish_partial(const struct niah_options *o, const char *name, bool keep) {
-        char from[600], to[600];
-        snprintf(from, sizeof(from), "%s/%s.partial", o->out_dir, name);
-        snprintf(to, sizeof(to), "%s/%s", o->out_dir, name);
-        if (!keep)
-                unlink(from);
-        else if (rename(from, to) < 0)
-                fprintf(stderr, "kvc-eval niah: cannot write %s: %s\n", to, strerror(errno));
-}
-
-/* What both tasks start from: the GGUF model and its tokenizer, the stories, a kvcd client (named
- * kvc-eval-TASK). On failure it says why on stderr; when the model itself did not open, n->model
- * is NULL and nothing is held, otherwise lab_close releases what did open. */
-static int lab_open(struct niah *n, const char *task) {
-        const struct niah_options *o = n->o;
-        struct model_options mo = { .threads = o->threads };
-        char why[256] = "", name[64];
-        int r = model_open(o->model_path, &mo, &n->model, why, sizeof(why));
-        if (r == 0 && !model_is_gguf(n->model))
-                r = -EINVAL, snprintf(why, sizeof(why), "the %s task needs a GGUF chat model", task);
-        if (r == 0)
-                r = text_open_gguf(o->model_path, &n->tok, why, sizeof(why));
-        if (r < 0) {
-                fprintf(stderr, "kvc-eval %s: %s: %s\n", task, o->model_path, why[0] ? why : strerror(-r));
-                n->model = model_free(n->model);
-                return r;
-        }
-        n->mc = model_get_config(n->model);
-        if ((r = load_data(n)) < 0) {
-                fprintf(stderr, "kvc-eval %s: %s: no stories (%s)\n", task, o->data_path, strerror(-r));
-                return r;
-        }
-        snprintf(name, sizeof(name), "kvc-eval-%s", task);
-        struct kvc_options ko = { .socket = o->socket, .name = name, .timeout_ms = 120000 };
-        if ((r = kvc_connect(&ko, &n->client)) < 0)
-                fprintf(stderr, "kvc-eval %s: cannot connect to kvcd: %s\n", task, strerror(-r));
-        return r;
-}
-
-static void lab_close(struct niah *n) {
-        if (n->client)
-                kvc_disconnect(n->client);
-        text_free(n->tok);
-        model_free(n->model);
-        free(n->data);
-        free(n->stories);
-        free(n->story_lens);
-}
-
 int niah_run(const struct niah_options *o) {
         struct niah n = { .o = o, .rng = o->seed ? o->seed : 0x243f6a8885a308d3ull };
         int r = lab_open(&n, "niah");
@@ -840,35 +571,14 @@ static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t sco
         double weight = 0;
         int r = ref && lp ? 0 : -ENOMEM;
         memset(res, 0, C * sizeof(*res));
-        for (uint32_t c = 0; r == 0 && c < C; c++) {
-                const struct niah_config *cf = &n->cfg[c];
-                struct kvc_session_config sc = {
-                        .geometry = { .n_layers = L,
-                                      .n_heads = (uint32_t)mc->n_heads,
-                                      .n_kv_heads = (uint32_t)mc->n_kv_heads,
-                                      .head_dim = (uint32_t)(mc->dim / mc->n_heads),
-                                      .dtype = KVC_DTYPE_F16,
-                                      .max_tokens = (uint32_t)mc->seq_len },
-                        .policy = cf->fam ? cf->fam->policy : "full",
-                        .budget_tokens = cf->budget,
-                        .params = cf->params,
-                        .n_params = cf->fam ? cf->fam->n_params : 0,
-                };
-                if ((r = kvc_session_open(n->client, &sc, &ss[c])) < 0)
-                        fprintf(stderr, "kvc-eval longdoc: %s: %s\n", cf->label, kvc_last_error(n->client));
-        }
+        for (uint32_t c = 0; r == 0 && c < C; c++)
+                r = lab_session_open(n, &n->cfg[c], 0, "longdoc", &ss[c]);
         struct model_row rows[MODEL_MAX_ROWS];
         uint32_t pos = 0;
         while (r == 0 && pos + 1 < length) {
                 uint32_t k = length - 1 - pos, most = MODEL_MAX_LOGIT_ROWS / C;
                 k = k < most ? k : most;
-                k = k < n->o->chunk ? k : n->o->chunk;
-                for (uint32_t c = 0; c < C; c++) {
-                        int room = (int)kvc_session_max_tokens(ss[c]) - (int)kvc_layer_tokens(ss[c], 0);
-                        if (room >= 1 && (uint32_t)room < k)
-                                k = (uint32_t)room;
-                }
-                k = k ? k : 1;
+                k = lab_chunk(ss, C, k < n->o->chunk ? k : n->o->chunk);
                 uint32_t nr = 0;
                 for (uint32_t c = 0; c < C; c++)
                         for (uint32_t j = 0; j < k; j++)
@@ -890,20 +600,10 @@ static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t sco
                         for (uint32_t c = 0; c < C; c++) {
                                 const float *lg = logits + ((size_t)c * k + j) * V;
                                 float *out = c == 0 ? ref : lp;
-                                uint32_t best = 0;
-                                for (uint32_t v = 1; v < V; v++)
-                                        best = lg[v] > lg[best] ? v : best;
-                                double sum = 0;
-                                for (uint32_t v = 0; v < V; v++)
-                                        sum += exp((double)lg[v] - lg[best]);
-                                double lse = lg[best] + log(sum);
-                                for (uint32_t v = 0; v < V; v++)
-                                        out[v] = (float)(lg[v] - lse);
+                                uint32_t best = lab_log_softmax(lg, V, out);
                                 if (c == 0)
                                         ref_top = best;
-                                double kl = 0;
-                                for (uint32_t v = 0; c && v < V; v++)
-                                        kl += exp((double)ref[v]) * ((double)ref[v] - lp[v]);
+                                double kl = c ? lab_kl(ref, lp, V) : 0;
                                 res[c].nll -= out[ids[p + 1]];
                                 res[c].kl += kl;
                                 res[c].top1 += best == ref_top;
