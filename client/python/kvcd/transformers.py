@@ -12,7 +12,8 @@ Contract:
 
 - Keys and values live once, in kvcd's pool: ``update`` appends the new tokens to the session
   (kvc_append: libkvc writes them, their positions and zero scores into the layer's blocks) and
-  returns tensors gathered from the pool's blocks into one scratch buffer that every layer of the
+  returns tensors gathered from the pool's blocks by kvc_layer_gather (libkvc, C: one memcpy per
+  KV head and 16-token block at float32) into one float32 scratch buffer that every layer of the
   cache shares (attention needs one dense [1, kv_heads, n, head_dim] tensor and kvcd's blocks are
   16 tokens of [kv_heads, 16, head_dim] each, so no strided view covers a layer). The scratch is
   overwritten by the next layer's update: the tensors ``update`` returns are valid until then,
@@ -40,7 +41,6 @@ Contract:
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -55,14 +55,8 @@ from .errors import KvcInvalid, KvcNotSupported
 ATTN_IMPLEMENTATION = "kvcd_sdpa"
 # the policies whose plans do not read attention scores: no kvc_attend for them
 _NO_SCORES = frozenset({"full", "window", "streaming"})
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_ELEM = {"float32": ctypes.c_float, "float16": ctypes.c_uint16, "bfloat16": ctypes.c_uint16}
 
 _active = threading.local()  # the KvcdCache whose update ran last in this thread
-
-
-def _align64(n: int) -> int:
-    return (n + 63) & ~63
 
 
 def _kvcd_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -96,29 +90,6 @@ def geometry_of(config: Any, dtype: str = "float32") -> Geometry:
                     max_tokens=cfg.max_position_embeddings, dtype=dtype)
 
 
-class _Pool:
-    """The pool's mapped range as one flat torch tensor (no copy: the mapping itself), grown on
-    demand to cover the highest block seen. Elements of the session's dtype."""
-
-    def __init__(self, client: Client, dtype: str) -> None:
-        self.base = int(_lib.load().kvc_pool_base(client._p()) or 0)
-        self.dtype = dtype
-        self.elem = ctypes.sizeof(_ELEM[dtype])
-        self.n = 0
-        self.flat: Optional[torch.Tensor] = None
-
-    def cover(self, end_byte: int) -> torch.Tensor:
-        if self.flat is None or end_byte > self.n * self.elem:
-            n = max(end_byte // self.elem + 1, 2 * self.n)
-            buf = (_ELEM[self.dtype] * n).from_address(self.base)
-            t = torch.from_numpy(np.ctypeslib.as_array(buf))
-            if self.dtype != "float32":
-                t = t.view(_TORCH_DTYPES[self.dtype])
-            self.flat, self.n = t, n
-        assert self.flat is not None
-        return self.flat
-
-
 class KvcdLayer(CacheLayerMixin):
     """One decoder layer of a KvcdCache: its keys and values are the session's layer in the pool."""
 
@@ -132,9 +103,6 @@ class KvcdLayer(CacheLayerMixin):
         self.cache = cache
         self.layer = layer
         self.seen = 0  # tokens seen: the position of the next one
-        self._addrs: Optional[np.ndarray] = None  # the block addresses the index below is for
-        self._kidx: Optional[torch.Tensor] = None  # [kv_heads, blocks * 16]: element offsets of rows
-        self._vidx: Optional[torch.Tensor] = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -174,38 +142,21 @@ class KvcdLayer(CacheLayerMixin):
         return self._gather(key_states.dtype)
 
     def _gather(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The layer's keys and values, gathered from its blocks into the cache's scratch."""
+        """The layer's keys and values, copied out of its blocks into the cache's scratch by
+        kvc_layer_gather (one memcpy per KV head and block at float32)."""
         c = self.cache
-        cv = _lib.CLayerView()
-        r = _lib.load().kvc_layer_view(c.session._p(), self.layer, ctypes.byref(cv))
-        if r < 0:
-            c.session._check(r, f"layer_view {self.layer}")
-        if cv.n_q8:
+        lib = _lib.load()
+        p = c.session._p()
+        if lib.kvc_layer_q8_tokens(p, self.layer):
             raise KvcNotSupported(95, "KvcdCache reads full-precision blocks only (no INT8 tiers)")
-        n, T = cv.n_tokens, cv.block_tokens
+        n = int(lib.kvc_layer_tokens(p, self.layer))
         c.peak_stored = max(c.peak_stored, n)
-        addrs = (np.ctypeslib.as_array(ctypes.cast(cv.blocks, ctypes.POINTER(ctypes.c_uint64)), (cv.n_blocks,))
-                 .astype(np.int64) if cv.n_blocks else None)
-        if addrs is None:
-            raise KvcInvalid(22, f"layer {self.layer} has no blocks after an append")
         g = c.geometry
         H, D = g.n_kv_heads, g.head_dim
-        if self._addrs is None or not np.array_equal(self._addrs, addrs):
-            e = c.pool.elem
-            offs = (addrs - c.pool.base) // e  # element offset of each block
-            rows = np.arange(H)[:, None, None] * (T * D) + np.arange(T)[None, None, :] * D
-            kidx = (offs[None, :, None] + rows).reshape(H, -1)
-            vdelta = _align64(H * T * D * e) // e
-            self._kidx = torch.from_numpy(kidx)
-            self._vidx = torch.from_numpy(kidx + vdelta)
-            self._addrs = addrs
-            c.pool.cover(int(addrs.max() - c.pool.base) + int(cv.block_bytes))
-        assert self._kidx is not None and self._vidx is not None and c.pool.flat is not None
-        flat = c.pool.flat
-        rows_view = torch.as_strided(flat, (flat.numel() - D, D), (1, 1))  # row r: elements [r, r + D)
-        ks, vs = c._scratch(H * n, D, flat.dtype)
-        torch.index_select(rows_view, 0, self._kidx[:, :n].reshape(-1), out=ks)
-        torch.index_select(rows_view, 0, self._vidx[:, :n].reshape(-1), out=vs)
+        ks, vs = c._scratch(H * n, D)
+        r = lib.kvc_layer_gather(p, self.layer, 0, n, 0, ks.data_ptr(), vs.data_ptr())
+        if r < 0:
+            c.session._check(r, f"gather layer {self.layer}")
         keys = ks.view(1, H, n, D)
         values = vs.view(1, H, n, D)
         if keys.dtype != dtype:
@@ -235,7 +186,6 @@ class KvcdCache(Cache):
         self.policy = policy
         self.session: Session = client.open_session(self.geometry, policy=policy, budget=budget, params=params,
                                                     **session_kwargs)
-        self.pool = _Pool(client, self.geometry.dtype)
         self.steps = 0  # kvc_step calls made
         self.peak_stored = 0  # the most tokens one layer held when attention read it
         self.stored_after_plans: List[int] = []  # layer 0's length after each applied flush
@@ -287,11 +237,12 @@ class KvcdCache(Cache):
         q = query[0, :, 0, :].to(torch.float32).contiguous().numpy()
         self.session.attend(layer, q)
 
-    def _scratch(self, rows: int, D: int, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-        if self._ks is None or self._ks.shape[0] < rows or self._ks.dtype != dtype:
+    def _scratch(self, rows: int, D: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """rows x D float32 rows of keys and of values, shared by every layer (grown by doubling)."""
+        if self._ks is None or self._ks.shape[0] < rows:
             cap = max(rows, 2 * (self._ks.shape[0] if self._ks is not None else 0), 1024)
-            self._ks = torch.empty(cap, D, dtype=dtype)
-            self._vs = torch.empty(cap, D, dtype=dtype)
+            self._ks = torch.empty(cap, D, dtype=torch.float32)
+            self._vs = torch.empty(cap, D, dtype=torch.float32)
         assert self._vs is not None
         return self._ks[:rows], self._vs[:rows]
 
@@ -325,7 +276,6 @@ class KvcdCache(Cache):
         if not self.session.closed:
             self._sync()
         self._ks = self._vs = None
-        self.pool.flat = None
         return self.session.close()
 
     def __enter__(self) -> "KvcdCache":
