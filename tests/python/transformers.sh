@@ -30,6 +30,6 @@ export KVC_BUILD=$build
 export KVC_LIBRARY=$build/lib/libkvc.so
 export KVCCTL=$build/bin/kvcctl
 export PYTHONPATH=$root/client/python${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TQDM_DISABLE=1
 unset KVC_SOCKET
 exec "$py" -m pytest -q -p no:cacheprovider client/python/tests/test_transformers.py "$@"

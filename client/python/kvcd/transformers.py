@@ -34,7 +34,12 @@ Contract:
   attention inputs: "kvcd_sdpa" runs transformers' SDPA attention unchanged (the model's numerics)
   and, for a one-token query, also kvc_attend on the same query over the same cached keys, whose
   only use is the score update (its output is dropped). That doubles the attention work of a
-  decode step for those policies; `full` and `window` skip it. Prefill forwards add no scores.
+  decode step for those policies; `full` and `window` skip it. A forward of more than one token
+  (a prefill) scores with its last ``prefill_window`` queries (default 64, SnapKV's observation
+  window; 0: none), each over all the keys stored by then, the forward's later ones included
+  (kvc_attend has no causal mask): among the tokens before the window, which are the ones a
+  policy chooses from, that changes each query's softmax only by a common factor, so their order
+  per query is the causal one.
 - Batch size 1, host pools, full-precision layers (no INT8 tiers, no log-weights: `prob` and the
   INT8 options are refused by update with KvcNotSupported).
 """
@@ -66,8 +71,10 @@ def _kvcd_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
 
     out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     cache = getattr(_active, "cache", None)
-    if cache is not None and cache._scores and query.shape[2] == 1:
-        cache._score(int(module.layer_idx), query)
+    if cache is not None and cache._scores:
+        n = query.shape[2]
+        for i in range(max(0, n - (cache.prefill_window if n > 1 else 1)), n):
+            cache._score(int(module.layer_idx), query[:, :, i : i + 1])
     return out
 
 
@@ -114,7 +121,15 @@ class KvcdLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
-    def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
+    def get_max_cache_shape(self) -> int:
+        """transformers 5.2's name of get_max_length (abstract there): no fixed maximum."""
+        return -1
+
+    def get_mask_sizes(self, query_length: Any) -> Tuple[int, int]:
+        """(kv_length, kv_offset) for a query of query_length tokens (transformers 5.2 passes the
+        query's cache_position tensor instead: its length is the query's)."""
+        if isinstance(query_length, torch.Tensor):
+            query_length = int(query_length.shape[0])
         self.cache._sync()
         stored = self.cache.session.layer_tokens(self.layer)
         return stored + query_length, self.seen - stored
@@ -174,10 +189,11 @@ class KvcdCache(Cache):
     a hook on its output embeddings sends the step summaries; the policies that rank by attention
     switch it to the "kvcd_sdpa" attention, which close() undoes). ``policy``, ``budget``,
     ``params`` and the other keywords go to Client.open_session. ``dtype`` is how kvcd stores the
-    keys and values (default: the model's dtype)."""
+    keys and values (default: the model's dtype). ``prefill_window``: how many of a prefill's last
+    queries add to the attention scores (the policies that rank by attention only)."""
 
     def __init__(self, client: Client, model: torch.nn.Module, policy: str = "full", budget: int = 0,
-                 params: Optional[Dict[str, Any]] = None, dtype: Optional[str] = None,
+                 params: Optional[Dict[str, Any]] = None, dtype: Optional[str] = None, prefill_window: int = 64,
                  **session_kwargs: Any) -> None:
         mdtype = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(
             getattr(model, "dtype", torch.float32), "float32")
@@ -186,6 +202,7 @@ class KvcdCache(Cache):
         self.policy = policy
         self.session: Session = client.open_session(self.geometry, policy=policy, budget=budget, params=params,
                                                     **session_kwargs)
+        self.prefill_window = max(0, int(prefill_window))
         self.steps = 0  # kvc_step calls made
         self.peak_stored = 0  # the most tokens one layer held when attention read it
         self.stored_after_plans: List[int] = []  # layer 0's length after each applied flush
@@ -250,6 +267,13 @@ class KvcdCache(Cache):
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
+
+    def room(self) -> int:
+        """How many tokens the next forward may add without passing the session's limit in any
+        layer (kvcd's pending plan applied first): the size of the next chunk of a prompt that is
+        prefilled piece by piece (a budgeted policy plans when a layer reaches its limit)."""
+        self._sync()
+        return self.session.max_tokens - max(self.layer_tokens())
 
     def layer_tokens(self) -> List[int]:
         """The tokens each layer holds in kvcd now."""

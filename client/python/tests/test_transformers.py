@@ -8,6 +8,7 @@ binding.sh's light venv (no torch there). One thread, as the goldens were made.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from typing import Dict, List, Tuple
@@ -24,6 +25,11 @@ from transformers import DynamicCache  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED = os.path.join(HERE, "..", "..", "..", "..", "shared", "models", "smollm2")
 MODEL = os.environ.get("KVC_SMOLLM2", os.path.expanduser("~/.cache/kvcd/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+# generate's cache keyword: ``cache=`` where the model's forward takes it (the newest 5.x),
+# ``past_key_values=`` before (5.2, the release kvpress pins: tests/python/transformers-5.2.sh)
+from transformers import LlamaForCausalLM  # noqa: E402
+
+CACHE_KW = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
 
 
 def golden(name: str) -> Dict[str, object]:
@@ -56,9 +62,9 @@ def client(kvcd_daemon):
         yield c
 
 
-def _generate(model, ids: List[int], n: int, cache, force: bool = False, keyword: str = "cache") -> List[int]:
-    """Greedy generate() of n tokens through cache (given as ``cache=``, transformers 5.x's
-    keyword, or ``past_key_values=``, still accepted)."""
+def _generate(model, ids: List[int], n: int, cache, force: bool = False, keyword: str = CACHE_KW) -> List[int]:
+    """Greedy generate() of n tokens through cache (given as ``cache=``, the newest 5.x's
+    keyword, where there is one, or ``past_key_values=``, still accepted)."""
     x = torch.tensor([ids])
     kw = {"min_new_tokens": n} if force else {}
     kw[keyword] = cache
@@ -74,7 +80,7 @@ def test_full_matches_dynamic_cache_and_golden(smollm2, client, name):
     n = len(g["new_ids"])
     ref = _generate(model, g["prompt_ids"], n, DynamicCache(config=model.config))
     cache = KvcdCache(client, model, policy="full")
-    got = _generate(model, g["prompt_ids"], n, cache, keyword="past_key_values" if name == "story" else "cache")
+    got = _generate(model, g["prompt_ids"], n, cache, keyword="past_key_values" if name == "story" else CACHE_KW)
     stats = cache.close()
     assert ref == g["new_ids"], "transformers' own cache does not reproduce the golden ids"
     assert got == ref
