@@ -216,9 +216,14 @@ def start_kvcd(build: str) -> Tuple[subprocess.Popen, str, str]:
     ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     ns.bind(notify)
     ns.settimeout(20)
+    def die_with_parent() -> None:  # kvcd gets SIGTERM when this script dies (a killed run)
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
+
     proc = subprocess.Popen([os.path.join(build, "bin", "kvcd"), "--runtime-dir", run, "--capacity", "1G"],
                             env=dict(os.environ, NOTIFY_SOCKET=notify), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
     try:
         while b"READY=1" not in ns.recv(4096):
             pass

@@ -30,43 +30,39 @@ $(VLLM_KV_EVENTS): tests/python/vllm-requirements.txt | pydeps
 # download.pytorch.org is not reachable from the build machines), so the venv is kept between runs
 # and made again only when the pins change (the stamp is a copy of the pins, as for pydeps).
 #
-# make kvpress-deps: $(BUILD)/venv-kvpress, the same with the release kvpress 0.5.5 pins
-# (transformers 5.2.0, kvpress itself: tests/python/kvpress-requirements.txt), for
-# bench/kvpress_bench.py and for the KvcdCache tests under transformers 5.2.
+# make kvpress-deps: $(BUILD)/venv-kvpress, the release kvpress 0.5.5 pins (transformers 5.2.0,
+# kvpress itself: tests/python/kvpress-requirements.txt), for bench/kvpress_bench.py and the
+# KvcdCache tests under transformers 5.2. It starts as a hard-linked copy of venv-torch's
+# site-packages (same torch 2.15.0: nothing of torch is downloaded or unpacked again), then pip
+# installs the pins over it (transformers 5.2.0 replaces the copy's 5.24.0 in venv-kvpress only:
+# pip unlinks the copy's files, venv-torch keeps its own). pip's HTTP cache keeps nothing on these
+# machines (~/.cache/pip stayed at 2 MB after the 3 GB install), so this is how torch is fetched
+# once for both.
 #
-# Both put their wheels into $(PY_WHEEL_DIR) first (pip wheel: downloaded, or built from an sdist
-# such as kvpress's fire 0.6.0; a wheel already there is taken from there, not fetched again)
-# and install from it alone (--no-index), so torch and the CUDA packages are fetched once for both
-# venvs and every build tree: pip's own HTTP cache keeps nothing on these machines (measured:
-# ~/.cache/pip stayed at 2 MB after a 3 GB install).
-#
-# `make test` makes venv-torch and runs tests/python/transformers.sh under it (measured here from an
-# empty cache: 192 s for the whole venv, 3 GB at about 29 MB/s; docs/python.md, "CI"), and under
-# venv-kvpress when that exists or with KVC_KVPRESS=1 (which then makes it first). KVC_TORCH=0
-# leaves the torch tests out of `make test` (a machine without the 3 GB); they are then not run,
-# not failed.
-PY_WHEEL_DIR ?= $(XDG_CACHE_HOME)/kvcd/wheels
+# `make test` makes venv-torch and runs tests/python/transformers.sh under it (`make python-deps`
+# from an empty cache took 192 s here; docs/python.md, "CI"); KVC_TORCH=0 leaves the torch tests
+# out (then not run, not failed). The same tests under transformers 5.2
+# (tests/python/transformers-5.2.sh) run when venv-kvpress exists, or with KVC_KVPRESS=1, which
+# makes it first.
 VENV_TORCH := $(BUILD)/venv-torch
 VENV_TORCH_STAMP := $(VENV_TORCH)/.requirements
 VENV_KVPRESS := $(BUILD)/venv-kvpress
 VENV_KVPRESS_STAMP := $(VENV_KVPRESS)/.requirements
-
-# $(call py_venv,VENV,REQUIREMENTS): makes VENV from the pins through the wheel directory
-py_venv = [ -x $(1)/bin/python ] || python3 -m venv $(1); \
-	mkdir -p $(PY_WHEEL_DIR) && \
-	$(1)/bin/pip wheel --quiet --disable-pip-version-check -r $(2) -w $(PY_WHEEL_DIR) --find-links $(PY_WHEEL_DIR) && \
-	$(1)/bin/pip install --quiet --disable-pip-version-check --no-index --find-links $(PY_WHEEL_DIR) -r $(2) && \
-	cp $(2) $(1)/.requirements
 
 .PHONY: python-deps kvpress-deps
 python-deps: $(VENV_TORCH_STAMP)
 kvpress-deps: $(VENV_KVPRESS_STAMP)
 
 $(VENV_TORCH_STAMP): tests/python/torch-requirements.txt | deps
-	@$(call py_venv,$(VENV_TORCH),$<)
+	@[ -x $(VENV_TORCH)/bin/python ] || python3 -m venv $(VENV_TORCH)
+	$(VENV_TORCH)/bin/pip install --quiet --disable-pip-version-check -r $<
+	@cp $< $@
 
-$(VENV_KVPRESS_STAMP): tests/python/kvpress-requirements.txt | deps
-	@$(call py_venv,$(VENV_KVPRESS),$<)
+$(VENV_KVPRESS_STAMP): tests/python/kvpress-requirements.txt $(VENV_TORCH_STAMP) | deps
+	rm -rf $(VENV_KVPRESS) && python3 -m venv --without-pip $(VENV_KVPRESS)
+	cp -al $(VENV_TORCH)/lib/python3*/site-packages/. $(VENV_KVPRESS)/lib/python3*/site-packages/
+	$(VENV_KVPRESS)/bin/python -m pip install --quiet --disable-pip-version-check -r $<
+	@cp $< $@
 
 ifneq ($(KVC_TORCH),0)
 test: python-deps
@@ -85,3 +81,11 @@ endif
 bench-transformers: python-deps model
 	@$(MAKE) --no-print-directory all
 	$(VENV_TORCH)/bin/python bench/transformers_bench.py --build $(BUILD) $(TRANSFORMERS_BENCH_ARGS)
+
+# make bench-kvpress: bench/kvpress_bench.py (kvpress 0.5.5's presses against kvcd's policies on
+# niah.c's needles, SmolLM2, float32, one thread) in venv-kvpress. Results: bench/RESULTS.md,
+# "kvpress". KVPRESS_BENCH_ARGS: e.g. --length 4096 --needles 6.
+.PHONY: bench-kvpress
+bench-kvpress: kvpress-deps model
+	@$(MAKE) --no-print-directory all
+	$(VENV_KVPRESS)/bin/python bench/kvpress_bench.py --build $(BUILD) $(KVPRESS_BENCH_ARGS)
