@@ -51,6 +51,11 @@ static struct kvc_session *session(struct kvc_client *c, enum kvc_dtype dtype, c
         return s;
 }
 
+static void finish(struct kvc_client *c, struct kvc_session *s) {
+        assert_int_equal(kvc_session_close(s, NULL), 0);
+        kvc_disconnect(c);
+}
+
 /* Token t's key (value: negated) in head h, channel j: distinct, and exact in float16. */
 static float elem(uint32_t t, uint32_t h, uint32_t j) {
         return (float)(t * 16 + h * 8 + j) / 64.0f;
@@ -102,8 +107,7 @@ static void a_float32_layer_is_gathered_per_head_in_slot_order(void **state) {
         assert_int_equal(kvc_layer_gather(s, 1, 5, 32, 48, k, v), 0);
         assert_gathered(k, v, 5, 32, 48);
         assert_int_equal(kvc_layer_gather(s, 0, 0, 0, 0, NULL, NULL), 0); /* an empty layer, nothing */
-        kvc_session_close(s, NULL);
-        kvc_disconnect(c);
+        finish(c, s);
 }
 
 static void float16_blocks_are_converted_to_float32(void **state) {
@@ -113,8 +117,7 @@ static void float16_blocks_are_converted_to_float32(void **state) {
         float k[H * 20 * D], v[H * 20 * D];
         assert_int_equal(kvc_layer_gather(s, 0, 0, 20, 0, k, v), 0);
         assert_gathered(k, v, 0, 20, 20);
-        kvc_session_close(s, NULL);
-        kvc_disconnect(c);
+        finish(c, s);
 }
 
 /* Slot s's block and its index in it, INT8 below n_q8. */
@@ -183,8 +186,7 @@ static void int8_slots_are_dequantized_and_moved_slots_follow_the_plan(void **st
         }
         free(k);
         free(v);
-        kvc_session_close(s, NULL);
-        kvc_disconnect(c);
+        finish(c, s);
 }
 
 static void bad_layers_ranges_and_strides_are_refused(void **state) {
@@ -203,8 +205,7 @@ static void bad_layers_ranges_and_strides_are_refused(void **state) {
         assert_int_equal(kvc_layer_gather(s, 0, 0, 8, 0, NULL, v), -EINVAL); /* no output */
         for (size_t i = 0; i < H * 16 * D; i++)
                 assert_true(k[i] == SENTINEL && v[i] == SENTINEL);
-        kvc_session_close(s, NULL);
-        kvc_disconnect(c);
+        finish(c, s);
 }
 
 static int setup(void **state) {
