@@ -155,7 +155,7 @@ def test_positions_and_mask_right_after_eviction(smollm2, client):
     cache = KvcdCache(client, model, policy="window", budget=16)
     with torch.no_grad():
         for i in range(0, len(head), 8):
-            model(torch.tensor([head[i:i + 8]]), cache=cache, use_cache=True)
+            model(torch.tensor([head[i:i + 8]]), use_cache=True, **{CACHE_KW: cache})
         cache._sync()  # the plan of the last chunk's step, as the next forward would apply it
         kept = []  # each layer's gather reuses the one scratch: copy it before the next
         for layer in cache.layers:
@@ -164,12 +164,12 @@ def test_positions_and_mask_right_after_eviction(smollm2, client):
         stored = kept[0][0].shape[2]
         assert stored < len(head), "the window evicted nothing"
         assert cache.get_seq_length() == len(head)
-        got = model(torch.tensor([tail]), cache=cache, use_cache=True).logits[0]
+        got = model(torch.tensor([tail]), use_cache=True, **{CACHE_KW: cache}).logits[0]
         ref_cache = DynamicCache(config=model.config)
         for l, (k, v) in enumerate(kept):
             ref_cache.update(k, v, l)
         pos = torch.arange(len(head), len(ids))[None]
-        want = model(torch.tensor([tail]), cache=ref_cache, position_ids=pos, use_cache=True).logits[0]
+        want = model(torch.tensor([tail]), position_ids=pos, use_cache=True, **{CACHE_KW: ref_cache}).logits[0]
     cache.close()
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
 
@@ -183,10 +183,10 @@ def test_prompt_longer_than_the_session_limit_is_refused(smollm2, client):
     limit = cache.session.max_tokens
     assert limit < len(ids)
     with torch.no_grad(), pytest.raises(kvcd.KvcNoSpace):
-        model(torch.tensor([ids]), cache=cache, use_cache=True)
+        model(torch.tensor([ids]), use_cache=True, **{CACHE_KW: cache})
     cache.close()
     cache = KvcdCache(client, model, policy="window", budget=16)
     with torch.no_grad():
-        model(torch.tensor([ids[:limit]]), cache=cache, use_cache=True)
+        model(torch.tensor([ids[:limit]]), use_cache=True, **{CACHE_KW: cache})
     assert cache.session.layer_tokens(0) == limit
     cache.close()
