@@ -6,7 +6,7 @@
 # against the build tree's kvcd and libkvc. Installs nothing; nothing is fetched
 # (HF_HUB_OFFLINE=1). The model is $KVC_SMOLLM2 (make test exports it), else the model cache's.
 # One entry in tests/run.sh's summary. A missing venv or model is a failure, not a skip: the
-# Makefile lists this script only when the venv exists (or with KVC_TORCH=1, which makes it).
+# Makefile lists it in `make test`, which makes venv-torch first (KVC_TORCH=0: left out).
 set -eu
 build=${1:-build}
 [ $# -gt 0 ] && shift
