@@ -293,6 +293,16 @@ int kvc_poll(struct kvc_client *c, int timeout_ms);
 /* The session's stats as this client knows them (kvcd's peak figures arrive at close). */
 void kvc_session_get_stats(const struct kvc_session *s, struct kvc_session_stats *ret);
 
+/* ---- gathering a layer (gather.c) ---- */
+
+/* Copies slots [first, first + n) of a layer, keys and values, into the caller's float32 arrays,
+ * slot order, INT8 slots dequantized: row i of KV head h at out + (h * stride_tokens + i) *
+ * head_dim (stride_tokens 0: n), the [n_kv_heads][tokens][head_dim] layout a framework's
+ * attention takes. Host pools only (-ENOTSUP on a device pool); -EINVAL for a bad layer, a range
+ * past the layer's length or a stride below n. The copy is the caller's: later plans leave it. */
+int kvc_layer_gather(const struct kvc_session *s, uint32_t layer, uint32_t first, uint32_t n,
+                     uint32_t stride_tokens, float *keys, float *values);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,29 +26,53 @@ $(VLLM_KV_EVENTS): tests/python/vllm-requirements.txt | pydeps
 # make python-deps: $(BUILD)/venv-torch, the environment of kvcd.transformers' tests and bench
 # (torch, transformers 5.x, gguf, accelerate, numpy, pytest: tests/python/torch-requirements.txt),
 # separate from $(BUILD)/venv (`make pydeps`), which stays light. PyPI's torch wheel pulls the CUDA
-# runtime packages (about 3 GB to download, 5+ GB installed; the CPU-only index of
+# runtime packages (about 3 GB to download, 5.6 GB installed; the CPU-only index of
 # download.pytorch.org is not reachable from the build machines), so the venv is kept between runs
 # and made again only when the pins change (the stamp is a copy of the pins, as for pydeps).
 #
-# `make test` runs tests/python/transformers.sh when the venv exists, or always with KVC_TORCH=1
-# (which then makes the venv first). Without either it is left out of the list, not failed:
-# CI does not download torch for now (3 GB on every fresh machine; docs/python.md, "transformers").
+# make kvpress-deps: $(BUILD)/venv-kvpress, the release kvpress 0.5.5 pins (transformers 5.2.0,
+# kvpress itself: tests/python/kvpress-requirements.txt), for bench/kvpress_bench.py and the
+# KvcdCache tests under transformers 5.2. It starts as a hard-linked copy of venv-torch's
+# site-packages (same torch 2.15.0: nothing of torch is downloaded or unpacked again), then pip
+# installs the pins over it (transformers 5.2.0 replaces the copy's 5.24.0 in venv-kvpress only:
+# pip unlinks the copy's files, venv-torch keeps its own). pip's HTTP cache keeps nothing on these
+# machines (~/.cache/pip stayed at 2 MB after the 3 GB install), so this is how torch is fetched
+# once for both.
+#
+# `make test` makes venv-torch and runs tests/python/transformers.sh under it (`make python-deps`
+# from an empty cache took 192 s here; docs/python.md, "CI"); KVC_TORCH=0 leaves the torch tests
+# out (then not run, not failed). The same tests under transformers 5.2
+# (tests/python/transformers-5.2.sh) run when venv-kvpress exists, or with KVC_KVPRESS=1, which
+# makes it first.
 VENV_TORCH := $(BUILD)/venv-torch
 VENV_TORCH_STAMP := $(VENV_TORCH)/.requirements
+VENV_KVPRESS := $(BUILD)/venv-kvpress
+VENV_KVPRESS_STAMP := $(VENV_KVPRESS)/.requirements
 
-.PHONY: python-deps
+.PHONY: python-deps kvpress-deps
 python-deps: $(VENV_TORCH_STAMP)
+kvpress-deps: $(VENV_KVPRESS_STAMP)
 
 $(VENV_TORCH_STAMP): tests/python/torch-requirements.txt | deps
 	@[ -x $(VENV_TORCH)/bin/python ] || python3 -m venv $(VENV_TORCH)
 	$(VENV_TORCH)/bin/pip install --quiet --disable-pip-version-check -r $<
 	@cp $< $@
 
-ifeq ($(KVC_TORCH),1)
+$(VENV_KVPRESS_STAMP): tests/python/kvpress-requirements.txt $(VENV_TORCH_STAMP) | deps
+	rm -rf $(VENV_KVPRESS) && python3 -m venv --without-pip $(VENV_KVPRESS)
+	cp -al $(VENV_TORCH)/lib/python3*/site-packages/. $(VENV_KVPRESS)/lib/python3*/site-packages/
+	$(VENV_KVPRESS)/bin/python -m pip install --quiet --disable-pip-version-check -r $<
+	@cp $< $@
+
+ifneq ($(KVC_TORCH),0)
 test: python-deps
 PYTHON_TORCH_TESTS := tests/python/transformers.sh
+endif
+ifeq ($(KVC_KVPRESS),1)
+test: kvpress-deps
+PYTHON_TORCH_TESTS += tests/python/transformers-5.2.sh
 else
-PYTHON_TORCH_TESTS := $(if $(wildcard $(VENV_TORCH_STAMP)),tests/python/transformers.sh)
+PYTHON_TORCH_TESTS += $(if $(wildcard $(VENV_KVPRESS_STAMP)),tests/python/transformers-5.2.sh)
 endif
 
 # make bench-transformers: bench/transformers_bench.py (KvcdCache against DynamicCache on SmolLM2,
@@ -57,3 +81,11 @@ endif
 bench-transformers: python-deps model
 	@$(MAKE) --no-print-directory all
 	$(VENV_TORCH)/bin/python bench/transformers_bench.py --build $(BUILD) $(TRANSFORMERS_BENCH_ARGS)
+
+# make bench-kvpress: bench/kvpress_bench.py (kvpress 0.5.5's presses against kvcd's policies on
+# niah.c's needles, SmolLM2, float32, one thread) in venv-kvpress. Results: bench/RESULTS.md,
+# "kvpress". KVPRESS_BENCH_ARGS: e.g. --length 4096 --needles 6.
+.PHONY: bench-kvpress
+bench-kvpress: kvpress-deps model
+	@$(MAKE) --no-print-directory all
+	$(VENV_KVPRESS)/bin/python bench/kvpress_bench.py --build $(BUILD) $(KVPRESS_BENCH_ARGS)

@@ -160,6 +160,7 @@ _PROTOTYPES = {
     "kvc_session_shared_tokens": (c_uint32, [_session_p]),
     "kvc_layer_q8_tokens": (c_uint32, [_session_p, c_uint32]),
     "kvc_layer_view": (c_int, [_session_p, c_uint32, POINTER(CLayerView)]),
+    "kvc_layer_gather": (c_int, [_session_p, c_uint32, c_uint32, c_uint32, c_uint32, _f32_p, _f32_p]),
     "kvc_pool_is_device": (c_int, [_client_p]),
     "kvc_pool_base": (c_void_p, [_client_p]),
     "kvc_pool_device": (c_int, [_client_p]),

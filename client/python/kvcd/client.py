@@ -468,6 +468,38 @@ class Session(_Closes):
             self._check(_lib.load().kvc_layer_view(self._p(), layer, ctypes.byref(cv)), f"layer_view {layer}")
             return LayerView(self, cv, self.shared_tokens)
 
+    def gather(self, layer: int, first: int = 0, n: Optional[int] = None, keys: Optional[np.ndarray] = None,
+               values: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """A copy of slots [first, first + n) of the layer (n None: to the end) as float32 arrays
+        [n_kv_heads, n, head_dim] (kvc_layer_gather: INT8 slots dequantized, f16/bf16 converted).
+        ``keys`` and ``values``, when given, are float32 C-contiguous arrays [n_kv_heads, S,
+        head_dim] with S >= n: rows [:, :n] are written, the rest left alone, and they are
+        returned. KvcNotSupported on a device pool."""
+        self._layer(layer)
+        if self._client.is_device:
+            raise KvcNotSupported(95, "a device pool's blocks are GPU memory: gather them with CUDA")
+        held = self.layer_tokens(layer)
+        if n is None:
+            n = max(held - first, 0)
+        g = self.geometry
+        outs = []
+        for name, a in (("keys", keys), ("values", values)):
+            if a is None:
+                a = np.empty((g.n_kv_heads, n, g.head_dim), dtype=np.float32)
+            elif not isinstance(a, np.ndarray) or a.dtype != np.float32:
+                raise KvcDtypeError(22, f"{name} must be a float32 numpy array")
+            elif (a.ndim != 3 or a.shape[0] != g.n_kv_heads or a.shape[2] != g.head_dim or a.shape[1] < n
+                  or not a.flags.c_contiguous or not a.flags.writeable):
+                raise KvcInvalid(22, f"{name} must be a writable C-contiguous array of shape "
+                                 f"({g.n_kv_heads}, >= {n}, {g.head_dim}), not {a.shape}")
+            outs.append(a)
+        with self._client._lock:
+            self._check(_lib.load().kvc_layer_gather(self._p(), layer, first, n, outs[0].shape[1], _f32p(outs[0]),
+                                                     _f32p(outs[1])), f"gather layer {layer}")
+        if keys is None:
+            return outs[0][:, :n], outs[1][:, :n]
+        return outs[0], outs[1]
+
     def stats(self) -> SessionStats:
         """The session's stats as this client knows them (after close(): kvcd's final ones)."""
         if self._final is not None and self.closed:

@@ -12,7 +12,8 @@ Contract:
 
 - Keys and values live once, in kvcd's pool: ``update`` appends the new tokens to the session
   (kvc_append: libkvc writes them, their positions and zero scores into the layer's blocks) and
-  returns tensors gathered from the pool's blocks into one scratch buffer that every layer of the
+  returns tensors gathered from the pool's blocks by kvc_layer_gather (libkvc, C: one memcpy per
+  KV head and 16-token block at float32) into one float32 scratch buffer that every layer of the
   cache shares (attention needs one dense [1, kv_heads, n, head_dim] tensor and kvcd's blocks are
   16 tokens of [kv_heads, 16, head_dim] each, so no strided view covers a layer). The scratch is
   overwritten by the next layer's update: the tensors ``update`` returns are valid until then,
@@ -33,14 +34,18 @@ Contract:
   attention inputs: "kvcd_sdpa" runs transformers' SDPA attention unchanged (the model's numerics)
   and, for a one-token query, also kvc_attend on the same query over the same cached keys, whose
   only use is the score update (its output is dropped). That doubles the attention work of a
-  decode step for those policies; `full` and `window` skip it. Prefill forwards add no scores.
+  decode step for those policies; `full` and `window` skip it. A forward of more than one token
+  (a prefill) scores with its last ``prefill_window`` queries (default 64, SnapKV's observation
+  window; 0: none), each over all the keys stored by then, the forward's later ones included
+  (kvc_attend has no causal mask): among the tokens before the window, which are the ones a
+  policy chooses from, that changes each query's softmax only by a common factor, so their order
+  per query is the causal one.
 - Batch size 1, host pools, full-precision layers (no INT8 tiers, no log-weights: `prob` and the
   INT8 options are refused by update with KvcNotSupported).
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -55,14 +60,8 @@ from .errors import KvcInvalid, KvcNotSupported
 ATTN_IMPLEMENTATION = "kvcd_sdpa"
 # the policies whose plans do not read attention scores: no kvc_attend for them
 _NO_SCORES = frozenset({"full", "window", "streaming"})
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_ELEM = {"float32": ctypes.c_float, "float16": ctypes.c_uint16, "bfloat16": ctypes.c_uint16}
 
 _active = threading.local()  # the KvcdCache whose update ran last in this thread
-
-
-def _align64(n: int) -> int:
-    return (n + 63) & ~63
 
 
 def _kvcd_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -72,8 +71,10 @@ def _kvcd_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
 
     out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     cache = getattr(_active, "cache", None)
-    if cache is not None and cache._scores and query.shape[2] == 1:
-        cache._score(int(module.layer_idx), query)
+    if cache is not None and cache._scores:
+        n = query.shape[2]
+        for i in range(max(0, n - (cache.prefill_window if n > 1 else 1)), n):
+            cache._score(int(module.layer_idx), query[:, :, i : i + 1])
     return out
 
 
@@ -96,29 +97,6 @@ def geometry_of(config: Any, dtype: str = "float32") -> Geometry:
                     max_tokens=cfg.max_position_embeddings, dtype=dtype)
 
 
-class _Pool:
-    """The pool's mapped range as one flat torch tensor (no copy: the mapping itself), grown on
-    demand to cover the highest block seen. Elements of the session's dtype."""
-
-    def __init__(self, client: Client, dtype: str) -> None:
-        self.base = int(_lib.load().kvc_pool_base(client._p()) or 0)
-        self.dtype = dtype
-        self.elem = ctypes.sizeof(_ELEM[dtype])
-        self.n = 0
-        self.flat: Optional[torch.Tensor] = None
-
-    def cover(self, end_byte: int) -> torch.Tensor:
-        if self.flat is None or end_byte > self.n * self.elem:
-            n = max(end_byte // self.elem + 1, 2 * self.n)
-            buf = (_ELEM[self.dtype] * n).from_address(self.base)
-            t = torch.from_numpy(np.ctypeslib.as_array(buf))
-            if self.dtype != "float32":
-                t = t.view(_TORCH_DTYPES[self.dtype])
-            self.flat, self.n = t, n
-        assert self.flat is not None
-        return self.flat
-
-
 class KvcdLayer(CacheLayerMixin):
     """One decoder layer of a KvcdCache: its keys and values are the session's layer in the pool."""
 
@@ -132,9 +110,6 @@ class KvcdLayer(CacheLayerMixin):
         self.cache = cache
         self.layer = layer
         self.seen = 0  # tokens seen: the position of the next one
-        self._addrs: Optional[np.ndarray] = None  # the block addresses the index below is for
-        self._kidx: Optional[torch.Tensor] = None  # [kv_heads, blocks * 16]: element offsets of rows
-        self._vidx: Optional[torch.Tensor] = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
@@ -146,7 +121,15 @@ class KvcdLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return -1
 
-    def get_mask_sizes(self, query_length: int) -> Tuple[int, int]:
+    def get_max_cache_shape(self) -> int:
+        """transformers 5.2's name of get_max_length (abstract there): no fixed maximum."""
+        return -1
+
+    def get_mask_sizes(self, query_length: Any) -> Tuple[int, int]:
+        """(kv_length, kv_offset) for a query of query_length tokens (transformers 5.2 passes the
+        query's cache_position tensor instead: its length is the query's)."""
+        if isinstance(query_length, torch.Tensor):
+            query_length = int(query_length.shape[0])
         self.cache._sync()
         stored = self.cache.session.layer_tokens(self.layer)
         return stored + query_length, self.seen - stored
@@ -174,38 +157,21 @@ class KvcdLayer(CacheLayerMixin):
         return self._gather(key_states.dtype)
 
     def _gather(self, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The layer's keys and values, gathered from its blocks into the cache's scratch."""
+        """The layer's keys and values, copied out of its blocks into the cache's scratch by
+        kvc_layer_gather (one memcpy per KV head and block at float32)."""
         c = self.cache
-        cv = _lib.CLayerView()
-        r = _lib.load().kvc_layer_view(c.session._p(), self.layer, ctypes.byref(cv))
-        if r < 0:
-            c.session._check(r, f"layer_view {self.layer}")
-        if cv.n_q8:
+        lib = _lib.load()
+        p = c.session._p()
+        if lib.kvc_layer_q8_tokens(p, self.layer):
             raise KvcNotSupported(95, "KvcdCache reads full-precision blocks only (no INT8 tiers)")
-        n, T = cv.n_tokens, cv.block_tokens
+        n = int(lib.kvc_layer_tokens(p, self.layer))
         c.peak_stored = max(c.peak_stored, n)
-        addrs = (np.ctypeslib.as_array(ctypes.cast(cv.blocks, ctypes.POINTER(ctypes.c_uint64)), (cv.n_blocks,))
-                 .astype(np.int64) if cv.n_blocks else None)
-        if addrs is None:
-            raise KvcInvalid(22, f"layer {self.layer} has no blocks after an append")
         g = c.geometry
         H, D = g.n_kv_heads, g.head_dim
-        if self._addrs is None or not np.array_equal(self._addrs, addrs):
-            e = c.pool.elem
-            offs = (addrs - c.pool.base) // e  # element offset of each block
-            rows = np.arange(H)[:, None, None] * (T * D) + np.arange(T)[None, None, :] * D
-            kidx = (offs[None, :, None] + rows).reshape(H, -1)
-            vdelta = _align64(H * T * D * e) // e
-            self._kidx = torch.from_numpy(kidx)
-            self._vidx = torch.from_numpy(kidx + vdelta)
-            self._addrs = addrs
-            c.pool.cover(int(addrs.max() - c.pool.base) + int(cv.block_bytes))
-        assert self._kidx is not None and self._vidx is not None and c.pool.flat is not None
-        flat = c.pool.flat
-        rows_view = torch.as_strided(flat, (flat.numel() - D, D), (1, 1))  # row r: elements [r, r + D)
-        ks, vs = c._scratch(H * n, D, flat.dtype)
-        torch.index_select(rows_view, 0, self._kidx[:, :n].reshape(-1), out=ks)
-        torch.index_select(rows_view, 0, self._vidx[:, :n].reshape(-1), out=vs)
+        ks, vs = c._scratch(H * n, D)
+        r = lib.kvc_layer_gather(p, self.layer, 0, n, 0, ks.data_ptr(), vs.data_ptr())
+        if r < 0:
+            c.session._check(r, f"gather layer {self.layer}")
         keys = ks.view(1, H, n, D)
         values = vs.view(1, H, n, D)
         if keys.dtype != dtype:
@@ -223,10 +189,11 @@ class KvcdCache(Cache):
     a hook on its output embeddings sends the step summaries; the policies that rank by attention
     switch it to the "kvcd_sdpa" attention, which close() undoes). ``policy``, ``budget``,
     ``params`` and the other keywords go to Client.open_session. ``dtype`` is how kvcd stores the
-    keys and values (default: the model's dtype)."""
+    keys and values (default: the model's dtype). ``prefill_window``: how many of a prefill's last
+    queries add to the attention scores (the policies that rank by attention only)."""
 
     def __init__(self, client: Client, model: torch.nn.Module, policy: str = "full", budget: int = 0,
-                 params: Optional[Dict[str, Any]] = None, dtype: Optional[str] = None,
+                 params: Optional[Dict[str, Any]] = None, dtype: Optional[str] = None, prefill_window: int = 64,
                  **session_kwargs: Any) -> None:
         mdtype = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(
             getattr(model, "dtype", torch.float32), "float32")
@@ -235,7 +202,7 @@ class KvcdCache(Cache):
         self.policy = policy
         self.session: Session = client.open_session(self.geometry, policy=policy, budget=budget, params=params,
                                                     **session_kwargs)
-        self.pool = _Pool(client, self.geometry.dtype)
+        self.prefill_window = max(0, int(prefill_window))
         self.steps = 0  # kvc_step calls made
         self.peak_stored = 0  # the most tokens one layer held when attention read it
         self.stored_after_plans: List[int] = []  # layer 0's length after each applied flush
@@ -287,11 +254,12 @@ class KvcdCache(Cache):
         q = query[0, :, 0, :].to(torch.float32).contiguous().numpy()
         self.session.attend(layer, q)
 
-    def _scratch(self, rows: int, D: int, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-        if self._ks is None or self._ks.shape[0] < rows or self._ks.dtype != dtype:
+    def _scratch(self, rows: int, D: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """rows x D float32 rows of keys and of values, shared by every layer (grown by doubling)."""
+        if self._ks is None or self._ks.shape[0] < rows:
             cap = max(rows, 2 * (self._ks.shape[0] if self._ks is not None else 0), 1024)
-            self._ks = torch.empty(cap, D, dtype=dtype)
-            self._vs = torch.empty(cap, D, dtype=dtype)
+            self._ks = torch.empty(cap, D, dtype=torch.float32)
+            self._vs = torch.empty(cap, D, dtype=torch.float32)
         assert self._vs is not None
         return self._ks[:rows], self._vs[:rows]
 
@@ -299,6 +267,13 @@ class KvcdCache(Cache):
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
+
+    def room(self) -> int:
+        """How many tokens the next forward may add without passing the session's limit in any
+        layer (kvcd's pending plan applied first): the size of the next chunk of a prompt that is
+        prefilled piece by piece (a budgeted policy plans when a layer reaches its limit)."""
+        self._sync()
+        return self.session.max_tokens - max(self.layer_tokens())
 
     def layer_tokens(self) -> List[int]:
         """The tokens each layer holds in kvcd now."""
@@ -325,7 +300,6 @@ class KvcdCache(Cache):
         if not self.session.closed:
             self._sync()
         self._ks = self._vs = None
-        self.pool.flat = None
         return self.session.close()
 
     def __enter__(self) -> "KvcdCache":

@@ -153,6 +153,31 @@ def test_layer_view_shows_the_keys_values_positions_and_scores_in_the_pool(clien
         assert s.layer_view(0).blocks[0].sum[0, 0] == 42.0
 
 
+def test_gather_copies_a_layer_into_dense_arrays_and_refuses_bad_ones(client):
+    rng = np.random.default_rng(21)
+    with client.open_session(G) as s:
+        k, v = kv(rng, 40)  # three blocks
+        s.append(1, 0, k, v)
+        gk, gv = s.gather(1)
+        assert gk.shape == (2, 40, 8) and gk.dtype == np.float32
+        np.testing.assert_array_equal(gk, k.transpose(1, 0, 2))
+        np.testing.assert_array_equal(gv, v.transpose(1, 0, 2))
+        big_k, big_v = np.full((2, 64, 8), -1.0, np.float32), np.full((2, 64, 8), -1.0, np.float32)
+        assert s.gather(1, 5, 30, big_k, big_v)[0] is big_k  # rows [:, :30] written, the rest left
+        np.testing.assert_array_equal(big_k[:, :30], k[5:35].transpose(1, 0, 2))
+        np.testing.assert_array_equal(big_v[:, :30], v[5:35].transpose(1, 0, 2))
+        assert (big_k[:, 30:] == -1.0).all() and (big_v[:, 30:] == -1.0).all()
+        assert s.gather(0)[0].shape == (2, 0, 8)  # an empty layer
+        with pytest.raises(kvcd.KvcInvalid, match="holds 40"):
+            s.gather(1, 10, 31)
+        with pytest.raises(kvcd.KvcDtypeError):
+            s.gather(1, 0, 4, big_k.astype(np.float64), big_v)
+        with pytest.raises(kvcd.KvcInvalid, match="shape"):
+            s.gather(1, 0, 40, big_k[:, :20].copy(), big_v)
+        with pytest.raises(kvcd.KvcInvalid):
+            s.gather(2)
+
+
 def test_slots_counted_with_append_slots_are_written_through_the_view(client):
     rng = np.random.default_rng(17)
     keys = rng.standard_normal((2, 3, 8), dtype=np.float32)

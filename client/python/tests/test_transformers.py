@@ -8,6 +8,7 @@ binding.sh's light venv (no torch there). One thread, as the goldens were made.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from typing import Dict, List, Tuple
@@ -24,6 +25,11 @@ from transformers import DynamicCache  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED = os.path.join(HERE, "..", "..", "..", "..", "shared", "models", "smollm2")
 MODEL = os.environ.get("KVC_SMOLLM2", os.path.expanduser("~/.cache/kvcd/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+# generate's cache keyword: ``cache=`` where the model's forward takes it (the newest 5.x),
+# ``past_key_values=`` before (5.2, the release kvpress pins: tests/python/transformers-5.2.sh)
+from transformers import LlamaForCausalLM  # noqa: E402
+
+CACHE_KW = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
 
 
 def golden(name: str) -> Dict[str, object]:
@@ -56,9 +62,9 @@ def client(kvcd_daemon):
         yield c
 
 
-def _generate(model, ids: List[int], n: int, cache, force: bool = False, keyword: str = "cache") -> List[int]:
-    """Greedy generate() of n tokens through cache (given as ``cache=``, transformers 5.x's
-    keyword, or ``past_key_values=``, still accepted)."""
+def _generate(model, ids: List[int], n: int, cache, force: bool = False, keyword: str = CACHE_KW) -> List[int]:
+    """Greedy generate() of n tokens through cache (given as ``cache=``, the newest 5.x's
+    keyword, where there is one, or ``past_key_values=``, still accepted)."""
     x = torch.tensor([ids])
     kw = {"min_new_tokens": n} if force else {}
     kw[keyword] = cache
@@ -74,7 +80,7 @@ def test_full_matches_dynamic_cache_and_golden(smollm2, client, name):
     n = len(g["new_ids"])
     ref = _generate(model, g["prompt_ids"], n, DynamicCache(config=model.config))
     cache = KvcdCache(client, model, policy="full")
-    got = _generate(model, g["prompt_ids"], n, cache, keyword="past_key_values" if name == "story" else "cache")
+    got = _generate(model, g["prompt_ids"], n, cache, keyword="past_key_values" if name == "story" else CACHE_KW)
     stats = cache.close()
     assert ref == g["new_ids"], "transformers' own cache does not reproduce the golden ids"
     assert got == ref
@@ -149,7 +155,7 @@ def test_positions_and_mask_right_after_eviction(smollm2, client):
     cache = KvcdCache(client, model, policy="window", budget=16)
     with torch.no_grad():
         for i in range(0, len(head), 8):
-            model(torch.tensor([head[i:i + 8]]), cache=cache, use_cache=True)
+            model(torch.tensor([head[i:i + 8]]), use_cache=True, **{CACHE_KW: cache})
         cache._sync()  # the plan of the last chunk's step, as the next forward would apply it
         kept = []  # each layer's gather reuses the one scratch: copy it before the next
         for layer in cache.layers:
@@ -158,12 +164,12 @@ def test_positions_and_mask_right_after_eviction(smollm2, client):
         stored = kept[0][0].shape[2]
         assert stored < len(head), "the window evicted nothing"
         assert cache.get_seq_length() == len(head)
-        got = model(torch.tensor([tail]), cache=cache, use_cache=True).logits[0]
+        got = model(torch.tensor([tail]), use_cache=True, **{CACHE_KW: cache}).logits[0]
         ref_cache = DynamicCache(config=model.config)
         for l, (k, v) in enumerate(kept):
             ref_cache.update(k, v, l)
         pos = torch.arange(len(head), len(ids))[None]
-        want = model(torch.tensor([tail]), cache=ref_cache, position_ids=pos, use_cache=True).logits[0]
+        want = model(torch.tensor([tail]), position_ids=pos, use_cache=True, **{CACHE_KW: ref_cache}).logits[0]
     cache.close()
     assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
 
@@ -177,10 +183,10 @@ def test_prompt_longer_than_the_session_limit_is_refused(smollm2, client):
     limit = cache.session.max_tokens
     assert limit < len(ids)
     with torch.no_grad(), pytest.raises(kvcd.KvcNoSpace):
-        model(torch.tensor([ids]), cache=cache, use_cache=True)
+        model(torch.tensor([ids]), use_cache=True, **{CACHE_KW: cache})
     cache.close()
     cache = KvcdCache(client, model, policy="window", budget=16)
     with torch.no_grad():
-        model(torch.tensor([ids[:limit]]), cache=cache, use_cache=True)
+        model(torch.tensor([ids[:limit]]), use_cache=True, **{CACHE_KW: cache})
     assert cache.session.layer_tokens(0) == limit
     cache.close()
