@@ -18,6 +18,8 @@
 
 #include <cmocka.h>
 
+#include "evalout.h"
+#include "evalout.h"
 #include "harness.h"
 
 static char *eval_output;
@@ -44,17 +46,8 @@ static int teardown(void **state) {
         return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
 
-/* The number after "key": in the JSON line of configuration label ("own" for the model alone). */
 static double field(const char *label, const char *key) {
-        char pat[96], kpat[64];
-        snprintf(pat, sizeof(pat), strcmp(label, "own") == 0 ? "{\"own\":true" : "{\"label\":\"%s\"", label);
-        const char *line = strstr(eval_output, pat);
-        assert_non_null(line);
-        snprintf(kpat, sizeof(kpat), "\"%s\":", key);
-        const char *p = strstr(line, kpat), *end = strchr(line, '\n');
-        assert_non_null(p);
-        assert_true(!end || p < end);
-        return strtod(p + strlen(kpat), NULL);
+        return eval_field(eval_output, label, key);
 }
 
 static void full_cache_reproduces_the_models_own_perplexity(void **state) {
@@ -217,38 +210,24 @@ static int niah_teardown(void **state) {
         return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
 
-/* The number after "key": in the needle task's line of configuration label. */
-/* The number after "key": in the line of configuration label of a SmolLM2 task's output. */
-static double task_field(const char *output, const char *label, const char *key) {
-        char pat[96], kpat[64];
-        snprintf(pat, sizeof(pat), "\"label\":\"%s\"", label);
-        const char *line = strstr(output, pat);
-        assert_non_null(line);
-        snprintf(kpat, sizeof(kpat), "\"%s\":", key);
-        const char *p = strstr(line, kpat), *end = strchr(line, '\n');
-        assert_non_null(p);
-        assert_true(!end || p < end);
-        return strtod(p + strlen(kpat), NULL);
-}
-
 static double niah_field(const char *label, const char *key) {
-        return task_field(niah_output, label, key);
+        return eval_field(niah_output, label, key);
 }
 
 /* Long documents (quick: two of 256 tokens, the full cache and a window at a quarter): the full
  * cache is its own reference, the window differs from it, every figure has its interval. */
 static void long_documents_score_against_the_full_cache(void **state) {
         (void)state;
-        assert_true(task_field(longdoc_output, "full", "kl") == 0);
-        assert_true(task_field(longdoc_output, "full", "top1_agree") == 1.0);
-        assert_true(task_field(longdoc_output, "full", "documents") == 2);
-        assert_true(task_field(longdoc_output, "window-64", "kl") > 0.01);
-        assert_true(task_field(longdoc_output, "window-64", "top1_agree") < 1.0);
-        double ppl = task_field(longdoc_output, "window-64", "ppl");
-        assert_true(task_field(longdoc_output, "window-64", "ppl_lo") < ppl);
-        assert_true(task_field(longdoc_output, "window-64", "ppl_hi") > ppl);
-        assert_true(task_field(longdoc_output, "window-64", "avg_charged_bytes") <
-                    task_field(longdoc_output, "full", "avg_charged_bytes"));
+        assert_true(eval_field(longdoc_output, "full", "kl") == 0);
+        assert_true(eval_field(longdoc_output, "full", "top1_agree") == 1.0);
+        assert_true(eval_field(longdoc_output, "full", "documents") == 2);
+        assert_true(eval_field(longdoc_output, "window-64", "kl") > 0.01);
+        assert_true(eval_field(longdoc_output, "window-64", "top1_agree") < 1.0);
+        double ppl = eval_field(longdoc_output, "window-64", "ppl");
+        assert_true(eval_field(longdoc_output, "window-64", "ppl_lo") < ppl);
+        assert_true(eval_field(longdoc_output, "window-64", "ppl_hi") > ppl);
+        assert_true(eval_field(longdoc_output, "window-64", "avg_charged_bytes") <
+                    eval_field(longdoc_output, "full", "avg_charged_bytes"));
 }
 
 static void the_full_cache_finds_every_needle(void **state) {

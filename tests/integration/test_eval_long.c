@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "evalout.h"
 #include "harness.h"
 
 static char *longgen_output, *mechanism_output;
@@ -65,19 +66,6 @@ static int teardown(void **state) {
         return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
 
-/* The number after "key": in the line of configuration label. */
-static double field(const char *output, const char *label, const char *key) {
-        char pat[128], kpat[64];
-        snprintf(pat, sizeof(pat), "\"label\":\"%s\"", label);
-        const char *line = strstr(output, pat);
-        assert_non_null(line);
-        snprintf(kpat, sizeof(kpat), "\"%s\":", key);
-        const char *p = strstr(line, kpat), *end = strchr(line, '\n');
-        assert_non_null(p);
-        assert_true(!end || p < end);
-        return strtod(p + strlen(kpat), NULL);
-}
-
 static void files_are_written(const char *const *names, size_t n) {
         for (size_t i = 0; i < n; i++) {
                 char path[700];
@@ -94,12 +82,12 @@ static void files_are_written(const char *const *names, size_t n) {
 
 static void the_full_cache_is_its_own_reference(void **state) {
         (void)state;
-        assert_true(field(longgen_output, "full", "kl") == 0);
-        assert_true(field(longgen_output, "full", "top1_agree") == 1.0);
-        assert_true(field(longgen_output, "full", "prompts") == 2);
-        assert_true(field(longgen_output, "full", "gen_tokens") == 48);
-        assert_true(field(longgen_output, "full", "n_prompt_cut") == 0);
-        assert_true(field(longgen_output, "full", "prompt_held") == 1.0);
+        assert_true(eval_field(longgen_output, "full", "kl") == 0);
+        assert_true(eval_field(longgen_output, "full", "top1_agree") == 1.0);
+        assert_true(eval_field(longgen_output, "full", "prompts") == 2);
+        assert_true(eval_field(longgen_output, "full", "gen_tokens") == 48);
+        assert_true(eval_field(longgen_output, "full", "n_prompt_cut") == 0);
+        assert_true(eval_field(longgen_output, "full", "prompt_held") == 1.0);
 }
 
 /* Quick: the full cache, a unified window and SCOPE at half of prompt + answer. */
@@ -107,21 +95,21 @@ static void every_answer_position_is_scored_in_one_part(void **state) {
         (void)state;
         const char *labels[] = { "full", "window-50%", "scope-50%" };
         for (size_t i = 0; i < 3; i++) {
-                double whole = field(longgen_output, labels[i], "n_prompt_whole"),
-                       cut = field(longgen_output, labels[i], "n_prompt_cut");
+                double whole = eval_field(longgen_output, labels[i], "n_prompt_whole"),
+                       cut = eval_field(longgen_output, labels[i], "n_prompt_cut");
                 assert_true(whole + cut == 2 * 48);
-                double kl = field(longgen_output, labels[i], "kl"),
-                       ag = field(longgen_output, labels[i], "top1_agree");
+                double kl = eval_field(longgen_output, labels[i], "kl"),
+                       ag = eval_field(longgen_output, labels[i], "top1_agree");
                 assert_true(kl >= 0 && ag >= 0 && ag <= 1);
-                assert_true(field(longgen_output, labels[i], "kl_lo") <= kl);
-                assert_true(kl <= field(longgen_output, labels[i], "kl_hi"));
-                double held = field(longgen_output, labels[i], "prompt_held");
+                assert_true(eval_field(longgen_output, labels[i], "kl_lo") <= kl);
+                assert_true(kl <= eval_field(longgen_output, labels[i], "kl_hi"));
+                double held = eval_field(longgen_output, labels[i], "prompt_held");
                 assert_true(held > 0 && held <= 1);
         }
         /* SCOPE cuts the prompt once it is in: every answer position but the first of each prompt
          * attended over a cut prompt */
-        assert_true(field(longgen_output, "scope-50%", "n_prompt_cut") >= 2 * 47);
-        assert_true(field(longgen_output, "scope-50%", "prompt_held") < 1.0);
+        assert_true(eval_field(longgen_output, "scope-50%", "n_prompt_cut") >= 2 * 47);
+        assert_true(eval_field(longgen_output, "scope-50%", "prompt_held") < 1.0);
         assert_null(strstr(longgen_output, "\"label\":\"h2o")); /* quick: three configurations only */
 }
 
@@ -129,14 +117,14 @@ static void budgets_under_the_length_are_charged_less(void **state) {
         (void)state;
         const char *labels[] = { "window-50%", "scope-50%" };
         for (size_t i = 0; i < 2; i++) {
-                assert_true(field(longgen_output, labels[i], "peak_charged_bytes") <
-                            field(longgen_output, "full", "peak_charged_bytes"));
-                assert_true(field(longgen_output, labels[i], "avg_charged_bytes") <
-                            field(longgen_output, "full", "avg_charged_bytes"));
-                assert_true(field(longgen_output, labels[i], "end_charged_bytes") <
-                            field(longgen_output, "full", "end_charged_bytes"));
-                assert_true(field(longgen_output, labels[i], "end_of_full") < 1);
-                assert_true(field(longgen_output, labels[i], "kl") > 0);
+                assert_true(eval_field(longgen_output, labels[i], "peak_charged_bytes") <
+                            eval_field(longgen_output, "full", "peak_charged_bytes"));
+                assert_true(eval_field(longgen_output, labels[i], "avg_charged_bytes") <
+                            eval_field(longgen_output, "full", "avg_charged_bytes"));
+                assert_true(eval_field(longgen_output, labels[i], "end_charged_bytes") <
+                            eval_field(longgen_output, "full", "end_charged_bytes"));
+                assert_true(eval_field(longgen_output, labels[i], "end_of_full") < 1);
+                assert_true(eval_field(longgen_output, labels[i], "kl") > 0);
         }
         const char *names[] = { "longgen.md", "longgen.jsonl", "longgen_prompts.csv", "longgen_curve.csv",
                                 "longgen_answers.txt" };
@@ -152,16 +140,16 @@ static void correlations_are_finite_and_in_range(void **state) {
                 for (size_t t = 0; t < 2; t++) {
                         char label[96];
                         snprintf(label, sizeof(label), "%s/%s/window-32", signals[s], targets[t]);
-                        assert_true(field(mechanism_output, label, "steps") > 100);
-                        assert_true(field(mechanism_output, label, "documents") == 2);
+                        assert_true(eval_field(mechanism_output, label, "steps") > 100);
+                        assert_true(eval_field(mechanism_output, label, "documents") == 2);
                         const char *keys[] = { "pearson", "spearman" };
                         for (size_t k = 0; k < 2; k++) {
                                 char lo[32], hi[32];
                                 snprintf(lo, sizeof(lo), "%s_lo", keys[k]);
                                 snprintf(hi, sizeof(hi), "%s_hi", keys[k]);
-                                double r = field(mechanism_output, label, keys[k]);
-                                double l = field(mechanism_output, label, lo),
-                                       h = field(mechanism_output, label, hi);
+                                double r = eval_field(mechanism_output, label, keys[k]);
+                                double l = eval_field(mechanism_output, label, lo),
+                                       h = eval_field(mechanism_output, label, hi);
                                 assert_true(isfinite(r) && r >= -1 && r <= 1);
                                 assert_true(isfinite(l) && isfinite(h) && l <= h && l >= -1 && h <= 1);
                         }
