@@ -510,6 +510,8 @@ int kvc_attend_rows(struct kvc_session *s, uint32_t layer, uint32_t n_rows, cons
         if (s->c->dev)
                 return client_error(s->c, -ENOTSUP, "kvc_attend: " DEVICE_POOL_HINT);
         const struct layer *L = &s->layers[layer];
+        if (L->n_tokens == 0)
+                return client_error(s->c, -EINVAL, "attention over an empty layer %u", layer);
         /* the rows are the layer's newest tokens: all but the first of them full precision */
         if (n_rows == 0 || n_rows > L->n_tokens || L->n_q8 > L->n_tokens - n_rows + 1)
                 return client_error(s->c, -EINVAL, "layer %u: %u rows to attend over %u tokens (%u in INT8)",
