@@ -814,7 +814,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         for (uint32_t l = 0; l < s->n_layers; l++) {
                                 struct policy_layer view;
                                 plan_gather(d, s, l, &view);
-                                ops->observe(s->policy->state, &ps, &view);
+                                ops->observe(s->policy->state, &ps, &view, d->scratch.work);
                         }
                 }
                 ops->decide(s->policy->state, &ps, targets);

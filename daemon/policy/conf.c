@@ -19,6 +19,16 @@
  *               regrows one token per step, so a level that drops on every confident step (naive)
  *               mostly throws context away; deferring keeps the cut for moments the model shows
  *               it does not need the context.
+ *   attention   defer's levels, gated on what the cut would throw away instead of on c: every step
+ *               a layer could be cut, the mass the newest query pays (the `last` side array,
+ *               averaged over KV heads) to the slots a cut to B would evict, m. The layer is cut
+ *               when m is at or below a running att_q-quantile of its own past m's (default 0.5:
+ *               half the steps), and grows up to n_low otherwise. On SmolLM2 the full cache's
+ *               attention beyond a window predicts the window's KL over the next 16 steps better
+ *               than confidence does (docs/quality.md, "The mechanism"): this gate acts on it. The
+ *               quantile is tracked in log m with a fixed step (the frugal estimator: up by
+ *               eta q when m is above it, down by eta (1 - q) otherwise), so there is no threshold
+ *               to fit on the test text and nothing is stored per step.
  * Mixed precision (int8=1): the kept tokens older than the newest fp_window go to INT8.
  * Pyramid (conf-l, or pyramid=1): every level is spread over the layers with PyramidKV's
  * arithmetic schedule (beta 20), deeper layers smaller.
@@ -38,9 +48,12 @@ enum gate {
         GATE_NAIVE,
         GATE_CONTINUOUS,
         GATE_DEFER,
+        GATE_ATTENTION,
 };
 
-static const char *const gate_words[] = { "fixed", "naive", "continuous", "defer", NULL };
+static const char *const gate_words[] = { "fixed", "naive", "continuous", "defer", "attention", NULL };
+
+#define ATT_ETA 0.1f /* the quantile tracker's step in log mass: some 100 steps to settle */
 static const char *const correction_words[] = { "none", "sink", "moment", NULL };
 
 struct conf {
@@ -61,7 +74,12 @@ struct conf {
         bool per_head;
         uint32_t slack;
         uint32_t correction;
+        float att_q;
         uint32_t n_layers;
+        /* gate=attention, per layer: the running att_q-quantile of log m (NaN before the first m)
+         * and this step's answer (1 cut, 0 grow, -1 not measured) */
+        float *level;
+        int8_t *cut_now;
 };
 
 static const struct policy_param_spec conf_specs[] = {
@@ -81,11 +99,11 @@ static const struct policy_param_spec conf_specs[] = {
         { "per_head", POLICY_PARAM_BOOL, offsetof(struct conf, per_head), 0, 1, NULL },
         { "slack", POLICY_PARAM_U32, offsetof(struct conf, slack), 1, 1 << 20, NULL },
         { "correction", POLICY_PARAM_ENUM, offsetof(struct conf, correction), 0, 0, correction_words },
+        { "att_q", POLICY_PARAM_FLOAT, offsetof(struct conf, att_q), 0.01, 0.99, NULL },
 };
 
 static size_t conf_bytes(const struct policy_setup *s) {
-        (void)s;
-        return sizeof(struct conf);
+        return sizeof(struct conf) + s->n_layers * (sizeof(float) + sizeof(int8_t));
 }
 
 static int conf_init_common(struct conf *c, const struct policy_setup *s, const struct policy_param *params,
@@ -107,7 +125,14 @@ static int conf_init_common(struct conf *c, const struct policy_setup *s, const 
         if (!c->pyramid)
                 c->beta = 20.0f;
         c->slack = s->block_tokens;
+        c->att_q = 0.5f;
         c->n_layers = s->n_layers;
+        c->level = (float *)(c + 1);
+        c->cut_now = (int8_t *)(c->level + s->n_layers);
+        for (uint32_t l = 0; l < s->n_layers; l++) {
+                c->level[l] = NAN;
+                c->cut_now[l] = -1;
+        }
         int r = policy_parse_params(c, conf_specs, sizeof(conf_specs) / sizeof(conf_specs[0]), params, n, why,
                                     why_len);
         if (r < 0)
@@ -126,8 +151,10 @@ static int conf_init_common(struct conf *c, const struct policy_setup *s, const 
                          c->n_high, c->n_low);
                 return -EINVAL;
         }
-        if (c->gate == GATE_DEFER && c->budget > c->n_low) { /* no plan to B could shrink n_low + slack */
-                snprintf(why, why_len, "gate=defer needs budget (%u) <= n_low (%u)", c->budget, c->n_low);
+        if ((c->gate == GATE_DEFER || c->gate == GATE_ATTENTION) &&
+            c->budget > c->n_low) { /* no plan to B could shrink n_low + slack */
+                snprintf(why, why_len, "gate=%s needs budget (%u) <= n_low (%u)", gate_words[c->gate],
+                         c->budget, c->n_low);
                 return -EINVAL;
         }
         if (c->correction == 2 && (c->per_head || c->int8)) {
@@ -174,8 +201,23 @@ static void conf_limits(const void *state, struct policy_limits *ret) {
                                        .summarize = c->correction == 2 };
 }
 
-static void conf_decide(void *state, const struct policy_step *step, struct policy_target *t) {
+/* Whether a plan could cut layer l this step, and whether the gate has a choice (gate=attention):
+ * at or past B + slack, below n_low + slack (where the cut is due whatever the signal). */
+static bool gate_may_defer(const struct conf *c, const struct policy_step *step, uint32_t l) {
+        uint32_t n = step->layer_tokens[l], target = at_layer(c, c->budget, l);
+        return target < n && n >= target + c->slack && n < at_layer(c, c->n_low, l) + c->slack;
+}
+
+static bool conf_observes(const void *state, const struct policy_step *step) {
         const struct conf *c = state;
+        for (uint32_t l = 0; c->gate == GATE_ATTENTION && l < c->n_layers; l++)
+                if (gate_may_defer(c, step, l))
+                        return true;
+        return false;
+}
+
+static void conf_decide(void *state, const struct policy_step *step, struct policy_target *t) {
+        struct conf *c = state;
         bool confident = step->confidence >= c->tau;
         float c01 = (step->confidence - 0.15f) / 0.85f;
         c01 = c01 < 0 ? 0 : c01 > 1 ? 1 : c01;
@@ -194,6 +236,12 @@ static void conf_decide(void *state, const struct policy_step *step, struct poli
                 case GATE_DEFER:
                         target = at_layer(c, c->budget, l);
                         trigger = confident ? target + c->slack : at_layer(c, c->n_low, l) + c->slack;
+                        break;
+                case GATE_ATTENTION:
+                        target = at_layer(c, c->budget, l);
+                        trigger =
+                                c->cut_now[l] != 0 ? target + c->slack : at_layer(c, c->n_low, l) + c->slack;
+                        c->cut_now[l] = -1; /* measured for this step only */
                         break;
                 case GATE_FIXED:
                 default:
@@ -239,21 +287,60 @@ static void sink_correction(const float *ema, uint32_t n, const uint32_t *keep, 
         delta[0] = (float)(d < 10.0 ? d : 10.0);
 }
 
+/* The keep-set of k slots of set h (a KV head, or the layer's mean when !per_head) into keep; the
+ * EMA it ranked by is returned (in scratch for the mean). scratch: 3 n words. */
+static const float *rank_keep(const struct conf *c, const struct policy_layer *L, uint32_t h, uint32_t k,
+                              uint32_t *keep, void *scratch) {
+        uint32_t n = L->n_tokens;
+        float *score = scratch, *mean = score + n;
+        uint32_t *work = (uint32_t *)(mean + n);
+        const float *ema = L->ema + (size_t)h * n;
+        if (!c->per_head) {
+                policy_mean_over_heads(L->ema, L->n_kv_heads, n, mean);
+                ema = mean;
+        }
+        composite(c, ema, L->pos + (size_t)h * n, n, score);
+        policy_keep_ranked(score, n, k, c->sinks, c->protect, keep, work);
+        return ema;
+}
+
+/* gate=attention: m, the mass of `last` a cut of this layer to B would evict (the mean over KV
+ * heads; per head its own keep-set when per_head), against the layer's running quantile. */
+static void conf_observe(void *state, const struct policy_step *step, const struct policy_layer *L,
+                         void *scratch) {
+        struct conf *c = state;
+        uint32_t l = L->layer, n = L->n_tokens, k = at_layer(c, c->budget, l);
+        if (l >= c->n_layers || !gate_may_defer(c, step, l) || k >= n)
+                return;
+        uint32_t *keep = (uint32_t *)scratch + 3 * (size_t)n, sets = c->per_head ? L->n_kv_heads : 1;
+        double m = 0;
+        for (uint32_t s = 0; s < sets; s++) {
+                rank_keep(c, L, s, k, keep, scratch);
+                for (uint32_t h = c->per_head ? s : 0; h < (c->per_head ? s + 1 : L->n_kv_heads); h++) {
+                        const float *last = L->last + (size_t)h * n;
+                        double all = 0, kept = 0;
+                        for (uint32_t i = 0; i < n; i++)
+                                all += isfinite(last[i]) && last[i] > 0 ? last[i] : 0;
+                        for (uint32_t i = 0; i < k; i++)
+                                kept += isfinite(last[keep[i]]) && last[keep[i]] > 0 ? last[keep[i]] : 0;
+                        m += (all > kept ? all - kept : 0) / L->n_kv_heads;
+                }
+        }
+        float x = logf((float)m + 1e-6f);
+        if (isnan(c->level[l]))
+                c->level[l] = x;
+        bool cut = x <= c->level[l];
+        c->level[l] += cut ? -ATT_ETA * (1.0f - c->att_q) : ATT_ETA * c->att_q;
+        c->cut_now[l] = cut;
+}
+
 static int conf_select(void *state, const struct policy_step *step, const struct policy_layer *L,
                        const struct policy_target *t, uint32_t *keep, float *logw, void *scratch) {
         const struct conf *c = state;
         (void)step;
         uint32_t n = L->n_tokens, k = t->keep, heads = c->per_head ? L->n_kv_heads : 1;
-        float *score = scratch, *mean = score + n;
-        uint32_t *work = (uint32_t *)(mean + n);
         for (uint32_t h = 0; h < heads; h++) {
-                const float *ema = L->ema + (size_t)h * n;
-                if (!c->per_head) {
-                        policy_mean_over_heads(L->ema, L->n_kv_heads, n, mean);
-                        ema = mean;
-                }
-                composite(c, ema, L->pos + (size_t)h * n, n, score);
-                policy_keep_ranked(score, n, k, c->sinks, c->protect, keep + (size_t)h * k, work);
+                const float *ema = rank_keep(c, L, h, k, keep + (size_t)h * k, scratch);
                 if (c->correction == 1)
                         sink_correction(ema, n, keep + (size_t)h * k, k, logw + (size_t)h * k);
         }
@@ -265,6 +352,8 @@ const struct policy_ops policy_conf_ops = {
         .state_bytes = conf_bytes,
         .init = conf_init,
         .limits = conf_limits,
+        .observes = conf_observes,
+        .observe = conf_observe,
         .decide = conf_decide,
         .select = conf_select,
 };
@@ -274,6 +363,8 @@ const struct policy_ops policy_conf_l_ops = {
         .state_bytes = conf_bytes,
         .init = conf_l_init,
         .limits = conf_limits,
+        .observes = conf_observes,
+        .observe = conf_observe,
         .decide = conf_decide,
         .select = conf_select,
 };

@@ -97,7 +97,9 @@ struct policy_ops {
         void (*limits)(const void *state, struct policy_limits *ret);
         /* Optional: whether observe() wants this step's layers. */
         bool (*observes)(const void *state, const struct policy_step *step);
-        void (*observe)(void *state, const struct policy_step *step, const struct policy_layer *layer);
+        /* scratch as select's (4 * n_kv_heads * n_tokens words), free to use until it returns. */
+        void (*observe)(void *state, const struct policy_step *step, const struct policy_layer *layer,
+                        void *scratch);
         /* Fills targets[n_layers] (kvcd initializes them to POLICY_NO_PLAN, q8 0). */
         void (*decide)(void *state, const struct policy_step *step, struct policy_target *targets);
         /* Writes the keep-set of one layer: target->keep indices, sorted ascending (per head: one

@@ -122,8 +122,9 @@ static bool scope_observes(const void *state, const struct policy_step *step) {
         return !c->prefill_done && c->prefill == PREFILL_SNAPKV && prefill_obs_wants(&c->obs, step);
 }
 
-static void scope_observe(void *state, const struct policy_step *step, const struct policy_layer *L) {
-        (void)step;
+static void scope_observe(void *state, const struct policy_step *step, const struct policy_layer *L,
+                          void *scratch) {
+        (void)step, (void)scratch;
         prefill_obs_add(&((struct scope *)state)->obs, L);
 }
 

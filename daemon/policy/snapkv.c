@@ -168,8 +168,9 @@ static bool snapkv_observes(const void *state, const struct policy_step *step) {
         return !k->done && prefill_obs_wants(&k->obs, step);
 }
 
-static void snapkv_observe(void *state, const struct policy_step *step, const struct policy_layer *L) {
-        (void)step;
+static void snapkv_observe(void *state, const struct policy_step *step, const struct policy_layer *L,
+                           void *scratch) {
+        (void)step, (void)scratch;
         prefill_obs_add(&((struct snapkv *)state)->obs, L);
 }
 

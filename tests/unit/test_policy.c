@@ -1164,10 +1164,13 @@ static uint64_t feed_prompt(struct policy *p, uint32_t M, uint32_t first_decide,
                         for (uint32_t h = 0; h < H; h++)
                                 for (uint32_t i = 0; i < a; i++)
                                         arr.last[(size_t)h * a + i] = attn(a, h, i);
+                        uint32_t *scratch = malloc(4 * (size_t)H * a * sizeof(uint32_t));
+                        assert_non_null(scratch);
                         for (uint32_t l = 0; l < L; l++) {
                                 struct policy_layer view = view_of(&arr, l);
-                                p->ops->observe(p->state, &st, &view);
+                                p->ops->observe(p->state, &st, &view, scratch);
                         }
+                        free(scratch);
                         arrays_free(&arr);
                 }
                 if (a < first_decide)
@@ -1900,6 +1903,79 @@ static void conf_refuses_a_budget_above_n_low_when_deferring(void **state) {
         policy_free(p);
 }
 
+/* gate=attention, budget 100 (n_low 150, 4 sinks, 16 protected), one layer of 116 slots: slots 4..99
+ * ranked by EMA (1, recency breaking the ties) so a cut to 100 evicts exactly slots 4..19. One step:
+ * the newest query pays `evicted` of its attention to slot 10 (evicted by a cut) and the rest to the
+ * newest slot (protected); observe when asked, then decide. Returns layer 0's keep (POLICY_NO_PLAN: none). */
+static uint32_t attention_step(struct policy *p, uint32_t n, float evicted, bool *observed) {
+        uint32_t H = p->setup.n_kv_heads, lens[1] = { n };
+        struct arrays a = arrays_new(H, n);
+        uint32_t *scratch = malloc(4 * (size_t)H * n * sizeof(uint32_t));
+        struct policy_target t[2];
+        assert_non_null(scratch);
+        for (uint32_t h = 0; h < H; h++) {
+                for (uint32_t i = 4; i < 100; i++)
+                        a.ema[(size_t)h * n + i] = 1.0f;
+                a.last[(size_t)h * n + 10] = evicted;
+                a.last[(size_t)h * n + n - 1] = 1.0f - evicted;
+        }
+        struct policy_step st = step_of(n, lens, 0.9f);
+        *observed = p->ops->observes && p->ops->observes(p->state, &st);
+        if (*observed) {
+                struct policy_layer view = view_of(&a, 0);
+                p->ops->observe(p->state, &st, &view, scratch);
+        }
+        decide_into(p, &st, t);
+        free(scratch);
+        arrays_free(&a);
+        return t[0].keep;
+}
+
+/* The attention gate cuts when the cut would evict little attention and grows the layer (up to
+ * n_low) when it would evict much, against a running quantile of its own past; past n_low + slack it
+ * cuts whatever the attention; confidence plays no part. */
+static void conf_attention_gate_defers_when_a_cut_would_evict_attention(void **state) {
+        struct policy_setup s = setup_of(1, 2, 4096, 16, 100, 0);
+        const struct policy_param gate[] = { TEXT("gate", "attention") };
+        bool seen;
+        (void)state;
+        struct policy *p = policy_make("conf", &s, gate, 1);
+        struct policy_limits lim = limits_of(p);
+        assert_int_equal(lim.max_keep, 150);
+        assert_int_equal(lim.max_layer_tokens, 166);
+        assert_int_equal(attention_step(p, 115, 0.0f, &seen), POLICY_NO_PLAN); /* below B + slack */
+        assert_false(seen);
+        assert_int_equal(attention_step(p, 116, 0.1f, &seen), 100); /* the first: at its own level */
+        assert_true(seen);
+        assert_int_equal(attention_step(p, 116, 0.9f, &seen), POLICY_NO_PLAN); /* would evict 0.9 */
+        assert_true(seen);
+        assert_int_equal(attention_step(p, 140, 0.0f, &seen), 100); /* would evict nothing */
+        assert_int_equal(attention_step(p, 165, 0.9f, &seen), POLICY_NO_PLAN);
+        assert_int_equal(attention_step(p, 166, 0.9f, &seen), 100); /* n_low + slack: due */
+        assert_false(seen);
+        policy_free(p);
+
+        /* the share of steps cut follows att_q: masses spread over [0, 1), 2,000 steps in the band */
+        const float qs[] = { 0.5f, 0.2f, 0.8f };
+        for (size_t qi = 0; qi < N_OF(qs); qi++) {
+                const struct policy_param qp[] = { TEXT("gate", "attention"), NUM("att_q", qs[qi]) };
+                p = policy_make("conf", &s, qp, 2);
+                uint32_t cuts = 0, steps = 2000;
+                for (uint32_t k = 0; k < steps; k++) {
+                        float u = (float)fmod(0.5 + k * 0.6180339887498949, 1.0); /* a Weyl sequence */
+                        cuts += attention_step(p, 130, u, &seen) == 100;
+                }
+                double share = (double)cuts / steps;
+                if (fabs(share - qs[qi]) > 0.05)
+                        fail_msg("att_q %g: %u of %u steps cut (%.3f)", (double)qs[qi], cuts, steps, share);
+                policy_free(p);
+        }
+        const struct policy_param bad[] = { TEXT("gate", "attention"), NUM("att_q", 1) };
+        EXPECT_POLICY_ERROR_IN(s, "conf", bad, 2, -EINVAL, "att_q must be a number in [0.01, 0.99]");
+        const struct policy_param low[] = { TEXT("gate", "attention"), NUM("n_low", 60) };
+        EXPECT_POLICY_ERROR_IN(s, "conf", low, 2, -EINVAL, "gate=attention needs budget (100) <= n_low (60)");
+}
+
 /* ---- prob ---- */
 
 static float wild_score(void) {
@@ -2358,6 +2434,19 @@ static const struct sim_case sim_cases[] = {
           .n_params = 3,
           SINKS_RECENT(4, CONF_PROTECT) },
         { .policy = "conf",
+          .params = { TEXT("gate", "attention") },
+          .n_params = 1,
+          SINKS_RECENT(4, CONF_PROTECT) },
+        { .policy = "conf",
+          .params = { TEXT("gate", "attention"), NUM("per_head", 1), NUM("int8", 1), NUM("att_q", 0.2) },
+          .n_params = 4,
+          SINKS_RECENT(4, CONF_PROTECT) },
+        { .policy = "conf-l",
+          .params = { TEXT("gate", "attention"), TEXT("correction", "sink") },
+          .n_params = 2,
+          SINKS_RECENT(4, CONF_PROTECT),
+          .deltas = true },
+        { .policy = "conf",
           .params = { TEXT("correction", "moment"), NUM("protect", 3) },
           .n_params = 2,
           SINKS_RECENT(4, 3) },
@@ -2556,7 +2645,10 @@ static void sim_run(const struct sim_case *c, const struct policy_setup *setup, 
                         for (uint32_t l = 0; l < s.L; l++) {
                                 sim_gather(&s, l);
                                 struct policy_layer view = view_of(&s.view, l);
-                                s.p->ops->observe(s.p->state, &st, &view);
+                                uint32_t *scratch = malloc((4 * (size_t)s.H * s.n[l] + 1) * sizeof(uint32_t));
+                                assert_non_null(scratch);
+                                s.p->ops->observe(s.p->state, &st, &view, scratch);
+                                free(scratch);
                         }
                 }
                 decide_into(s.p, &st, t);
@@ -2673,6 +2765,7 @@ int main(void) {
                 cmocka_unit_test(conf_always_keeps_the_sinks_and_the_protected_window),
                 cmocka_unit_test(conf_sink_correction_gives_the_evicted_mass_to_the_first_sink),
                 cmocka_unit_test(conf_refuses_a_budget_above_n_low_when_deferring),
+                cmocka_unit_test(conf_attention_gate_defers_when_a_cut_would_evict_attention),
                 cmocka_unit_test(prob_inclusion_probabilities_sum_to_m_and_lie_in_zero_one),
                 cmocka_unit_test(prob_at_temperature_zero_equals_keep_ranked_on_1000_random_cases),
                 cmocka_unit_test(prob_log_weights_are_minus_log_of_the_inclusion_probabilities),
