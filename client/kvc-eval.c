@@ -41,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "eval/longdoc.h"
 #include "eval/longgen.h"
 #include "eval/mechanism.h"
 #include "eval/niah.h"
@@ -1381,7 +1382,7 @@ int main(int argc, char **argv) {
                 if (!no.n_fractions) {
                         no.fractions[0] = 0.25;
                         no.fractions[1] = 0.5;
-                        no.n_fractions = e.quick ? 1 : 2;
+                        no.n_fractions = 2;
                 }
                 if (no.needles == 10 && e.quick)
                         no.needles = 2;

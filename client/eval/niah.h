@@ -1,5 +1,5 @@
-/* niah.h: the SmolLM2 tasks of the quality lab: needle in a haystack (kvc-eval --task niah) and
- * long documents (--task longdoc), on a GGUF chat model (SmolLM2-135M-Instruct) through kvcd.
+/* niah.h: needle in a haystack (kvc-eval --task niah) on a GGUF chat model (SmolLM2-135M-Instruct)
+ * through kvcd, and the options every SmolLM2 task of the lab takes (struct niah_options).
  *
  * Owns: building haystacks (TinyStories validation stories, the test split, joined into a text of
  * a given number of tokens), hiding a needle in them ("The secret code of the blue door is 4821.":
@@ -53,12 +53,5 @@ struct niah_options {
 /* Runs the task and writes out_dir/niah.{jsonl,csv,md} and niah_needles.csv; a summary line per
  * configuration and length on stdout. Progress on stderr. 0 or -errno. */
 int niah_run(const struct niah_options *o);
-
-/* The long-document task (niah.c, "long documents"): documents of lengths[] tokens (joined test
- * split stories), `needles` of them per length, every configuration at fractions[] of the length,
- * perplexity, KL and top-1 agreement against the full cache on the positions past the largest
- * budget, with intervals clustered by document. Writes out_dir/longdoc.{jsonl,md}. quick: the full
- * cache and a window only. 0 or -errno. */
-int longdoc_run(const struct niah_options *o);
 
 #endif

@@ -214,8 +214,10 @@ static double niah_field(const char *label, const char *key) {
         return eval_field(niah_output, label, key);
 }
 
-/* Long documents (quick: two of 256 tokens, the full cache and a window at a quarter): the full
- * cache is its own reference, the window differs from it, every figure has its interval. */
+/* Long documents (quick: two of 256 tokens, the full cache, window and conf-fixed at a quarter and
+ * a half, conf-attention at a quarter): the full cache is its own reference, the window differs
+ * from it, every figure has its interval, and the attention gate is read against conf-fixed at its
+ * own bytes (the gate holds between B and n_low, so conf-fixed's two budgets bracket it). */
 static void long_documents_score_against_the_full_cache(void **state) {
         (void)state;
         assert_true(eval_field(longdoc_output, "full", "kl") == 0);
@@ -228,6 +230,24 @@ static void long_documents_score_against_the_full_cache(void **state) {
         assert_true(eval_field(longdoc_output, "window-64", "ppl_hi") > ppl);
         assert_true(eval_field(longdoc_output, "window-64", "avg_charged_bytes") <
                     eval_field(longdoc_output, "full", "avg_charged_bytes"));
+        double gated = eval_field(longdoc_output, "conf-attention-64", "avg_charged_bytes");
+        assert_true(gated >= eval_field(longdoc_output, "conf-fixed-64", "avg_charged_bytes"));
+        assert_true(gated <= eval_field(longdoc_output, "conf-fixed-128", "avg_charged_bytes"));
+        char path[600];
+        size_t len = 0;
+        snprintf(path, sizeof(path), "%s/longdoc.md", niah_dir);
+        char *md = harness_slurp(path, &len);
+        assert_non_null(md);
+        assert_non_null(strstr(md, "#### Targets at 256 tokens"));
+        const char *gate = strstr(md, "  - conf-attention-64 (");
+        if (!gate || !strstr(gate, "ΔNLL") || !strstr(gate, "between conf-fixed-64 and conf-fixed-128"))
+                fail_msg("longdoc.md does not read the attention gate against conf-fixed:\n%s", md);
+        free(md);
+        snprintf(path, sizeof(path), "%s/longdoc.jsonl", niah_dir);
+        char *jl = harness_slurp(path, &len);
+        assert_non_null(jl);
+        assert_non_null(strstr(jl, "\"target\":\"gate_vs_fixed_nll\",\"label\":\"conf-attention-64\""));
+        free(jl);
 }
 
 static void the_full_cache_finds_every_needle(void **state) {
