@@ -277,33 +277,27 @@ static void gates(const struct doc_report *R, FILE *md, FILE *jsonl, double *x, 
                 for (uint32_t d = 0; d < R->docs; d++)
                         y[d] = metric(R, d, (uint32_t)c, DOC_KL);
                 stats_paired_ci(y, x, w, R->docs, &dk);
-                const char *v = stats_verdict(&dn, 0, true);
+                const char *v = stats_compare(&dn, true), *vk = stats_compare(&dk, true);
                 fprintf(md,
                         "  - %s (%.0f bytes, %.1f%% of the full cache's; conf-fixed %s): ΔNLL %+.4f [%+.4f, "
                         "%+.4f] — **%s**; ΔKL %+.4f [%+.4f, %+.4f] — %s\n",
                         n->cfg[c].label, R->bytes[c], 100 * R->bytes[c] / R->bytes[0],
-                        where(R, lo, hi, buf, sizeof(buf)), dn.mean, dn.lo, dn.hi,
-                        strcmp(v, "holds") == 0           ? "better"
-                        : strcmp(v, "does not hold") == 0 ? "worse"
-                                                          : v,
-                        dk.mean, dk.lo, dk.hi, stats_verdict(&dk, 0, true));
+                        where(R, lo, hi, buf, sizeof(buf)), dn.mean, dn.lo, dn.hi, v, dk.mean, dk.lo, dk.hi,
+                        vk);
                 target_line(jsonl, R, "gate_vs_fixed_nll", n->cfg[c].label, &dn, v);
-                target_line(jsonl, R, "gate_vs_fixed_kl", n->cfg[c].label, &dk, stats_verdict(&dk, 0, true));
+                target_line(jsonl, R, "gate_vs_fixed_kl", n->cfg[c].label, &dk, vk);
         }
         if (diff[0] && diff[1]) {
                 struct stats_ci dd;
                 for (uint32_t d = 0; d < R->docs; d++)
                         w[d] = R->res[(size_t)d * n->n_cfg].n;
                 stats_paired_ci(diff[1], diff[0], w, R->docs, &dd);
-                const char *v = stats_verdict(&dd, 0, true);
+                const char *v = stats_compare(&dd, true);
                 fprintf(md,
                         "  - the attention gate's ΔNLL minus the confidence gate's (each against conf-fixed "
-                        "at its "
-                        "own bytes): %+.4f [%+.4f, %+.4f] — %s\n",
+                        "at its own bytes): %+.4f [%+.4f, %+.4f] — %s%s\n",
                         dd.mean, dd.lo, dd.hi,
-                        strcmp(v, "holds") == 0           ? "attention better"
-                        : strcmp(v, "does not hold") == 0 ? "confidence better"
-                                                          : v);
+                        strcmp(v, "better") == 0 || strcmp(v, "worse") == 0 ? "attention " : "", v);
                 target_line(jsonl, R, "attention_vs_confidence_gate", "conf-attention", &dd, v);
         }
         free(diff[0]);
@@ -404,7 +398,7 @@ static void write_doc_outputs(struct niah *n, uint32_t length, uint32_t docs, co
                         "%.0f (%.0f%%) | %.0f | "
                         "%.0f |\n",
                         cf->label, exp(ppl.mean), exp(ppl.lo), exp(ppl.hi), dn.mean, dn.lo, dn.hi,
-                        c ? stats_verdict(&dn, 0, true) : "", kl.mean, kl.lo, kl.hi,
+                        c ? stats_compare(&dn, true) : "", kl.mean, kl.lo, kl.hi,
                         n_tok > 0 ? top1 / n_tok : 0, charged,
                         R.bytes[0] > 0 ? 100 * charged / R.bytes[0] : 0, peak, tokens);
         }

@@ -563,8 +563,7 @@ static void write_targets(struct longgen *g, const struct lg_result *res, uint32
                                 "%+.4f] %s; Δtop-1 %+.3f [%+.3f, %+.3f] %s\n",
                                 n->cfg[s].label, bytes, 100 * bytes / mean_end(res, K, C, 0), fam,
                                 where(g, res, K, lo, hi, at, sizeof(at)), dk.mean, dk.lo, dk.hi,
-                                stats_verdict(&dk, 0, true), da.mean, da.lo, da.hi,
-                                stats_verdict(&da, 0, false));
+                                stats_compare(&dk, true), da.mean, da.lo, da.hi, stats_compare(&da, false));
                 }
         }
 }

@@ -375,8 +375,7 @@ static void write_outputs(struct niah *n, uint32_t li, const struct niah_result 
                 const struct niah_config *cf = row.cf;
                 bool no_compression =
                         cf->fam && strcmp(cf->fam->policy, "snapkv") == 0 && cf->budget >= length;
-                char verdict[32];
-                snprintf(verdict, sizeof(verdict), "%s", c == 0 ? "" : stats_verdict(&row.d_logp, 0, false));
+                const char *verdict = c == 0 ? "" : stats_compare(&row.d_logp, false);
                 fprintf(jsonl,
                         "{\"task\":\"niah\",\"length\":%u,\"label\":\"%s\",\"family\":\"%s\",\"policy\":\"%"
                         "s\","

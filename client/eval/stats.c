@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 double stats_t95(uint32_t df) {
         static const double t[31] = { 0,     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365,
@@ -82,6 +83,8 @@ int stats_bootstrap_mean(const double *x, uint32_t n, uint32_t reps, uint64_t se
 }
 
 const char *stats_verdict(const struct stats_ci *d, double need, bool lower_is_better) {
+        if (isnan(d->lo) || isnan(d->hi))
+                return "not measured";
         if (d->lo <= 0 && d->hi >= 0)
                 return "no difference";
         double lo = lower_is_better ? -d->hi : d->lo, hi = lower_is_better ? -d->lo : d->hi;
@@ -90,4 +93,9 @@ const char *stats_verdict(const struct stats_ci *d, double need, bool lower_is_b
         if (hi < need)
                 return "does not hold";
         return "not resolved (the interval spans the target)";
+}
+
+const char *stats_compare(const struct stats_ci *d, bool lower_is_better) {
+        const char *v = stats_verdict(d, 0, lower_is_better);
+        return strcmp(v, "holds") == 0 ? "better" : strcmp(v, "does not hold") == 0 ? "worse" : v;
 }

@@ -47,7 +47,12 @@ int stats_bootstrap_mean(const double *x, uint32_t n, uint32_t reps, uint64_t se
  * data cannot tell the two apart, whatever the point estimate says); else "holds" when the whole
  * interval meets the target, "does not hold" when the whole interval falls short of it, and "not
  * resolved (the interval spans the target)" between. With need 0 the last cannot happen:
- * "holds" is then "better", "does not hold" "worse". */
+ * "holds" is then "better", "does not hold" "worse". "not measured" when the interval is NaN (too
+ * few sequences). */
 const char *stats_verdict(const struct stats_ci *d, double need, bool lower_is_better);
+
+/* A comparison without a target: "no difference", "better", "worse" (or "not measured"), as
+ * stats_verdict with need 0 reads it. */
+const char *stats_compare(const struct stats_ci *d, bool lower_is_better);
 
 #endif

@@ -98,6 +98,21 @@ static void verdicts_read_the_interval(void **state) {
         /* higher is better: the gap closed toward the full cache, target 80% */
         d = (struct stats_ci){ .mean = 0.83, .lo = 0.63, .hi = 1.02 };
         assert_string_equal(stats_verdict(&d, 0.8, false), "not resolved (the interval spans the target)");
+        /* an interval that could not be computed is not a verdict */
+        d = (struct stats_ci){ .mean = 0.5, .lo = NAN, .hi = NAN };
+        assert_string_equal(stats_verdict(&d, 0.8, false), "not measured");
+}
+
+/* Without a target: better, worse or no difference, in the metric's own direction. */
+static void comparisons_say_better_or_worse(void **state) {
+        (void)state;
+        struct stats_ci d = { .mean = -0.3, .lo = -0.4, .hi = -0.25 };
+        assert_string_equal(stats_compare(&d, true), "better");
+        assert_string_equal(stats_compare(&d, false), "worse");
+        d = (struct stats_ci){ .mean = 0.1, .lo = -0.05, .hi = 0.2 };
+        assert_string_equal(stats_compare(&d, true), "no difference");
+        d = (struct stats_ci){ .mean = NAN, .lo = NAN, .hi = NAN };
+        assert_string_equal(stats_compare(&d, true), "not measured");
 }
 
 int main(void) {
@@ -109,6 +124,7 @@ int main(void) {
                 cmocka_unit_test(paired_ci_differences_within_each_cluster),
                 cmocka_unit_test(bootstrap_is_deterministic_and_brackets_the_mean),
                 cmocka_unit_test(verdicts_read_the_interval),
+                cmocka_unit_test(comparisons_say_better_or_worse),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
