@@ -70,7 +70,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c tests/integration/sdharness.c)
 
-.PHONY: all deps test check demo cuda install clean tests quality quality-deps quality-plots quality-smol quality-smol-long \
+.PHONY: all deps test check demo cuda install clean tests quality quality-deps quality-plots quality-smol quality-smol-long quality-longdoc \
 	quality-longgen quality-mechanism
 .SECONDARY:
 .DEFAULT_GOAL := all
@@ -217,6 +217,8 @@ quality-smol-long: quality-deps model
 # costs) on SmolLM2, at the sizes bench/quality/smollm2/ was measured at (about 15 CPU-minutes each).
 QUALITY_LONGGEN_ARGS ?= --lengths 256 --prompts 4 --gen-tokens 768 --fractions 0.35,0.5 --threads 1
 QUALITY_MECHANISM_ARGS ?= --lengths 2048 --documents 5 --fractions 0.0625,0.25 --threads 1
+# long documents: perplexity, KL and the gap-closed, gate and correction targets at 4K
+QUALITY_LONGDOC_ARGS ?= --lengths 4096 --documents 4 --fractions 0.25,0.5
 quality-longgen: model
 	@$(MAKE) --no-print-directory all
 	@QUALITY_TASK=longgen SMOLLM2=$(SMOLLM2_GGUF) bench/quality-smol.sh $(BUILD) "$(QUALITY_SMOL_OUT)" -- \
@@ -225,6 +227,10 @@ quality-mechanism: model
 	@$(MAKE) --no-print-directory all
 	@QUALITY_TASK=mechanism SMOLLM2=$(SMOLLM2_GGUF) bench/quality-smol.sh $(BUILD) "$(QUALITY_SMOL_OUT)" -- \
 		$(QUALITY_MECHANISM_ARGS)
+quality-longdoc: model
+	@$(MAKE) --no-print-directory all
+	@QUALITY_TASK=longdoc SMOLLM2=$(SMOLLM2_GGUF) bench/quality-smol.sh $(BUILD) "$(QUALITY_SMOL_OUT)" -- \
+		$(QUALITY_LONGDOC_ARGS)
 
 include kernels/cuda.mk
 include tests/fuzz/fuzz.mk

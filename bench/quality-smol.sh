@@ -6,8 +6,8 @@
 # (length by depth) with gnuplot. OUT defaults to a new build/quality-smol/DATE directory: the
 # committed bench/quality/ is written only when named (make quality-smol QUALITY_SMOL_OUT=bench/quality).
 # kvc-eval writes its files as .partial and renames them at the end, so an interrupted run leaves
-# OUT's old results as they were. QUALITY_TASK=longgen or mechanism runs that task instead of the
-# needle task (make quality-longgen, make quality-mechanism; no plots).
+# OUT's old results as they were. QUALITY_TASK=longdoc, longgen or mechanism runs that task instead
+# of the needle task (make quality-longdoc, quality-longgen, quality-mechanism; no plots).
 set -euo pipefail
 build=${1:-build}
 out=${2:-build/quality-smol/$(date -u +%Y%m%d-%H%M%S)}
