@@ -93,6 +93,7 @@ int haystack(struct niah *n, uint32_t length, struct textbuf *out) {
 
 void progress(struct niah *n, const char *task, uint32_t length, uint32_t needle) {
         double el = now_s() - n->t0, rate = el > 0 ? n->rows_done / el : 0;
+        n->last_progress = now_s();
         double left = rate > 0 ? (n->rows_total - n->rows_done) / rate : 0;
         fprintf(stderr, "kvc-eval %s: length %u, %s %u/%u, %u configurations, %.0f tokens/s, %.0f s left\n",
                 task, length,
@@ -100,6 +101,21 @@ void progress(struct niah *n, const char *task, uint32_t length, uint32_t needle
                 : strcmp(task, "longgen") == 0 ? "prompt"
                                                : "document",
                 needle, n->o->needles, n->n_cfg, rate, left > 0 ? left : 0);
+}
+
+void lab_rows_done(struct niah *n, double rows) {
+        double now = now_s();
+        n->rows_done += rows;
+        if (n->last_progress == 0)
+                n->last_progress = n->t0;
+        if (now - n->last_progress < LAB_PROGRESS_S)
+                return;
+        n->last_progress = now;
+        double el = now - n->t0, rate = el > 0 ? n->rows_done / el : 0;
+        double left = rate > 0 ? (n->rows_total - n->rows_done) / rate : 0;
+        fprintf(stderr, "kvc-eval %s: %.0f of %.0f rows (%.0f%%), %.0f tokens/s, %.0f s left\n", n->task,
+                n->rows_done, n->rows_total, n->rows_total > 0 ? 100 * n->rows_done / n->rows_total : 0, rate,
+                left > 0 ? left : 0);
 }
 
 struct niah_config *lab_config_add(struct niah *n, const struct niah_family *fam, double fraction,
@@ -238,6 +254,7 @@ void finish_partial(const struct niah_options *o, const char *name, bool keep) {
 
 int lab_open(struct niah *n, const char *task) {
         const struct niah_options *o = n->o;
+        n->task = task;
         struct model_options mo = { .threads = o->threads };
         char why[256] = "", name[64];
         int r = model_open(o->model_path, &mo, &n->model, why, sizeof(why));

@@ -56,8 +56,11 @@ struct niah {
         struct niah_config cfg[NIAH_MAX_CONFIGS];
         uint32_t n_cfg; /* per length: the budgets depend on it */
         uint64_t rng;
-        double t0, rows_done, rows_total;
+        const char *task; /* lab_open's */
+        double t0, rows_done, rows_total, last_progress;
 };
+
+#define LAB_PROGRESS_S 60.0 /* a progress line at least this often within a long sequence */
 
 /* A growing NUL-terminated string. */
 struct textbuf {
@@ -94,6 +97,9 @@ uint32_t lab_chunk(struct kvc_session *const *ss, uint32_t n_sessions, uint32_t 
 
 /* "kvc-eval TASK: length L, needle/document/prompt i/N, ..." on stderr. */
 void progress(struct niah *n, const char *task, uint32_t length, uint32_t needle);
+/* Counts a pass's rows; within a long sequence, a line of rows done, rate and time left on stderr
+ * once every LAB_PROGRESS_S seconds. */
+void lab_rows_done(struct niah *n, double rows);
 /* Adds k steps of what kvcd holds for s to the running sums (every task weights a step by the
  * rows it scored). */
 void held_add(struct kvc_session *s, uint32_t n_layers, uint32_t k, double *charged, double *tokens);

@@ -123,7 +123,7 @@ static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t sco
                         held_add(ss[c], L, k, &res[c].charged, &res[c].tokens);
                 weight += k;
                 pos += k;
-                n->rows_done += nr;
+                lab_rows_done(n, nr);
         }
         for (uint32_t c = 0; c < C; c++)
                 if (ss[c])

@@ -288,7 +288,7 @@ static int run_prompt(struct longgen *g, struct lg_result *res) {
                         held_add(ss[c], L, k, &res[c].charged, &res[c].tokens);
                 weight += k;
                 pos += k;
-                n->rows_done += nr;
+                lab_rows_done(n, nr);
         }
         for (uint32_t c = 0; c < C; c++) {
                 double end_tokens = 0;

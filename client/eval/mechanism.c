@@ -190,7 +190,7 @@ static int run_doc(struct mechanism *m, const int *ids, uint32_t T) {
                         fprintf(stderr, "kvc-eval mechanism: step %u: %s\n", pos + k - 1,
                                 kvc_last_error(n->client));
                 pos += k;
-                n->rows_done += nr;
+                lab_rows_done(n, nr);
         }
         for (uint32_t c = 0; c < C; c++)
                 if (ctx[c].s)

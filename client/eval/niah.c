@@ -213,7 +213,7 @@ static int run_needle(struct niah *n, const struct needle *nd, struct niah_resul
                         held_add(ss[c], L, k, &res[c].charged, &res[c].tokens);
                 weight += k;
                 pos += k;
-                n->rows_done += nr;
+                lab_rows_done(n, nr);
         }
         for (uint32_t c = 0; c < C; c++)
                 if (ss[c])
