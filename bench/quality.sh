@@ -2,7 +2,8 @@
 # bench/quality.sh [BUILD] [SEQUENCES]: the quality lab end to end. Starts kvcd in a temporary
 # runtime directory, runs kvc-eval's full suite over the TinyStories validation sample, and
 # draws the plots with gnuplot. Results: bench/quality/{results.md,results.csv,pareto.png,
-# confidence_kl.png,confidence_kl.csv} (QUALITY_OUT=DIR: into DIR instead), described in bench/quality/README.md.
+# confidence_kl.png,confidence_kl.csv} (QUALITY_OUT=DIR: into DIR instead); bench/quality/README.md
+# describes them.
 # bench/quality.sh --plot: only the plots, from the committed results.csv and confidence_kl.csv
 # (seconds instead of the lab's run); the number of stories comes from results.md.
 #
