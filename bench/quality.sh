@@ -35,10 +35,14 @@ plot() {
         # results.csv's header, never by number: the x axis is avg_charged_bytes, what kvcd charges
         # (blocks granted at full size), not the nominal avg_kv_bytes beside it.
         local cols='family avg_charged_bytes ppl name_acc kl'
-        local pick='NR == 1 { n = split(want, w, " "); for (i = 1; i <= NF; i++) at[$i] = i
-                              for (j = 1; j <= n; j++) if (!(w[j] in at)) { print "results.csv: no column " w[j] >"/dev/stderr"; exit 1 }
-                              next }
-                    { line = ""; for (j = 1; j <= n; j++) line = line (j > 1 ? "," : "") $(at[w[j]]); print line }'
+        local pick='NR == 1 {
+                        n = split(want, w, " ")
+                        for (i = 1; i <= NF; i++) at[$i] = i
+                        for (j = 1; j <= n; j++)
+                                if (!(w[j] in at)) { print "results.csv: no column " w[j] >"/dev/stderr"; exit 1 }
+                        next
+                    }
+                    { line = $(at[w[1]]); for (j = 2; j <= n; j++) line = line "," $(at[w[j]]); print line }'
         awk -F, -v want="$cols" "$pick" "$out/results.csv" >"$dir/columns.csv"
         awk -F, '$1 != "full"' "$dir/columns.csv" |
                 sort -t, -k1,1 -k2,2n |
