@@ -2,7 +2,8 @@
 # bench/quality.sh [BUILD] [SEQUENCES]: the quality lab end to end. Starts kvcd in a temporary
 # runtime directory, runs kvc-eval's full suite over the TinyStories validation sample, and
 # draws the plots with gnuplot. Results: bench/quality/{results.md,results.csv,pareto.png,
-# confidence_kl.png,confidence_kl.csv}.
+# confidence_kl.png,confidence_kl.csv} (QUALITY_OUT=DIR: into DIR instead); bench/quality/README.md
+# describes them.
 # bench/quality.sh --plot: only the plots, from the committed results.csv and confidence_kl.csv
 # (seconds instead of the lab's run); the number of stories comes from results.md.
 #
@@ -10,7 +11,9 @@
 # pattern, from fixed tables below, so no two series look alike however many there are; one
 # legend, right of both panels; byte axes in KiB at powers of two, KL in powers of ten.
 set -euo pipefail
-out=bench/quality
+# QUALITY_OUT: where the results go (default the committed bench/quality; a scratch folder for a
+# trial run, e.g. QUALITY_OUT=build/quality-try bench/quality.sh build 4)
+out=${QUALITY_OUT:-bench/quality}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kvcd-quality-XXXXXX")
 pid=
 cleanup() {
@@ -28,21 +31,33 @@ markers=(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
 
 plot() {
         local sequences=$1
-        # one data block per family, sorted by bytes, for gnuplot's `index`
-        awk -F, 'NR > 1 && $2 != "full" { print $2 "," $12 "," $5 "," $9 "," $7 }' "$out/results.csv" |
+        # one data block per family, sorted by bytes, for gnuplot's `index`. Columns by their name in
+        # results.csv's header, never by number: the x axis is avg_charged_bytes, what kvcd charges
+        # (blocks granted at full size), not the nominal avg_kv_bytes beside it.
+        local cols='family avg_charged_bytes ppl name_acc kl'
+        local pick='NR == 1 {
+                        n = split(want, w, " ")
+                        for (i = 1; i <= NF; i++) at[$i] = i
+                        for (j = 1; j <= n; j++)
+                                if (!(w[j] in at)) { print "results.csv: no column " w[j] >"/dev/stderr"; exit 1 }
+                        next
+                    }
+                    { line = $(at[w[1]]); for (j = 2; j <= n; j++) line = line "," $(at[w[j]]); print line }'
+        awk -F, -v want="$cols" "$pick" "$out/results.csv" >"$dir/columns.csv"
+        awk -F, '$1 != "full"' "$dir/columns.csv" |
                 sort -t, -k1,1 -k2,2n |
                 awk -F, 'BEGIN { fam = "" } { if ($1 != fam) { if (fam != "") printf "\n\n"; fam = $1; printf "# %s\n", $1 }
                                               print $2, $3, $4, $5 }' >"$dir/curves.dat"
         local full families
-        full=$(awk -F, '$1 == "full" { print $5 "," $9 "," $12 }' "$out/results.csv")
+        full=$(awk -F, '$1 == "full" { print $3 "," $4 "," $2 }' "$dir/columns.csv")
         families=$(awk '/^# / { printf "%s ", $2 }' "$dir/curves.dat")
         {
                 echo "set terminal pngcairo size 1800,760 font ',11'"
                 echo "set output '$out/pareto.png'"
-                echo "set multiplot title 'stories260K through kvcd, $sequences stories: quality against KV bytes per sequence (average over the steps)' font ',13'"
+                echo "set multiplot title 'stories260K through kvcd, $sequences stories: quality against the KV bytes kvcd charges a sequence (average over the steps)' font ',13'"
                 echo "set logscale x 2; set grid"
                 echo "set xtics ('4 KiB' 4096, '8 KiB' 8192, '16 KiB' 16384, '32 KiB' 32768, '64 KiB' 65536, '128 KiB' 131072, '256 KiB' 262144, '512 KiB' 524288, '1 MiB' 1048576); set format y '%g'"
-                echo "set xlabel 'average KV bytes per sequence (FP16; INT8 with its scales)'"
+                echo "set xlabel 'average KV bytes per sequence, as kvcd charges them (blocks granted)'"
                 echo "set bmargin at screen 0.10; set tmargin at screen 0.90"
                 local i=0 f
                 for f in $families; do
@@ -91,6 +106,8 @@ sequences=${2:-64}
 mkdir -p "$out"
 "$build/bin/kvcd" --runtime-dir "$dir/run" --capacity 1G --log-level warning 2>"$dir/kvcd.log" &
 pid=$!
+# kvcctl needs the admin socket to exist: poll for it (10 s at most), as quality-smol.sh does
+for _ in $(seq 200); do [ -S "$dir/run/kvcd.admin.sock" ] && break; sleep 0.05; done
 "$build/bin/kvcctl" --socket "$dir/run" --timeout 10000 status >/dev/null
 start=$(date +%s)
 # kvc-eval writes results.{md,csv,jsonl} into $out itself, as .partial files renamed at the end:

@@ -818,7 +818,9 @@ static void write_markdown(const struct eval *e, const struct row *rows, uint32_
                 "tau and w_rec and prob's temperature were chosen on the first 64 stories, inside the tuning "
                 "split), at most %u tokens each, the first %u of each declared the prompt; %llu tokens "
                 "scored per configuration, teacher-forced. The model's own perplexity without kvcd: %.4f.\n\n"
-                "**Bytes are kvcd's**: *charged* is what kvcd's accounting charges the session (every block "
+                "**Bytes are kvcd's**, with keys and values stored as **%s** (`--dtype`; full precision "
+                "is what INT8 is compared against, so the storage moves every INT8 verdict): *charged* "
+                "is what kvcd's accounting charges the session (every block "
                 "it granted, full precision or INT8, at its full size with the side arrays), averaged over "
                 "steps, and its peak as kvcd reported it at close; *nominal* is the old count (live tokens "
                 "as FP16, INT8 with its scales). **Tokens held** are per layer, as kvcd counts them "
@@ -828,7 +830,8 @@ static void write_markdown(const struct eval *e, const struct row *rows, uint32_
                 "Intervals are 95%%, clustered by story (eval/stats.h).\n\n",
                 e->sequences, e->split, e->split_first + e->first,
                 e->split_first + e->first + e->sequences - 1, TUNE_STORIES - 1, TUNE_STORIES, e->max_tokens,
-                e->prompt_tokens, (unsigned long long)own_n, own_ppl);
+                e->prompt_tokens, (unsigned long long)own_n, own_ppl,
+                e->dtype == KVC_DTYPE_F16 ? "FP16" : "FP32");
         fprintf(f, "| configuration | ppl [95%% CI] | KL(full‖policy) | top-1 agree | name acc | "
                    "charged bytes avg | charged peak | nominal avg | tokens held avg / peak | plans |\n");
         fprintf(f, "|---|---|---|---|---|---|---|---|---|---|\n");
