@@ -10,7 +10,10 @@
 # The plots: every family its own colour, marker and (past the 15 markers gnuplot draws) dash
 # pattern, from fixed tables below, so no two series look alike however many there are; one
 # legend, right of both panels; byte axes in KiB at powers of two, KL in powers of ten.
+# QUALITY_DTYPE: how kvcd stores the keys and values (kvc-eval --dtype; default f16, what a server
+# holds and what the SmolLM2 tasks use: INT8's saving is read against it).
 set -euo pipefail
+dtype=${QUALITY_DTYPE:-f16}
 # QUALITY_OUT: where the results go (default the committed bench/quality; a scratch folder for a
 # trial run, e.g. QUALITY_OUT=build/quality-try bench/quality.sh build 4)
 out=${QUALITY_OUT:-bench/quality}
@@ -112,7 +115,7 @@ for _ in $(seq 200); do [ -S "$dir/run/kvcd.admin.sock" ] && break; sleep 0.05; 
 start=$(date +%s)
 # kvc-eval writes results.{md,csv,jsonl} into $out itself, as .partial files renamed at the end:
 # an interrupted run leaves the committed results as they were (a redirect here would truncate them)
-"$build/bin/kvc-eval" --socket "$dir/run" --sequences "$sequences" --jobs "$(nproc)" --out "$out" >/dev/null
+"$build/bin/kvc-eval" --socket "$dir/run" --sequences "$sequences" --jobs "$(nproc)" --dtype "$dtype" --out "$out" >/dev/null
 echo "kvc-eval: $(( $(date +%s) - start )) s for $sequences stories" >&2
 "$build/bin/kvcctl" --socket "$dir/run" audit >&2
 plot "$sequences"

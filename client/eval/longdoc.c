@@ -29,7 +29,6 @@ static const struct niah_family doc_points[] = {
         { "conf-attention", "conf", { "gate" }, { "attention" }, 1 },
         { "prob-none", "prob", { "correction" }, { "none" }, 1 },
         { "prob-ht", "prob", { "correction" }, { "ht" }, 1 },
-        { "prob-moment", "prob", { "correction" }, { "moment" }, 1 },
 };
 /* quick (make test): the window and conf-fixed curves and the attention gate */
 #define QUICK_CURVES 2
@@ -308,14 +307,14 @@ static void gates(const struct doc_report *R, FILE *md, FILE *jsonl, double *x, 
  * budget by at least 20%: sum(KL_corr - KL_none) / sum(KL_none), clustered by document. */
 static void corrections(const struct doc_report *R, FILE *md, FILE *jsonl, double *y, double *w) {
         const struct niah *n = R->n;
-        static const char *const corr[] = { "prob-ht", "prob-moment" };
+        static const char *const corr[] = { "prob-ht" };
         if (find_family(R, "prob-none") < 0)
                 return; /* not in this suite (quick) */
         fprintf(md,
                 "- **The decode-time correction lowers KL against plain sampling at equal budget by at least "
                 "20%%** (the relative change of KL(full‖policy) against prob-none, clustered by "
                 "document):\n");
-        for (size_t k = 0; k < 2; k++) {
+        for (size_t k = 0; k < sizeof(corr) / sizeof(corr[0]); k++) {
                 char label[64];
                 int c = find_family(R, corr[k]), none;
                 if (c < 0)
