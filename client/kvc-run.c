@@ -510,8 +510,11 @@ static int prompt_chunk(const struct runner *r, const struct kvc_session *s, int
                 n = r->o.stop_at - pos;
         if (r->o.export_at > pos && n > r->o.export_at - pos)
                 n = r->o.export_at - pos;
-        if (s) {
-                int room = (int)kvc_session_max_tokens(s) - (int)kvc_layer_tokens(s, 0);
+        if (s) { /* the fullest layer: a plan may cut one layer and leave another */
+                uint32_t most = 0, L = (uint32_t)model_get_config(r->model)->n_layers;
+                for (uint32_t l = 0; l < L; l++)
+                        most = kvc_layer_tokens(s, l) > most ? kvc_layer_tokens(s, l) : most;
+                int room = (int)kvc_session_max_tokens(s) - (int)most;
                 n = n < room ? n : room;
         }
         return n > 1 ? n : 1;

@@ -156,9 +156,12 @@ int lab_session_open(struct niah *n, const struct niah_config *cf, uint32_t prom
         return r;
 }
 
-uint32_t lab_chunk(struct kvc_session *const *ss, uint32_t n_sessions, uint32_t k) {
+uint32_t lab_chunk(struct kvc_session *const *ss, uint32_t n_sessions, uint32_t n_layers, uint32_t k) {
         for (uint32_t c = 0; c < n_sessions; c++) {
-                int room = (int)kvc_session_max_tokens(ss[c]) - (int)kvc_layer_tokens(ss[c], 0);
+                uint32_t most = 0; /* layers may differ: a plan may cut one and leave another */
+                for (uint32_t l = 0; l < n_layers; l++)
+                        most = kvc_layer_tokens(ss[c], l) > most ? kvc_layer_tokens(ss[c], l) : most;
+                int room = (int)kvc_session_max_tokens(ss[c]) - (int)most;
                 if (room >= 1 && (uint32_t)room < k)
                         k = (uint32_t)room;
         }

@@ -91,9 +91,9 @@ struct niah_config *lab_config_add(struct niah *n, const struct niah_family *fam
 int lab_session_open(struct niah *n, const struct niah_config *cf, uint32_t prompt_tokens, const char *task,
                      struct kvc_session **ret);
 
-/* k rows a configuration for the next pass, made smaller where a session's layer has less room
+/* k rows a configuration for the next pass, made smaller where a session's fullest layer has less room
  * than that beside what it holds (kvcd's plans make room between passes); at least 1. */
-uint32_t lab_chunk(struct kvc_session *const *ss, uint32_t n_sessions, uint32_t k);
+uint32_t lab_chunk(struct kvc_session *const *ss, uint32_t n_sessions, uint32_t n_layers, uint32_t k);
 
 /* "kvc-eval TASK: length L, needle/document/prompt i/N, ..." on stderr. */
 void progress(struct niah *n, const char *task, uint32_t length, uint32_t needle);

@@ -78,7 +78,7 @@ static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t sco
         while (r == 0 && pos + 1 < length) {
                 uint32_t k = length - 1 - pos, most = MODEL_MAX_LOGIT_ROWS / C;
                 k = k < most ? k : most;
-                k = lab_chunk(ss, C, k < n->o->chunk ? k : n->o->chunk);
+                k = lab_chunk(ss, C, L, k < n->o->chunk ? k : n->o->chunk);
                 uint32_t nr = 0;
                 for (uint32_t c = 0; c < C; c++)
                         for (uint32_t j = 0; j < k; j++)
@@ -88,7 +88,8 @@ static int run_doc(struct niah *n, const int *ids, uint32_t length, uint32_t sco
                                                                  .logits = true };
                 float *logits;
                 if ((r = model_forward_rows(n->model, rows, nr, &kvccache_ops, &logits)) < 0) {
-                        fprintf(stderr, "kvc-eval longdoc: forward pass at %u: %s\n", pos, strerror(-r));
+                        fprintf(stderr, "kvc-eval longdoc: forward pass at %u: %s (%s)\n", pos, strerror(-r),
+                                kvc_last_error(n->client));
                         break;
                 }
                 for (uint32_t j = 0; j < k; j++) {

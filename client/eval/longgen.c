@@ -227,7 +227,7 @@ static int run_prompt(struct longgen *g, struct lg_result *res) {
                                  most = MODEL_MAX_ROWS / C;
                         k = stop - pos;
                         k = k < n->o->chunk ? k : n->o->chunk;
-                        k = lab_chunk(ss, C, k < most ? k : most);
+                        k = lab_chunk(ss, C, L, k < most ? k : most);
                 }
                 uint32_t nr = 0;
                 for (uint32_t c = 0; c < C; c++)

@@ -151,7 +151,7 @@ static int run_doc(struct mechanism *m, const int *ids, uint32_t T) {
         while (r == 0 && pos + 1 < T) {
                 uint32_t k = T - 1 - pos, most = MODEL_MAX_LOGIT_ROWS / C;
                 k = k < most ? k : most;
-                k = lab_chunk(ss, C, k < n->o->chunk ? k : n->o->chunk);
+                k = lab_chunk(ss, C, m->L, k < n->o->chunk ? k : n->o->chunk);
                 for (uint32_t c = 0; c < C; c++)
                         before[c] = kvc_layer_tokens(ss[c], 0);
                 uint32_t nr = 0;

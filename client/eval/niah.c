@@ -165,7 +165,7 @@ static int run_needle(struct niah *n, const struct needle *nd, struct niah_resul
                                                                            : nd->n_prompt;
                         k = stop - pos;
                         uint32_t most = n->o->chunk < MODEL_MAX_ROWS / C ? n->o->chunk : MODEL_MAX_ROWS / C;
-                        k = lab_chunk(ss, C, k < most ? k : most);
+                        k = lab_chunk(ss, C, L, k < most ? k : most);
                 }
                 uint32_t nr = 0;
                 for (uint32_t c = 0; c < C; c++)
