@@ -8,21 +8,45 @@
 # gives the count; the cut is refined until it is within 1%), and each configuration decodes DECODE
 # (default 32) tokens after it, 1 thread: kvc-run's decode_seconds (the one-row passes after the
 # prompt) and decode_cpu_seconds (kvc-run's CPU time over them: on a loaded machine the wall time
-# mostly measures the other jobs; kvcd's own CPU time is not in it) give tokens/s at that context. Configurations, one after the other for each context (so a
-# context's ratios come from neighbouring runs on a shared machine):
-#   local    --local (in-process f32 cache, the full context)
-#   full     through kvcd, --policy full (f32 blocks of 16)
-#   window   through kvcd, --policy window --budget BUDGET (default 1024)
-#   conf     through kvcd, --policy conf --budget BUDGET
-#   conf8    the same with --param int8=1 (kept tokens older than its recent window in INT8 blocks;
-#            not in the default list)
-#   llama    llama.cpp's llama-bench at the same depth (-d CONTEXT -p 0 -n DECODE -t 1, f16 cache,
-#            flash attention off: its fastest path here; --repack 0), when BUILD/peers has it
-#            (`make peers`): its rate is wall-clock only, so the table compares it with kvc-run's
-#            wall rates of the same context (both on a loaded machine: indicative)
-# (CONFIGS= picks and orders them; DTYPE=f16 or bf16 stores kvcd's keys and values so, default f32.) Context 16 is "short context": the prompt "Once upon a time".
-# Prints one markdown table: tokens per CPU second, and the ratios the targets name; each run's
-# wall-clock rate goes to stderr beside it.
+# mostly measures the other jobs; kvcd's own CPU time is not in it) give tokens/s at that context.
+# Configurations (the table `cfg` below; CONFIGS= picks and orders them, default "local full window
+# conf llama"), one after the other for each context, so a context's ratios come from neighbouring
+# runs on a shared machine. B is BUDGET (default 1024); what each holds per layer while it decodes
+# the DECODE tokens after a prompt of M > B tokens (slack: one block, 16 tokens):
+#   local      --local (in-process f32 cache): M + decoded, everything
+#   full       kvcd --policy full (f32 blocks of 16): M + decoded, everything
+#   window     --policy window: the B newest; B to B + 16 (cut back to B at B + 16)
+#   streaming  --policy streaming: 4 sinks + the newest; B to B + 16
+#   h2o        --policy h2o: per KV head the B/2 newest + the best B/2 by accumulated attention;
+#              B to B + 16
+#   tova       --policy tova: the best B by the current query's attention; B to B + 16
+#   prob       --policy prob: 4 sinks, 16 newest, a sample of the rest (Horvitz-Thompson
+#              log-weights); B to B + 16
+#   conf       --policy conf (gate=defer): B to B + 16 on confident steps, up to 3B/2 + 16 on
+#              uncertain ones
+#   conf8      conf with --param int8=1: as conf, all but the newest 8 kept tokens in INT8 blocks
+#   snapkv     --policy snapkv: the prompt is cut once, when it is in, to B per layer and KV head
+#              (its last 8 tokens + the best by the pooled attention of the observed queries);
+#              then B + decoded (decoding is not compressed)
+#   pyramid    --policy pyramid (PyramidKV): the same cut with per-layer budgets decreasing with
+#              depth, B on average (B = 1024: 8 + 1981 in layer 0 down to 8 + 51 in layer 29);
+#              then that + decoded
+#   scope      --policy scope: the same cut as snapkv (prefill_budget B); the decoded tokens have
+#              their own budget B, which DECODE < B never reaches: B + decoded
+#   llama      llama.cpp's llama-bench at the same depth (-d CONTEXT -p 0 -n DECODE -t 1, f16 cache,
+#              flash attention off: its fastest path here; --repack 0), when BUILD/peers has it
+#              (`make peers`): its rate is wall-clock only, so the table compares it with kvc-run's
+#              wall rates of the same context (both on a loaded machine: indicative)
+# kvc-run declares the prompt to kvcd (OpenSession.prompt_tokens = its prompt's length, BOS
+# included), so snapkv, pyramid and scope cut it at the step that appends its last chunk (prompts
+# go in chunks of 256 rows, one kvcd step each: the observed window is that chunk's last query).
+# Every kvcd run has --trace 1: the table's "held" column is layer 0's tokens over the decode steps
+# (least-most), measured, beside the speed (pyramid's layer 0 holds the most of its layers).
+# DTYPE=f16 or bf16 stores kvcd's keys and values so, default f32. Context 16 is "short context":
+# the prompt "Once upon a time".
+# Prints two markdown tables of tokens per CPU second: by context, the configurations and ratios the
+# targets name; by configuration, every one run, with its held tokens and its ratio to full. Each
+# run's wall-clock rate goes to stderr beside it.
 set -euo pipefail
 
 build=${1:-build}
@@ -43,6 +67,26 @@ die() {
 for p in "$bin/kvc-run" "$bin/kvcd"; do [ -x "$p" ] || die "$p is missing: make all BUILD=$build"; done
 [ -f "$model" ] || die "no model at $model: make model"
 [ -f "$text" ] || die "no $text"
+
+# configuration -> kvc-run's arguments (kvcd's get --socket, --dtype and --trace 1 before them)
+declare -A cfg_args=(
+        [local]="--local"
+        [full]="--policy full"
+        [window]="--policy window --budget $budget"
+        [streaming]="--policy streaming --budget $budget"
+        [h2o]="--policy h2o --budget $budget"
+        [tova]="--policy tova --budget $budget"
+        [prob]="--policy prob --budget $budget"
+        [conf]="--policy conf --budget $budget"
+        [conf8]="--policy conf --budget $budget --param int8=1"
+        [snapkv]="--policy snapkv --budget $budget"
+        [pyramid]="--policy pyramid --budget $budget"
+        [scope]="--policy scope --budget $budget"
+)
+declare -A tps wl held
+for cfg in $configs; do
+        [ "$cfg" = llama ] || [ -n "${cfg_args[$cfg]:-}" ] || die "unknown configuration $cfg (known: ${!cfg_args[*]} llama)"
+done
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvc-bench-long-XXXXXX")
 kvcd_pid=
@@ -89,7 +133,6 @@ echo "# SmolLM2 decode at long context (bench/long.sh), 1 thread, $decode tokens
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); commit: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ local changes)')"
 echo "machine: nproc $(nproc), $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'), load average at the start $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-declare -A tps wl
 for c in $contexts; do
         n=$(prompt_of "$c")
         p=$(cat "$tmp/prompt.$c")
@@ -106,12 +149,8 @@ for c in $contexts; do
                         echo "  llama: ${wl[$c.llama]} per wall second at depth $d ($(date -u +%T))" >&2
                         continue
                 fi
-                case $cfg in
-                local) args=(--local) ;;
-                full) args=(--socket "$tmp/run" --dtype "$dtype" --policy full) ;;
-                conf8) args=(--socket "$tmp/run" --dtype "$dtype" --policy conf --budget "$budget" --param int8=1) ;;
-                *) args=(--socket "$tmp/run" --dtype "$dtype" --policy "$cfg" --budget "$budget") ;;
-                esac
+                read -ra args <<<"${cfg_args[$cfg]}"
+                [ "$cfg" = local ] || args=(--socket "$tmp/run" --dtype "$dtype" --trace 1 "${args[@]}")
                 out=$(kvcrun "${args[@]}" -i "$p" -n "$steps")
                 t=$(field decode_tokens <<<"$out")
                 s=$(field decode_seconds <<<"$out")
@@ -119,7 +158,13 @@ for c in $contexts; do
                 tps[$c.$cfg]=$(awk -v t="$t" -v s="$u" 'BEGIN { printf "%.1f", t / s }')
                 wall=$(awk -v t="$t" -v s="$s" 'BEGIN { printf "%.1f", t / s }')
                 wl[$c.$cfg]=$wall
-                echo "  $cfg: ${tps[$c.$cfg]} tokens per CPU second, $wall per wall second ($(date -u +%T))" >&2
+                # layer 0's tokens at the decode steps (--trace lines "step P  cache T tokens/layer")
+                held[$c.$cfg]=$(awk -v n="$n" '$1 == "step" && $2 > n { t = $4 + 0
+                        lo = (lo == "" || t < lo) ? t : lo; hi = t > hi ? t : hi }
+                        END { print lo == "" ? "-" : (lo == hi ? lo : lo "-" hi) }' "$tmp/err")
+                [ "$cfg" = local ] && held[$c.$cfg]="$n-$steps"
+                echo "  $cfg: ${tps[$c.$cfg]} tokens per CPU second, $wall per wall second, layer 0 holds" \
+                        "${held[$c.$cfg]} tokens ($(date -u +%T))" >&2
         done
 done
 echo "load average at the end $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -135,6 +180,25 @@ for c in $contexts; do
                 function ratio(a, b) { return (a == "-" || b == "-" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
                 BEGIN { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, l, f, w, k, k8,
                         ratio(w, f), ratio(k, f), ratio(sw, w), ratio(sk, k) }'
+done
+echo
+echo "every configuration run, tokens per CPU second of kvc-run, layer 0's tokens while decoding (held), and the ratio to kvcd full:"
+hdr="| configuration | kvc-run arguments |" sep="|---|---|"
+for c in $contexts; do
+        hdr+=" held at $c | tokens/CPU-s at $c | / full at $c |"
+        sep+="---:|---:|---:|"
+done
+echo "$hdr"
+echo "$sep"
+for cfg in $configs; do
+        [ "$cfg" = llama ] && continue
+        row="| $cfg | \`${cfg_args[$cfg]}\` |"
+        for c in $contexts; do
+                row+=" ${held[$c.$cfg]:--} | ${tps[$c.$cfg]:--} |"
+                row+=$(awk -v a="${tps[$c.$cfg]:--}" -v b="${tps[$c.full]:--}" \
+                        'BEGIN { print (a == "-" || b == "-" || b + 0 == 0) ? " - |" : sprintf(" %.2f |", a / b) }')
+        done
+        echo "$row"
 done
 if [[ " $configs " == *" llama "* ]]; then
         echo
