@@ -42,6 +42,10 @@
 # go in chunks of 256 rows, one kvcd step each: the observed window is that chunk's last query).
 # Every kvcd run has --trace 1: the table's "held" column is layer 0's tokens over the decode steps
 # (least-most), measured, beside the speed (pyramid's layer 0 holds the most of its layers).
+# A configuration whose kvc-run fails is reported (stderr) and shows "failed"; the others go on.
+# CHUNK_BYTES (default 2M, kvcd's default) is kvcd's --chunk-bytes: on 2M chunks scope cannot open a
+# session for SmolLM2 with a prompt past about 5,800 tokens (its plan buffer, 30 layers x 3 KV heads
+# x prompt tokens x 4 bytes, must fit in one chunk); 4M lets it run at 8K.
 # DTYPE=f16 or bf16 stores kvcd's keys and values so, default f32. Context 16 is "short context":
 # the prompt "Once upon a time".
 # Prints two markdown tables of tokens per CPU second: by context, the configurations and ratios the
@@ -58,6 +62,7 @@ budget=${BUDGET:-1024}
 configs=${CONFIGS:-local full window conf llama}
 lb=$build/peers/llama.cpp/bin/llama-bench
 dtype=${DTYPE:-f32}
+chunk=${CHUNK_BYTES:-2M}
 text=../shared/data/tinystories/validation-sample.txt
 
 die() {
@@ -100,10 +105,17 @@ cleanup() {
 trap cleanup EXIT
 
 field() { sed -n "s/.*\"$1\": *\([0-9.e+-]*\).*/\1/p" | head -1; }
-kvcrun() {
-        timeout 3600 "$bin/kvc-run" --model "$model" --json --no-stop --threads 1 "$@" 2>"$tmp/err" ||
-                { cat "$tmp/err" >&2; die "kvc-run $* failed"; }
+kvcrun_try() { timeout 3600 "$bin/kvc-run" --model "$model" --json --no-stop --threads 1 "$@" 2>"$tmp/err"; }
+# kvc-run's arguments, the prompt given as its length
+printable() {
+        local a prev= out=
+        for a in "$@"; do
+                [ "$prev" = -i ] && a="<${#a} characters>"
+                out+=" $a" prev=$a
+        done
+        echo "${out# }"
 }
+kvcrun() { kvcrun_try "$@" || { cat "$tmp/err" >&2; die "kvc-run $(printable "$@") failed"; }; }
 # prompt_of C: writes a prompt of C tokens (within 1%) to $tmp/prompt.C, its token count to stdout
 prompt_of() {
         local c=$1 chars=$(($1 * 4)) n=0
@@ -120,7 +132,7 @@ prompt_of() {
         kvcrun --local -i "$(cat "$tmp/prompt.$c")" -n 1 | field prompt_tokens
 }
 
-"$bin/kvcd" --runtime-dir "$tmp/run" --capacity 2G --log-level warning 2>"$tmp/kvcd.log" &
+"$bin/kvcd" --runtime-dir "$tmp/run" --capacity 2G --chunk-bytes "$chunk" --log-level warning 2>"$tmp/kvcd.log" &
 kvcd_pid=$!
 for _ in $(seq 400); do
         [ -S "$tmp/run/kvcd.sock" ] && [ -S "$tmp/run/kvcd.fd.sock" ] && break
@@ -151,7 +163,12 @@ for c in $contexts; do
                 fi
                 read -ra args <<<"${cfg_args[$cfg]}"
                 [ "$cfg" = local ] || args=(--socket "$tmp/run" --dtype "$dtype" --trace 1 "${args[@]}")
-                out=$(kvcrun "${args[@]}" -i "$p" -n "$steps")
+                if ! out=$(kvcrun_try "${args[@]}" -i "$p" -n "$steps"); then
+                        grep -v '^step ' "$tmp/err" >&2 || true
+                        echo "  $cfg: kvc-run $(printable "${args[@]}" -i "$p" -n "$steps") failed ($(date -u +%T))" >&2
+                        tps[$c.$cfg]=failed wl[$c.$cfg]=failed held[$c.$cfg]=-
+                        continue
+                fi
                 t=$(field decode_tokens <<<"$out")
                 s=$(field decode_seconds <<<"$out")
                 u=$(field decode_cpu_seconds <<<"$out")
@@ -162,7 +179,7 @@ for c in $contexts; do
                 held[$c.$cfg]=$(awk -v n="$n" '$1 == "step" && $2 > n { t = $4 + 0
                         lo = (lo == "" || t < lo) ? t : lo; hi = t > hi ? t : hi }
                         END { print lo == "" ? "-" : (lo == hi ? lo : lo "-" hi) }' "$tmp/err")
-                [ "$cfg" = local ] && held[$c.$cfg]="$n-$steps"
+                [ "$cfg" = local ] && held[$c.$cfg]="$((n + 1))-$steps"
                 echo "  $cfg: ${tps[$c.$cfg]} tokens per CPU second, $wall per wall second, layer 0 holds" \
                         "${held[$c.$cfg]} tokens ($(date -u +%T))" >&2
         done
@@ -177,7 +194,7 @@ for c in $contexts; do
         awk -v c="$c" -v l="${tps[$c.local]:--}" -v f="${tps[$c.full]:--}" -v w="${tps[$c.window]:--}" \
                 -v k="${tps[$c.conf]:--}" -v k8="${tps[$c.conf8]:--}" -v sw="${tps[$first.window]:--}" \
                 -v sk="${tps[$first.conf]:--}" '
-                function ratio(a, b) { return (a == "-" || b == "-" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
+                function ratio(a, b) { return (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
                 BEGIN { printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, l, f, w, k, k8,
                         ratio(w, f), ratio(k, f), ratio(sw, w), ratio(sk, k) }'
 done
@@ -196,7 +213,7 @@ for cfg in $configs; do
         for c in $contexts; do
                 row+=" ${held[$c.$cfg]:--} | ${tps[$c.$cfg]:--} |"
                 row+=$(awk -v a="${tps[$c.$cfg]:--}" -v b="${tps[$c.full]:--}" \
-                        'BEGIN { print (a == "-" || b == "-" || b + 0 == 0) ? " - |" : sprintf(" %.2f |", a / b) }')
+                        'BEGIN { print (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b + 0 == 0) ? " - |" : sprintf(" %.2f |", a / b) }')
         done
         echo "$row"
 done
@@ -208,7 +225,7 @@ if [[ " $configs " == *" llama "* ]]; then
         for c in $contexts; do
                 awk -v c="$c" -v a="${wl[$c.llama]:--}" -v l="${wl[$c.local]:--}" -v f="${wl[$c.full]:--}" \
                         -v w="${wl[$c.window]:--}" -v k="${wl[$c.conf]:--}" '
-                        function ratio(x, y) { return (x == "-" || y == "-" || y + 0 == 0) ? "-" : sprintf("%.2f", x / y) }
+                        function ratio(x, y) { return (x !~ /^[0-9.]+$/ || y !~ /^[0-9.]+$/ || y + 0 == 0) ? "-" : sprintf("%.2f", x / y) }
                         BEGIN { printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", c, a, l, f, w, k, ratio(w, a), ratio(k, a) }'
         done
 fi
