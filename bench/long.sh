@@ -189,7 +189,8 @@ echo
 echo "tokens per CPU second of kvc-run (- where a configuration was not run):"
 echo "| context (tokens) | --local, full cache | kvcd full | kvcd window $budget | kvcd conf $budget | kvcd conf $budget, int8 | window / full | conf / full | short-context window / window | short / conf |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-first=${contexts%% *}
+first=${contexts%% *} # the short-context ratios need a short first context (16): "-" otherwise
+[ "$first" -le 16 ] || first=none
 for c in $contexts; do
         awk -v c="$c" -v l="${tps[$c.local]:--}" -v f="${tps[$c.full]:--}" -v w="${tps[$c.window]:--}" \
                 -v k="${tps[$c.conf]:--}" -v k8="${tps[$c.conf8]:--}" -v sw="${tps[$first.window]:--}" \
