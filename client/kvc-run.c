@@ -502,6 +502,8 @@ static int take_over(struct runner *r, int *ret_pos, int *ret_token) {
 /* How many prompt positions from pos go in one pass (pos < n_prompt - 1): at most `limit`, up to
  * and including the prompt's last token, never past `steps`, --stop-at or --export-at, and never
  * more than a layer of the session (NULL: in process) may hold beside what it holds; at least one. */
+#define KVC_RUN_OBSERVED 8 /* SnapKV's default observation window (docs/policies.md) */
+
 static int prompt_chunk(const struct runner *r, const struct kvc_session *s, int pos, int n_prompt, int steps,
                         int limit) {
         int n = n_prompt - pos < limit ? n_prompt - pos : limit;
@@ -510,6 +512,14 @@ static int prompt_chunk(const struct runner *r, const struct kvc_session *s, int
                 n = r->o.stop_at - pos;
         if (r->o.export_at > pos && n > r->o.export_at - pos)
                 n = r->o.export_at - pos;
+        /* through kvcd the prompt's last KVC_RUN_OBSERVED rows go one per step, so a policy that
+         * observes the prompt's last queries (SnapKV's, PyramidKV's, SCOPE's window of 8) sees 8,
+         * not the last chunk's one */
+        int tail = n_prompt - KVC_RUN_OBSERVED;
+        if (s && pos >= tail)
+                n = 1;
+        else if (s && pos + n > tail)
+                n = tail - pos;
         if (s) { /* the fullest layer: a plan may cut one layer and leave another */
                 uint32_t most = 0, L = (uint32_t)model_get_config(r->model)->n_layers;
                 for (uint32_t l = 0; l < L; l++)

@@ -106,14 +106,15 @@ static void scope_limits(const void *state, struct policy_limits *ret) {
         uint32_t prompt = c->obs.prompt < c->prefill_budget || c->prefill == PREFILL_FULL ? c->obs.prompt
                                                                                           : c->prefill_budget;
         uint32_t grow = c->strategy == STRATEGY_DISCONTINUOUS ? c->delta : c->slack;
-        *ret = (struct policy_limits){ .budget = prompt + c->budget,
-                                       .max_layer_tokens =
-                                               prompt + c->budget + (grow > c->slack ? grow : c->slack),
-                                       .max_keep = prompt + c->budget + grow,
-                                       .per_head = true };
-        if (c->obs.prompt > ret->max_keep) /* the prompt's own plan keeps it plus what followed */
-                ret->max_keep = c->obs.prompt;
-        if (c->obs.prompt > ret->max_layer_tokens) /* the whole prompt is in before its plan */
+        uint32_t most = prompt + c->budget + (grow > c->slack ? grow : c->slack);
+        /* The prompt's own plan keeps the kept prompt and what followed the prompt: at most `most`
+         * (the layer holds at most max(M, most) tokens, and the plan fires once M are in), so the
+         * keep-set (the plan buffer, one chunk) does not grow with the prompt; only the layer must
+         * take the whole prompt before its plan. */
+        *ret = (struct policy_limits){
+                .budget = prompt + c->budget, .max_layer_tokens = most, .max_keep = most, .per_head = true
+        };
+        if (c->obs.prompt > ret->max_layer_tokens)
                 ret->max_layer_tokens = c->obs.prompt;
 }
 

@@ -1478,6 +1478,22 @@ static void scope_limits_let_the_whole_prompt_in(void **state) {
         assert_true(lim.per_head);
         policy_free(p);
 
+        /* a long prompt: the layer takes it whole, but the keep-set (the plan buffer) does not grow
+         * with it: SmolLM2's 8K context, a prompt of 8,000, budgets of 1,024 */
+        struct policy_setup big = setup_of(30, 3, 8192, 16, 1024, 8000);
+        p = policy_make("scope", &big, NULL, 0);
+        lim = limits_of(p);
+        assert_true(lim.max_layer_tokens >= 8000);
+        assert_true(lim.max_keep <= 2 * 1024 + 16);
+        uint32_t lens[30];
+        for (uint32_t l = 0; l < 30; l++)
+                lens[l] = 8000;
+        struct policy_target t[31];
+        struct policy_step st = step_of(8000, lens, 0.5f);
+        decide_into(p, &st, t);
+        assert_true(t[0].keep != POLICY_NO_PLAN && t[0].keep <= lim.max_keep); /* the prompt's plan */
+        policy_free(p);
+
         /* prefill=full: the prompt part is the prompt */
         const struct policy_param full[] = { TEXT("prefill", "full") };
         p = scope_make(NULL, full, 1);
