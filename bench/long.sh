@@ -38,14 +38,15 @@
 #              (`make peers`): its rate is wall-clock only, so the table compares it with kvc-run's
 #              wall rates of the same context (both on a loaded machine: indicative)
 # kvc-run declares the prompt to kvcd (OpenSession.prompt_tokens = its prompt's length, BOS
-# included), so snapkv, pyramid and scope cut it at the step that appends its last chunk (prompts
-# go in chunks of 256 rows, one kvcd step each: the observed window is that chunk's last query).
+# included), so snapkv, pyramid and scope cut it at the step that appends its last token (prompts
+# go in chunks of 256 rows, one kvcd step each, the last 8 tokens one per step: the observation
+# window sees 8 queries; before 2026-12-02 07:00 UTC it saw the last chunk's one).
 # Every kvcd run has --trace 1: the table's "held" column is layer 0's tokens over the decode steps
 # (least-most), measured, beside the speed (pyramid's layer 0 holds the most of its layers).
 # A configuration whose kvc-run fails is reported (stderr) and shows "failed"; the others go on.
-# CHUNK_BYTES (default 2M, kvcd's default) is kvcd's --chunk-bytes: on 2M chunks scope cannot open a
-# session for SmolLM2 with a prompt past about 5,800 tokens (its plan buffer, 30 layers x 3 KV heads
-# x prompt tokens x 4 bytes, must fit in one chunk); 4M lets it run at 8K.
+# CHUNK_BYTES (default 2M, kvcd's default) is kvcd's --chunk-bytes. (Until scope's keep-set limit
+# was fixed on 2026-12-02, scope could not open a session for SmolLM2 past about 5,800 prompt
+# tokens on 2M chunks: its plan buffer grew with the prompt; the committed runs used 4M.)
 # DTYPE=f16 or bf16 stores kvcd's keys and values so, default f32. Context 16 is "short context":
 # the prompt "Once upon a time".
 # Prints two markdown tables of tokens per CPU second: by context, the configurations and ratios the
