@@ -9,7 +9,7 @@
  * equal average charged bytes:
  *   - CONF-KV+INT8 at the smallest window's bytes closes >= 80% of its perplexity gap;
  *   - a gate (confidence: gate=defer; attention: gate=attention) beats conf-fixed read at its bytes;
- *   - prob's corrections (ht, moment) lower KL against prob-none at the same budget by >= 20%.
+ *   - prob's correction (ht) lowers KL against prob-none at the same budget by >= 20%.
  * The configurations: the curves the targets read along (window, conf-fixed, conf-int8) at every
  * fraction, and the points they place on them (the two gates, prob with and without correction)
  * at the smallest fraction. No prompt is declared: the prompt compressors would keep everything,
