@@ -1,4 +1,5 @@
-/* block.c: block layout arithmetic and element conversion (f32, f16, bf16). */
+/* block.c: block layout arithmetic (every class of block.h) and element conversion (f32, f16,
+ * bf16). */
 #include "block.h"
 
 #include <errno.h>
@@ -10,8 +11,29 @@ size_t block_dtype_bytes(enum block_dtype dtype) {
         case BLOCK_DTYPE_Q8: return 1;
         case BLOCK_DTYPE_F16:
         case BLOCK_DTYPE_BF16: return 2;
+        case BLOCK_DTYPE_Q4:
+        case BLOCK_DTYPE_Q3:
+        case BLOCK_DTYPE_Q2: return 0;
         }
         return 0;
+}
+
+uint32_t block_dtype_bits(enum block_dtype dtype) {
+        switch (dtype) {
+        case BLOCK_DTYPE_F32: return 32;
+        case BLOCK_DTYPE_F16:
+        case BLOCK_DTYPE_BF16: return 16;
+        case BLOCK_DTYPE_Q8: return 8;
+        case BLOCK_DTYPE_Q4: return 4;
+        case BLOCK_DTYPE_Q3: return 3;
+        case BLOCK_DTYPE_Q2: return 2;
+        }
+        return 0;
+}
+
+int block_dtype_quantized(enum block_dtype dtype) {
+        return dtype == BLOCK_DTYPE_Q8 || dtype == BLOCK_DTYPE_Q4 || dtype == BLOCK_DTYPE_Q3 ||
+               dtype == BLOCK_DTYPE_Q2;
 }
 
 static uint64_t align64(uint64_t x) {
@@ -21,12 +43,17 @@ static uint64_t align64(uint64_t x) {
 int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_kv_heads, uint32_t head_dim,
                       enum block_dtype dtype) {
         size_t eb = block_dtype_bytes(dtype);
-        if (!block_tokens || !n_kv_heads || !head_dim || !eb)
+        uint32_t bits = block_dtype_bits(dtype);
+        if (!block_tokens || !n_kv_heads || !head_dim || !bits)
+                return -EINVAL;
+        int packed = eb == 0;
+        /* a packed row is a whole number of bytes, and the rotation needs a power of two */
+        if (packed && (head_dim < 8 || (head_dim & (head_dim - 1))))
                 return -EINVAL;
         /* each bound alone implies a block over 4 GiB; together they keep the sums below from
          * wrapping (slots * row_bytes < 2^62) */
         uint64_t slots = (uint64_t)n_kv_heads * block_tokens;
-        if (slots > (1ull << 30) || (uint64_t)head_dim * eb > (1ull << 32))
+        if (slots > (1ull << 30) || (uint64_t)head_dim * bits > (1ull << 35))
                 return -EINVAL;
         struct block_layout t = {
                 .block_tokens = block_tokens,
@@ -34,7 +61,7 @@ int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_
                 .head_dim = head_dim,
                 .dtype = dtype,
                 .elem_bytes = (uint32_t)eb,
-                .row_bytes = (uint64_t)head_dim * eb,
+                .row_bytes = (uint64_t)head_dim * bits / 8u,
         };
         uint64_t kv = align64(slots * t.row_bytes);
         uint64_t side = align64(slots * 4u);
@@ -44,6 +71,10 @@ int block_layout_init(struct block_layout *l, uint32_t block_tokens, uint32_t n_
         if (dtype == BLOCK_DTYPE_Q8) {
                 t.kscale_offset = 2 * kv;
                 t.vscale_offset = t.kscale_offset + align64((uint64_t)n_kv_heads * head_dim * 4u);
+                t.pos_offset = t.vscale_offset + side;
+        } else if (packed) {
+                t.kscale_offset = 2 * kv;
+                t.vscale_offset = t.kscale_offset + side;
                 t.pos_offset = t.vscale_offset + side;
         }
         t.sum_offset = t.pos_offset + side;
@@ -124,7 +155,10 @@ static uint16_t float_to_bf16(float f) {
 void block_load_row(enum block_dtype dtype, const void *src, float *dst, uint32_t n) {
         const uint16_t *s16 = src;
         switch (dtype) {
-        case BLOCK_DTYPE_Q8: memset(dst, 0, (size_t)n * 4); return; /* needs scales: quant.h */
+        case BLOCK_DTYPE_Q8:
+        case BLOCK_DTYPE_Q4:
+        case BLOCK_DTYPE_Q3:
+        case BLOCK_DTYPE_Q2: memset(dst, 0, (size_t)n * 4); return; /* needs scales: tier.h */
         case BLOCK_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
         case BLOCK_DTYPE_F16:
                 for (uint32_t i = 0; i < n; i++)
@@ -140,7 +174,10 @@ void block_load_row(enum block_dtype dtype, const void *src, float *dst, uint32_
 void block_store_row(enum block_dtype dtype, const float *src, void *dst, uint32_t n) {
         uint16_t *d16 = dst;
         switch (dtype) {
-        case BLOCK_DTYPE_Q8: return; /* needs scales: quant.h */
+        case BLOCK_DTYPE_Q8:
+        case BLOCK_DTYPE_Q4:
+        case BLOCK_DTYPE_Q3:
+        case BLOCK_DTYPE_Q2: return; /* needs scales: tier.h */
         case BLOCK_DTYPE_F32: memcpy(dst, src, (size_t)n * 4); return;
         case BLOCK_DTYPE_F16:
                 for (uint32_t i = 0; i < n; i++)
