@@ -43,8 +43,11 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "mixed.h"
 #include "cpu.h"
+#include "ladder.h"
+#include "lloyd.h"
+#include "mixed.h"
+#include "tier.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -160,7 +163,10 @@ struct tile {
         size_t stride;
         enum block_dtype dtype;
         const float *kscale; /* BLOCK_DTYPE_Q8: [D] per channel */
-        const float *vscale; /* BLOCK_DTYPE_Q8: [cnt] per token */
+        const float *krow;   /* the packed tiers (Q4, Q3, Q2): [cnt] per token */
+        const float *vscale; /* the quantized tiers: [cnt] per token */
+        uint64_t row_bytes;  /* of one key or value row */
+        bool rotated;        /* rows in the layer's rotated basis (lloyd.h) */
         const float *logw;   /* [cnt], or NULL for none */
         uint32_t slot0, cnt; /* its first slot in the layer */
 };
@@ -170,6 +176,9 @@ struct fast {
         const uint8_t *mask; /* KV head g's row of the shared-prefix bitmap */
         float *qs;           /* [group][D]: q / sqrt(D) */
         float *qk;           /* [group][D]: qs times a Q8 tile's key scales */
+        float *qr;           /* [group][D]: qs rotated, for the rotated tiers */
+        const float *signs;  /* KV head g's rotation, or NULL when the layer has no rotated token */
+        bool acc_rotated;    /* acc holds the rotated tiles' sum, still in the rotated basis */
         float *acc;          /* [group][D] */
         float *s;            /* [group][T]: a tile's logits, then its weights */
         float *m, *l;        /* [group] */
@@ -183,8 +192,9 @@ size_t attn_fast_scratch_floats(uint32_t n_tokens, uint32_t n_heads, uint32_t n_
                                 uint32_t tile_tokens) {
         if (!n_kv_heads || !n_heads || n_heads % n_kv_heads || !tile_tokens || !head_dim)
                 return 0;
-        uint64_t group = n_heads / n_kv_heads, tiles = (uint64_t)n_tokens / tile_tokens + 2;
-        return (size_t)(group * ((uint64_t)n_tokens + tiles + 3ull * head_dim + tile_tokens + 2));
+        uint64_t group = n_heads / n_kv_heads,
+                 tiles = (uint64_t)n_tokens / tile_tokens + 2 + LADDER_TIERS; /* a partial tile per tier */
+        return (size_t)(group * ((uint64_t)n_tokens + tiles + 4ull * head_dim + tile_tokens + 2));
 }
 
 static inline __attribute__((always_inline)) float fast_logit(const struct fast *F, const struct tile *t,
@@ -195,6 +205,8 @@ static inline __attribute__((always_inline)) float fast_logit(const struct fast 
                 return -INFINITY; /* evicted by this session, kept for the others */
         if (isinf(lw) && lw < 0)
                 return -INFINITY;
+        if (t->krow)
+                dot *= t->krow[u];
         float s = dot + lw;
         return s < FLT_MAX ? s : FLT_MAX; /* +inf and NaN: the largest finite logit */
 }
@@ -248,9 +260,12 @@ static inline __attribute__((always_inline)) void fast_softmax(struct fast *F, c
 
 /* Row u of a tile as floats (the plain path). */
 static void fast_load(const struct tile *t, const uint8_t *row, float *dst, uint32_t D) {
+        uint32_t bits = block_dtype_bits(t->dtype);
         if (t->dtype == BLOCK_DTYPE_Q8)
                 for (uint32_t c = 0; c < D; c++)
                         dst[c] = (float)((const int8_t *)row)[c];
+        else if (t->krow) /* a packed tier: the centroids, the scales come with the dot and the weight */
+                lloyd_decode_row(row, 1.0f, D, bits, dst);
         else
                 block_load_row(t->dtype, row, dst, D);
 }
@@ -283,6 +298,29 @@ static void fast_tile_plain(struct fast *F, const struct tile *t, const float *q
 #if ATTN_HAVE_AVX2
 #define ATTN_AVX2 __attribute__((target("avx2,f16c")))
 
+/* The centroids of codes [c, c + 8) of a packed row (c a multiple of 8: b whole bytes): the 8
+ * codes shifted into lanes, then looked up in the codebook held in one register (two for 4 bits,
+ * chosen by the code's top bit). Reads 4 bytes from the group's first: past the row for 2 and 3
+ * bits, still inside the block (the scales and side arrays follow the codes). */
+ATTN_AVX2 static inline __attribute__((always_inline)) __m256 fast_codes8(enum block_dtype dt,
+                                                                          const uint8_t *row, uint32_t c) {
+        uint32_t bits = dt == BLOCK_DTYPE_Q4 ? 4 : dt == BLOCK_DTYPE_Q3 ? 3 : 2, w;
+        memcpy(&w, row + c / 8 * bits, 4);
+        const float *cb = lloyd_codebook(bits);
+        __m256i shifts =
+                _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)bits));
+        __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shifts),
+                                       _mm256_set1_epi32((1 << bits) - 1));
+        if (bits == 4) {
+                __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(cb), idx);
+                __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(cb + 8), idx);
+                return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+        }
+        float lut[8] = { 0 };
+        memcpy(lut, cb, sizeof(float) << bits);
+        return _mm256_permutevar8x32_ps(_mm256_loadu_ps(lut), idx);
+}
+
 ATTN_AVX2 static inline __attribute__((always_inline)) __m256 fast_load8(enum block_dtype dt,
                                                                          const uint8_t *row, uint32_t c) {
         switch (dt) {
@@ -292,6 +330,9 @@ ATTN_AVX2 static inline __attribute__((always_inline)) __m256 fast_load8(enum bl
                         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * c))), 16));
         case BLOCK_DTYPE_Q8:
                 return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + c))));
+        case BLOCK_DTYPE_Q4:
+        case BLOCK_DTYPE_Q3:
+        case BLOCK_DTYPE_Q2: return fast_codes8(dt, row, c);
         default: return _mm256_loadu_ps((const float *)(row + 4 * c));
         }
 }
@@ -447,6 +488,9 @@ ATTN_AVX2 static void fast_tile_avx2(struct fast *F, const struct tile *t, const
         case BLOCK_DTYPE_F16: fast_tile_avx2_dt(F, t, q, BLOCK_DTYPE_F16); break;
         case BLOCK_DTYPE_BF16: fast_tile_avx2_dt(F, t, q, BLOCK_DTYPE_BF16); break;
         case BLOCK_DTYPE_Q8: fast_tile_avx2_dt(F, t, q, BLOCK_DTYPE_Q8); break;
+        case BLOCK_DTYPE_Q4: fast_tile_avx2_dt(F, t, q, BLOCK_DTYPE_Q4); break;
+        case BLOCK_DTYPE_Q3: fast_tile_avx2_dt(F, t, q, BLOCK_DTYPE_Q3); break;
+        case BLOCK_DTYPE_Q2: fast_tile_avx2_dt(F, t, q, BLOCK_DTYPE_Q2); break;
         default: fast_tile_avx2_dt(F, t, q, BLOCK_DTYPE_F32); break;
         }
 }
@@ -470,8 +514,8 @@ static bool fast_cpu_has_avx2(void) {
 /* Asks for the cache lines of tile t's key and value rows (the next tile, while this one is
  * computed): a tile's rows are contiguous within a block, but blocks are not, and a layer's cache
  * at long context is far larger than the CPU's caches. */
-static void fast_prefetch(const struct tile *t, uint32_t D) {
-        size_t row = (size_t)D * (t->dtype == BLOCK_DTYPE_Q8 ? 1 : block_dtype_bytes(t->dtype));
+static void fast_prefetch(const struct tile *t) {
+        size_t row = t->row_bytes;
         for (uint32_t u = 0; u < t->cnt; u++)
                 for (size_t o = 0; o < row; o += 64) {
                         __builtin_prefetch(t->k + u * t->stride + o);
@@ -479,8 +523,22 @@ static void fast_prefetch(const struct tile *t, uint32_t D) {
                 }
 }
 
+/* acc back from the rotated basis: R^T is linear, so the sum of the rotated tiles (rescaled as
+ * the softmax went) can be rotated once, however many tiles made it. */
+static void fast_unrotate_acc(struct fast *F) {
+        for (uint32_t r = 0; r < F->group; r++)
+                lloyd_unrotate(F->signs, F->acc + (size_t)r * F->D, F->D);
+        F->acc_rotated = false;
+}
+
 static void fast_tile(struct fast *F, const struct tile *t) {
         const float *q = F->qs;
+        if (t->rotated) { /* the rotated tiers come first in a layer: acc has only their tiles */
+                F->acc_rotated = true;
+                q = F->qr;
+        } else if (F->acc_rotated) {
+                fast_unrotate_acc(F);
+        }
         if (t->kscale) {
                 for (uint32_t r = 0; r < F->group; r++)
                         for (uint32_t c = 0; c < F->D; c++)
@@ -502,12 +560,15 @@ static int fast_init(struct fast *F, uint32_t n, uint32_t n_heads, uint32_t H, u
         bool can = fast_cpu_has_avx2() && D % 8 == 0;
         if (isa == ATTN_ISA_AVX2 && !can)
                 return -ENOTSUP;
-        *F = (struct fast){ .D = D, .T = T, .group = n_heads / H, .n = n, .n_tiles = n / T + 2 };
+        *F = (struct fast){
+                .D = D, .T = T, .group = n_heads / H, .n = n, .n_tiles = n / T + 2 + LADDER_TIERS
+        };
         F->avx2 = isa != ATTN_ISA_PLAIN && can;
         uint32_t G = F->group;
         F->qs = scratch;
         F->qk = F->qs + (size_t)G * D;
-        F->acc = F->qk + (size_t)G * D;
+        F->qr = F->qk + (size_t)G * D;
+        F->acc = F->qr + (size_t)G * D;
         F->s = F->acc + (size_t)G * D;
         F->m = F->s + (size_t)G * T;
         F->l = F->m + G;
@@ -516,11 +577,19 @@ static int fast_init(struct fast *F, uint32_t n, uint32_t n_heads, uint32_t H, u
         return 0;
 }
 
-/* Starts KV head g: scaled queries, empty accumulators. */
-static void fast_head_begin(struct fast *F, const float *q, uint32_t g) {
+/* Starts KV head g: scaled queries (rotated too, by signs, for a layer with rotated tokens),
+ * empty accumulators. */
+static void fast_head_begin(struct fast *F, const float *q, uint32_t g, const float *signs) {
         float inv = 1.0f / sqrtf((float)F->D);
         for (uint32_t i = 0; i < F->group * F->D; i++)
                 F->qs[i] = q[(size_t)g * F->group * F->D + i] * inv;
+        F->signs = signs;
+        F->acc_rotated = false;
+        if (signs)
+                for (uint32_t r = 0; r < F->group; r++) {
+                        memcpy(F->qr + (size_t)r * F->D, F->qs + (size_t)r * F->D, F->D * sizeof(float));
+                        lloyd_rotate(signs, F->qr + (size_t)r * F->D, F->D);
+                }
         memset(F->acc, 0, (size_t)F->group * F->D * sizeof(float));
         for (uint32_t r = 0; r < F->group; r++) {
                 F->m[r] = -INFINITY;
@@ -530,6 +599,8 @@ static void fast_head_begin(struct fast *F, const float *q, uint32_t g) {
 }
 
 static void fast_head_end(struct fast *F, float *out, uint32_t g) {
+        if (F->acc_rotated)
+                fast_unrotate_acc(F);
         for (uint32_t r = 0; r < F->group; r++) {
                 float *oh = out + ((size_t)g * F->group + r) * F->D, *acc = F->acc + (size_t)r * F->D;
                 float l = F->l[r];
@@ -540,57 +611,63 @@ static void fast_head_end(struct fast *F, float *out, uint32_t g) {
 
 static struct tile fast_block_tile(const struct block_layout *l, uint8_t *b, uint32_t g, uint32_t slot0,
                                    uint32_t cnt) {
-        bool q8 = l->dtype == BLOCK_DTYPE_Q8;
+        bool q8 = l->dtype == BLOCK_DTYPE_Q8, packed = block_dtype_quantized(l->dtype) && !q8;
         return (struct tile){ .k = block_key(l, b, g, 0),
                               .v = block_value(l, b, g, 0),
                               .stride = l->row_bytes,
+                              .row_bytes = l->row_bytes,
                               .dtype = l->dtype,
+                              .rotated = packed,
                               .kscale = q8 ? block_kscale(l, b, g) : NULL,
-                              .vscale = q8 ? block_vscale(l, b, g, 0) : NULL,
+                              .krow = packed ? block_kscale_row(l, b, g, 0) : NULL,
+                              .vscale = q8 || packed ? block_vscale(l, b, g, 0) : NULL,
                               .logw = block_side(l, b, l->logw_offset, g, 0),
                               .slot0 = slot0,
                               .cnt = cnt };
 }
 
-/* Where the tiles of a layer come from: blocks (M; its q8 layout may be NULL when n_q8 is 0) or a
- * contiguous f32 cache (keys, values; no log-weights, no scores). */
+/* Where the tiles of a layer come from: the tiers of a ladder (L; mixed layers are ladders of
+ * {fp, q8}) or a contiguous f32 cache (keys, values; no log-weights, no scores). */
 struct rows_src {
-        const struct mixed_layer *M;
+        const struct ladder_layer *L;
         const float *keys, *values;
-        size_t row_stride; /* floats between tokens of the contiguous cache */
-        uint32_t H, D, T, n, nq;
+        size_t row_stride;            /* floats between tokens of the contiguous cache */
+        uint32_t H, D, T, n, n_lower; /* n_lower: the tokens below tier 0 */
+        bool rotated;                 /* the layer holds rotated tokens */
 };
 
-/* The tile at slot j of KV head g: a block's worth of tokens (its INT8 or full-precision part). */
+/* The tile at slot j of KV head g: a block's worth of tokens of one tier. */
 static struct tile rows_tile(const struct rows_src *src, uint32_t g, uint32_t j) {
-        if (!src->M) {
+        if (!src->L) {
                 size_t off = (size_t)j * src->row_stride + (size_t)g * src->D;
                 uint32_t cnt = src->n - j < src->T ? src->n - j : src->T;
                 return (struct tile){ .k = (const uint8_t *)(src->keys + off),
                                       .v = (const uint8_t *)(src->values + off),
                                       .stride = src->row_stride * sizeof(float),
+                                      .row_bytes = (uint64_t)src->D * sizeof(float),
                                       .dtype = BLOCK_DTYPE_F32,
                                       .slot0 = j,
                                       .cnt = cnt };
         }
-        const struct mixed_layer *M = src->M;
-        bool q8 = j < src->nq;
-        uint32_t len = q8 ? src->nq - j : src->n - j, cnt = len < src->T ? len : src->T;
-        return q8 ? fast_block_tile(M->q8, M->q8_blocks[j / src->T], g, j, cnt)
-                  : fast_block_tile(M->fp, M->fp_blocks[(j - src->nq) / src->T], g, j, cnt);
+        const struct ladder_layer *L = src->L;
+        uint32_t t, idx;
+        ladder_locate(L, j, &t, &idx);
+        uint32_t len = L->n[t] - idx, cnt = len < src->T ? len : src->T;
+        return fast_block_tile(L->layout[t], L->blocks[t][idx / src->T], g, j, cnt);
 }
 
 /* The score update of KV head g after F's row: a_j = exp(s_j - m_tile) exp(m_tile - m) / l,
  * averaged over the group, tile by tile in the order the row was computed; shared slots left
  * alone. F->s holds each tile's coefficients. */
-static void fast_scores(struct fast *F, const struct mixed_layer *M, uint32_t g, float ema_gamma) {
-        const struct block_layout *lf = M->fp, *lq = M->q8;
-        uint32_t T = lf->block_tokens, n = F->n, nq = M->n_q8, tile = 0;
-        for (uint32_t part = 0; part < 2; part++) {
-                const struct block_layout *l = part ? lf : lq;
-                uint32_t base = part ? nq : 0, len = part ? n - nq : nq;
+static void fast_scores(struct fast *F, const struct ladder_layer *L, uint32_t g, float ema_gamma) {
+        uint32_t T = L->layout[0]->block_tokens, n = F->n, tile = 0, base = 0;
+        for (uint32_t tier = L->n_tiers; tier-- > 0; base += L->n[tier]) {
+                const struct block_layout *l = L->layout[tier];
+                uint32_t len = L->n[tier];
+                if (base + len > n)
+                        len = n > base ? n - base : 0; /* a prompt row's layer ends early (in tier 0) */
                 for (uint32_t j0 = 0; j0 < len; j0 += T, tile++) {
-                        uint8_t *b = part ? M->fp_blocks[j0 / T] : M->q8_blocks[j0 / T];
+                        uint8_t *b = L->blocks[tier][j0 / T];
                         uint32_t cnt = len - j0 < T ? len - j0 : T;
                         for (uint32_t rr = 0; rr < F->group; rr++) {
                                 float tmax = F->tm[(size_t)rr * F->n_tiles + tile];
@@ -600,7 +677,7 @@ static void fast_scores(struct fast *F, const struct mixed_layer *M, uint32_t g,
                         }
                         for (uint32_t u = 0; u < cnt; u++) {
                                 uint32_t j = base + j0 + u;
-                                if (j < M->n_shared)
+                                if (j < L->n_shared)
                                         continue;
                                 float a = 0.0f;
                                 for (uint32_t rr = 0; rr < F->group; rr++)
@@ -624,9 +701,9 @@ static void fast_scores(struct fast *F, const struct mixed_layer *M, uint32_t g,
 static int fast_rows(const struct rows_src *src, uint32_t n_rows, const float *q, float *out,
                      uint32_t n_heads, float ema_gamma, int update_scores, float *scratch, size_t rows_floats,
                      enum attn_isa isa) {
-        const struct mixed_layer *M = src->M;
+        const struct ladder_layer *M = src->L;
         uint32_t H = src->H, D = src->D, n = src->n;
-        if (!q || !out || !scratch || n_rows == 0 || n_rows > n || src->nq > n - n_rows + 1)
+        if (!q || !out || !scratch || n_rows == 0 || n_rows > n || src->n_lower > n - n_rows + 1)
                 return -EINVAL;
         size_t stride = (size_t)n_heads * D;
         struct fast F[ATTN_ROWS_GROUP];
@@ -644,7 +721,8 @@ static int fast_rows(const struct rows_src *src, uint32_t n_rows, const float *q
                         for (uint32_t i = 0; i < rows; i++) {
                                 F[i].mask =
                                         F[i].n_shared ? M->shared_mask + (size_t)g * M->mask_stride : NULL;
-                                fast_head_begin(&F[i], q + (r0 + i) * stride, g);
+                                fast_head_begin(&F[i], q + (r0 + i) * stride, g,
+                                                src->rotated ? M->signs + (size_t)g * D : NULL);
                         }
                         /* a tile is computed for every row while the next tile's rows are fetched */
                         struct tile t = rows_tile(src, g, 0);
@@ -652,7 +730,7 @@ static int fast_rows(const struct rows_src *src, uint32_t n_rows, const float *q
                                 uint32_t end = j + t.cnt;
                                 struct tile next = end < last ? rows_tile(src, g, end) : t;
                                 if (end < last)
-                                        fast_prefetch(&next, D);
+                                        fast_prefetch(&next);
                                 for (uint32_t i = 0; i < rows; i++) {
                                         if (F[i].n <= j)
                                                 continue;
@@ -675,13 +753,29 @@ static int fast_rows(const struct rows_src *src, uint32_t n_rows, const float *q
         return 0;
 }
 
-static struct rows_src rows_src_blocks(const struct mixed_layer *M) {
-        return (struct rows_src){ .M = M,
-                                  .H = M->fp->n_kv_heads,
-                                  .D = M->fp->head_dim,
-                                  .T = M->fp->block_tokens,
-                                  .n = M->n_tokens,
-                                  .nq = M->n_q8 };
+static struct rows_src rows_src_blocks(const struct ladder_layer *L) {
+        struct rows_src src = { .L = L,
+                                .H = L->layout[0]->n_kv_heads,
+                                .D = L->layout[0]->head_dim,
+                                .T = L->layout[0]->block_tokens,
+                                .n = ladder_tokens(L) };
+        src.n_lower = src.n - L->n[0];
+        for (uint32_t t = 1; t < L->n_tiers; t++)
+                src.rotated |= L->n[t] && tier_row(L->layout[t]->dtype)->rotated;
+        return src;
+}
+
+/* A mixed layer as the ladder of its two tiers (tier 1 only when it has a Q8 layout). */
+static struct ladder_layer mixed_as_ladder(const struct mixed_layer *M) {
+        struct ladder_layer L = { .n_tiers = M->q8 ? 2 : 1,
+                                  .layout = { M->fp, M->q8 },
+                                  .blocks = { M->fp_blocks, M->q8_blocks },
+                                  .n_blocks = { M->n_fp_blocks, M->n_q8_blocks },
+                                  .n = { M->n_tokens - M->n_q8, M->n_q8 },
+                                  .n_shared = M->n_shared,
+                                  .shared_mask = M->shared_mask,
+                                  .mask_stride = M->mask_stride };
+        return L;
 }
 
 /* A plain layer as a mixed one without INT8 tokens; -EINVAL for a layer the kernel cannot read. */
@@ -703,10 +797,10 @@ static int plain_as_mixed(const struct block_layer *L, struct mixed_layer *M) {
         return 0;
 }
 
-static int rows_over(const struct mixed_layer *M, uint32_t n_rows, const float *q, float *out,
+static int rows_over(const struct ladder_layer *L, uint32_t n_rows, const float *q, float *out,
                      uint32_t n_heads, float ema_gamma, int update_scores, float *scratch,
                      enum attn_isa isa) {
-        struct rows_src src = rows_src_blocks(M);
+        struct rows_src src = rows_src_blocks(L);
         if (src.n == 0)
                 return -EINVAL;
         size_t per = attn_fast_scratch_floats(src.n, n_heads, src.H, src.D, src.T);
@@ -736,7 +830,10 @@ int attn_prefill_fast(const struct block_layer *L, uint32_t n_rows, const float 
                       enum attn_isa isa) {
         struct mixed_layer M;
         int r = plain_as_mixed(L, &M);
-        return r < 0 ? r : rows_over(&M, n_rows, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
+        if (r < 0)
+                return r;
+        struct ladder_layer ld = mixed_as_ladder(&M);
+        return rows_over(&ld, n_rows, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
 }
 
 int attn_prefill_fast_mixed(const struct mixed_layer *M, uint32_t n_rows, const float *q, float *out,
@@ -744,7 +841,21 @@ int attn_prefill_fast_mixed(const struct mixed_layer *M, uint32_t n_rows, const 
                             enum attn_isa isa) {
         if (!M || mixed_layer_check(M) < 0)
                 return -EINVAL;
-        return rows_over(M, n_rows, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
+        struct ladder_layer ld = mixed_as_ladder(M);
+        return rows_over(&ld, n_rows, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
+}
+
+int attn_prefill_fast_ladder(const struct ladder_layer *L, uint32_t n_rows, const float *q, float *out,
+                             uint32_t n_heads, float ema_gamma, int update_scores, float *scratch,
+                             enum attn_isa isa) {
+        if (ladder_check(L) < 0 || n_rows > L->n[0])
+                return -EINVAL;
+        return rows_over(L, n_rows, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
+}
+
+int attn_decode_fast_ladder(const struct ladder_layer *L, const float *q, float *out, uint32_t n_heads,
+                            float ema_gamma, int update_scores, float *scratch, enum attn_isa isa) {
+        return attn_prefill_fast_ladder(L, 1, q, out, n_heads, ema_gamma, update_scores, scratch, isa);
 }
 
 int attn_decode_rows(const float *keys, const float *values, size_t row_stride, uint32_t n_tokens,

@@ -82,6 +82,20 @@ int attn_prefill_fast_mixed(const struct mixed_layer *M, uint32_t n_rows, const 
                             uint32_t n_heads, float ema_gamma, int update_scores, float *scratch,
                             enum attn_isa isa);
 
+/* The same over a layer of several tiers (ladder.h): the rotated tiers' tiles dot their packed
+ * codes, read as centroids (a codebook in a register, lanes chosen by the codes), with the
+ * rotated query and scale the dot by the row's key scale; their values are summed in the
+ * rotated basis and the sum rotated back once, before the first unrotated tile (the rotated tiers
+ * come first in a layer). Over tiers {fp, q8} it computes attn_prefill_fast_mixed's bits. The
+ * rows must be tier 0's last n_rows; -EINVAL where ladder_check fails. Scratch as above, for the
+ * layer's ladder_tokens(). */
+struct ladder_layer;
+int attn_decode_fast_ladder(const struct ladder_layer *L, const float *q, float *out, uint32_t n_heads,
+                            float ema_gamma, int update_scores, float *scratch, enum attn_isa isa);
+int attn_prefill_fast_ladder(const struct ladder_layer *L, uint32_t n_rows, const float *q, float *out,
+                             uint32_t n_heads, float ema_gamma, int update_scores, float *scratch,
+                             enum attn_isa isa);
+
 /* The same kernel over a contiguous f32 cache (kvc-run --local's): token t's KV head g key is
  * keys[t * row_stride + g * head_dim .. + head_dim), its value likewise in values; no
  * log-weights, no scores. Tiles of ATTN_ROWS_TILE tokens, the block size kvc-run gives kvcd, so a

@@ -79,7 +79,8 @@ int ladder_check(const struct ladder_layer *M) {
                 if (!row || l->block_tokens != l0->block_tokens || l->n_kv_heads != l0->n_kv_heads ||
                     l->head_dim != l0->head_dim)
                         return -EINVAL;
-                if (t > 0 && (!row->quantized || block_dtype_bits(l->dtype) >= block_dtype_bits(M->layout[t - 1]->dtype) ||
+                if (t > 0 && (!row->quantized ||
+                              block_dtype_bits(l->dtype) >= block_dtype_bits(M->layout[t - 1]->dtype) ||
                               (rotated && !row->rotated)))
                         return -EINVAL;
                 rotated |= row->rotated;
@@ -232,7 +233,8 @@ static void compact_quantized(const struct compaction *C, uint32_t h, uint32_t t
         struct cursor k = { 0, C->base };
         for (uint32_t d = 0; d < div_up(count, T); d++) {
                 uint32_t cnt = count - d * T < T ? count - d * T : T, unchanged = 1;
-                uint32_t old_live = C->M->n[t] > d * T ? (C->M->n[t] - d * T < T ? C->M->n[t] - d * T : T) : 0;
+                uint32_t old_live =
+                        C->M->n[t] > d * T ? (C->M->n[t] - d * T < T ? C->M->n[t] - d * T : T) : 0;
                 struct cursor probe = k;
                 for (uint32_t e = 0; e < cnt; e++) {
                         uint32_t s = cursor_next(C, t, &probe);
@@ -301,8 +303,8 @@ static int count_head(const struct compaction *C, uint32_t *cnt) {
         return 0;
 }
 
-int ladder_compact(const struct ladder_layer *M, const uint32_t *keep, const uint8_t *tier, uint32_t keep_count,
-                   int per_head, uint32_t base_tokens, float *scratch, uint32_t *ret_n) {
+int ladder_compact(const struct ladder_layer *M, const uint32_t *keep, const uint8_t *tier,
+                   uint32_t keep_count, int per_head, uint32_t base_tokens, float *scratch, uint32_t *ret_n) {
         if (ladder_check(M) < 0 || !scratch || !ret_n || (keep_count && !keep))
                 return -EINVAL;
         uint32_t n = ladder_tokens(M), H = M->layout[0]->n_kv_heads, T = M->layout[0]->block_tokens;
@@ -362,7 +364,8 @@ struct attention {
         float *cacc, *acc_rot, *p, *m, *l, *row;
 };
 
-static void attend_chunk(const struct attention *A, uint32_t t, uint8_t *block, uint32_t slot0, uint32_t cnt) {
+static void attend_chunk(const struct attention *A, uint32_t t, uint8_t *block, uint32_t slot0,
+                         uint32_t cnt) {
         const struct ladder_layer *M = A->M;
         const struct block_layout *l = M->layout[t];
         const struct tier_row *row = tier_row(l->dtype);
@@ -389,7 +392,8 @@ static void attend_chunk(const struct attention *A, uint32_t t, uint8_t *block, 
 
         for (uint32_t r = 0; r < group; r++) {
                 const float *s = A->logits + (uint64_t)r * n + slot0;
-                float *p = A->p + (uint64_t)r * T, *oh = A->out + (uint64_t)r * D, *orot = A->acc_rot + (uint64_t)r * D;
+                float *p = A->p + (uint64_t)r * T, *oh = A->out + (uint64_t)r * D,
+                      *orot = A->acc_rot + (uint64_t)r * D;
                 float cmax = -INFINITY, m_new, psum = 0.0f;
                 for (uint32_t i = 0; i < cnt; i++)
                         if (s[i] > cmax)
@@ -416,7 +420,8 @@ static void attend_chunk(const struct attention *A, uint32_t t, uint8_t *block, 
         memset(A->cacc, 0, (size_t)group * D * sizeof(float));
         row->accumulate(l, block, g, cnt, A->p, T, group, A->row, A->cacc);
         for (uint32_t r = 0; r < group; r++) {
-                float *oh = (row->rotated ? A->acc_rot : A->out) + (uint64_t)r * D, *acc = A->cacc + (uint64_t)r * D;
+                float *oh = (row->rotated ? A->acc_rot : A->out) + (uint64_t)r * D,
+                      *acc = A->cacc + (uint64_t)r * D;
                 for (uint32_t c = 0; c < D; c++)
                         oh[c] += acc[c];
         }

@@ -76,8 +76,8 @@ size_t ladder_compact_scratch_floats(const struct ladder_layer *M);
  * requantized to the block's new scales, and a row whose tier keeps per-row scales moves byte for
  * byte when it stays in its tier. A destination block holding exactly the tokens it held is left
  * untouched. Side arrays move with their token, exactly. */
-int ladder_compact(const struct ladder_layer *M, const uint32_t *keep, const uint8_t *tier, uint32_t keep_count,
-                   int per_head, uint32_t base_tokens, float *scratch, uint32_t *ret_n);
+int ladder_compact(const struct ladder_layer *M, const uint32_t *keep, const uint8_t *tier,
+                   uint32_t keep_count, int per_head, uint32_t base_tokens, float *scratch, uint32_t *ret_n);
 
 /* ---- attention ---- */
 

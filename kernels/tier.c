@@ -23,7 +23,8 @@ static int fp_fill_head(const struct block_layout *l, uint8_t *block, uint32_t h
         return 0;
 }
 
-static void fp_load_key(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot, float *dst) {
+static void fp_load_key(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot,
+                        float *dst) {
         block_load_row(l->dtype, block_key(l, block, head, slot), dst, l->head_dim);
 }
 
@@ -127,9 +128,10 @@ static int lm_fill_head(const struct block_layout *l, uint8_t *block, uint32_t h
         return e;
 }
 
-static void lm_load_key(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot, float *dst) {
-        lloyd_decode_row(block_key(l, block, head, slot), *block_kscale_row(l, block, head, slot), l->head_dim,
-                         block_dtype_bits(l->dtype), dst);
+static void lm_load_key(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot,
+                        float *dst) {
+        lloyd_decode_row(block_key(l, block, head, slot), *block_kscale_row(l, block, head, slot),
+                         l->head_dim, block_dtype_bits(l->dtype), dst);
 }
 
 static void lm_load_value(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot,
@@ -173,12 +175,17 @@ static void lm_accumulate(const struct block_layout *l, uint8_t *block, uint32_t
 
 /* ---- the table ---- */
 
-#define FP_ROW(dt, nm)                                                                                     \
-        { .dtype = dt, .name = nm, .fill_head = fp_fill_head, .load_key = fp_load_key,                   \
-          .load_value = fp_load_value, .dots = fp_dots, .accumulate = fp_accumulate }
-#define LM_ROW(dt, nm)                                                                                     \
-        { .dtype = dt, .name = nm, .rotated = 1, .quantized = 1, .fill_head = lm_fill_head,              \
-          .load_key = lm_load_key, .load_value = lm_load_value, .dots = lm_dots, .accumulate = lm_accumulate }
+#define FP_ROW(dt, nm)                                                                                       \
+        {                                                                                                    \
+                .dtype = dt, .name = nm, .fill_head = fp_fill_head, .load_key = fp_load_key,                 \
+                .load_value = fp_load_value, .dots = fp_dots, .accumulate = fp_accumulate                    \
+        }
+#define LM_ROW(dt, nm)                                                                                       \
+        {                                                                                                    \
+                .dtype = dt, .name = nm, .rotated = 1, .quantized = 1, .fill_head = lm_fill_head,            \
+                .load_key = lm_load_key, .load_value = lm_load_value, .dots = lm_dots,                       \
+                .accumulate = lm_accumulate                                                                  \
+        }
 
 static const struct tier_row tiers[] = {
         FP_ROW(BLOCK_DTYPE_F32, "f32"),

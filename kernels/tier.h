@@ -42,14 +42,15 @@ struct tier_row {
         int (*fill_head)(const struct block_layout *l, uint8_t *block, uint32_t head, const float *keys,
                          const float *values, uint32_t n);
         /* Reads row (head, slot) back as head_dim floats, in the tier's basis. */
-        void (*load_key)(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot, float *dst);
+        void (*load_key)(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot,
+                         float *dst);
         void (*load_value)(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t slot,
                            float *dst);
         /* dots[r * cnt + t] = q_r . k_t (double accumulation, no 1 / sqrt(d)) for the group query
          * rows q ([group][head_dim], in the tier's basis) and slots [0, cnt) of KV head head.
          * scratch holds group * head_dim + head_dim floats. */
-        void (*dots)(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t cnt, const float *q,
-                     uint32_t group, float *scratch, double *dots);
+        void (*dots)(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t cnt,
+                     const float *q, uint32_t group, float *scratch, double *dots);
         /* acc[r][c] += sum_t w[r * w_stride + t] v_t[c] over slots [0, cnt) of head, in the tier's
          * basis; a zero weight adds nothing. row holds head_dim floats. */
         void (*accumulate)(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t cnt,

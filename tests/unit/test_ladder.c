@@ -32,6 +32,7 @@
 
 #include "testutil.h"
 
+#include "attention.h"
 #include "block.h"
 #include "ladder.h"
 #include "lloyd.h"
@@ -130,7 +131,8 @@ static void lad_make(struct tlad *L, const enum block_dtype *dts, uint32_t n_tie
                         for (uint32_t b = 0; b * T < n[t]; b++) {
                                 uint32_t cnt = n[t] - b * T < T ? n[t] - b * T : T;
                                 for (uint32_t i = 0; i < cnt * D; i++) {
-                                        k[i] = (float)rng_gauss() * (outliers && i % D % 7 == 3 ? 30.0f : 1.0f);
+                                        k[i] = (float)rng_gauss() *
+                                               (outliers && i % D % 7 == 3 ? 30.0f : 1.0f);
                                         v[i] = (float)rng_gauss();
                                 }
                                 if (row->rotated)
@@ -138,7 +140,8 @@ static void lad_make(struct tlad *L, const enum block_dtype *dts, uint32_t n_tie
                                                 lloyd_rotate(L->signs + (size_t)h * D, k + (size_t)i * D, D);
                                                 lloyd_rotate(L->signs + (size_t)h * D, v + (size_t)i * D, D);
                                         }
-                                assert_int_equal(row->fill_head(&L->lay[t], L->blocks[t][b], h, k, v, cnt), 0);
+                                assert_int_equal(row->fill_head(&L->lay[t], L->blocks[t][b], h, k, v, cnt),
+                                                 0);
                         }
                 }
         free(k);
@@ -190,7 +193,7 @@ static void lad_done(struct tlad *L) {
 
 struct token {
         uint32_t tier;
-        float k[MAX_D], v[MAX_D];  /* dequantized, unrotated */
+        float k[MAX_D], v[MAX_D];   /* dequantized, unrotated */
         float kr[MAX_D], vr[MAX_D]; /* in the stored basis */
         uint32_t side[5];
 };
@@ -255,7 +258,8 @@ static void check_compaction(struct tlad *L, const uint32_t *keep, const uint8_t
                         read_token(M, h, s, &now);
                         assert_int_equal(now.tier, order_tier[s]);
                         if (memcmp(now.side, was->side, sizeof(now.side)))
-                                fail_msg("head %u slot %u: side words are not those of old slot %u", h, s, order[s]);
+                                fail_msg("head %u slot %u: side words are not those of old slot %u", h, s,
+                                         order[s]);
                         const struct tier_row *row = tier_row(M->layout[now.tier]->dtype);
                         if (!row->quantized || (row->rotated && now.tier == was->tier)) {
                                 assert_memory_equal(now.kr, was->kr, D * sizeof(float));
@@ -284,7 +288,8 @@ static void check_compaction(struct tlad *L, const uint32_t *keep, const uint8_t
                                         assert_memory_equal(now.v, was->v, D * sizeof(float));
                                 else
                                         for (uint32_t c = 0; c < D; c++)
-                                                assert_true(fabs((double)now.v[c] - was->v[c]) <= vs * ROUND_TRIP_SLACK + 1e-30);
+                                                assert_true(fabs((double)now.v[c] - was->v[c]) <=
+                                                            vs * ROUND_TRIP_SLACK + 1e-30);
                         }
                 }
                 /* q8 keys: within half a step of their block's fresh per-channel scale */
@@ -299,14 +304,17 @@ static void check_compaction(struct tlad *L, const uint32_t *keep, const uint8_t
                                 for (uint32_t c = 0; c < D; c++) {
                                         float ks = 0;
                                         for (uint32_t e = 0; e < cnt; e++)
-                                                ks = fmaxf(ks, fabsf(old[(size_t)h * n + order[first + b * T + e]].k[c]));
+                                                ks = fmaxf(ks,
+                                                           fabsf(old[(size_t)h * n + order[first + b * T + e]]
+                                                                         .k[c]));
                                         ks /= 127.0f;
                                         for (uint32_t e = 0; e < cnt; e++) {
                                                 read_token(M, h, first + b * T + e, &now);
                                                 double w = old[(size_t)h * n + order[first + b * T + e]].k[c];
                                                 if (!(fabs(now.k[c] - w) <= ks * ROUND_TRIP_SLACK + 1e-30))
-                                                        fail_msg("q8 key off: head %u block %u channel %u: %g vs %g (scale %g)", h, b, c,
-                                                                 (double)now.k[c], w, (double)ks);
+                                                        fail_msg("q8 key off: head %u block %u channel %u: "
+                                                                 "%g vs %g (scale %g)",
+                                                                 h, b, c, (double)now.k[c], w, (double)ks);
                                         }
                                 }
                         }
@@ -456,7 +464,10 @@ static void ladder_compact_survives_race_prone_keep_sets(void **state) {
                 uint32_t total = ladder_tokens(&L.M), keep[160], kc = 0;
                 uint8_t tier[160];
                 for (uint32_t s = 0; s < total; s++) {
-                        int take = variant == 0 ? s % 2 == 1 : variant == 1 ? s % 16 != 0 : variant == 2 ? s >= 17 : s % 3 != 2;
+                        int take = variant == 0   ? s % 2 == 1
+                                   : variant == 1 ? s % 16 != 0
+                                   : variant == 2 ? s >= 17
+                                                  : s % 3 != 2;
                         if (!take)
                                 continue;
                         uint32_t t, idx;
@@ -482,7 +493,8 @@ static void ladder_of_fp_and_q8_computes_the_mixed_layers_bits(void **state) {
                 lad_make(&L, dts, 2, T, H, D, n, 1, 1);
                 uint32_t total = n[0] + n[1];
                 /* a copy as a mixed layer */
-                uint8_t **fpb = malloc(L.M.n_blocks[0] * sizeof(*fpb)), **q8b = malloc(L.M.n_blocks[1] * sizeof(*q8b));
+                uint8_t **fpb = malloc(L.M.n_blocks[0] * sizeof(*fpb)),
+                        **q8b = malloc(L.M.n_blocks[1] * sizeof(*q8b));
                 for (uint32_t b = 0; b < L.M.n_blocks[0]; b++) {
                         fpb[b] = malloc(L.lay[0].block_bytes);
                         memcpy(fpb[b], L.blocks[0][b], L.lay[0].block_bytes);
@@ -491,9 +503,14 @@ static void ladder_of_fp_and_q8_computes_the_mixed_layers_bits(void **state) {
                         q8b[b] = malloc(L.lay[1].block_bytes);
                         memcpy(q8b[b], L.blocks[1][b], L.lay[1].block_bytes);
                 }
-                struct mixed_layer X = { .fp = &L.lay[0], .q8 = &L.lay[1], .fp_blocks = fpb,
-                                         .n_fp_blocks = L.M.n_blocks[0], .q8_blocks = q8b,
-                                         .n_q8_blocks = L.M.n_blocks[1], .n_q8 = n[1], .n_tokens = total };
+                struct mixed_layer X = { .fp = &L.lay[0],
+                                         .q8 = &L.lay[1],
+                                         .fp_blocks = fpb,
+                                         .n_fp_blocks = L.M.n_blocks[0],
+                                         .q8_blocks = q8b,
+                                         .n_q8_blocks = L.M.n_blocks[1],
+                                         .n_q8 = n[1],
+                                         .n_tokens = total };
                 if (rep % 3 == 0) { /* attention */
                         uint32_t nh = H * (1 + rng_below(3));
                         float q[9 * 64], o1[9 * 64], o2[9 * 64];
@@ -507,7 +524,8 @@ static void ladder_of_fp_and_q8_computes_the_mixed_layers_bits(void **state) {
                         free(s1);
                         free(s2);
                 } else { /* a plan: keep some, the first new_q8 of them INT8 */
-                        uint32_t base = n[1] + rng_below(n[0] + 1), kc = rng_below(base + 1), keep[128], c = 0;
+                        uint32_t base = n[1] + rng_below(n[0] + 1), kc = rng_below(base + 1), keep[128],
+                                 c = 0;
                         for (uint32_t s = 0; s < base && c < kc; s++)
                                 if (rng_below(base - s) < kc - c)
                                         keep[c++] = s;
@@ -545,8 +563,8 @@ static void ladder_of_fp_and_q8_computes_the_mixed_layers_bits(void **state) {
 /* ---- attention ---- */
 
 /* Double-precision attention over the given keys and values ([H][n][D]) and log-weights. */
-static void oracle_attend(const float *K, const float *V, const float *logw, uint32_t H, uint32_t n, uint32_t D,
-                          const float *q, uint32_t nh, double *out, double *attn /* [H][n] */) {
+static void oracle_attend(const float *K, const float *V, const float *logw, uint32_t H, uint32_t n,
+                          uint32_t D, const float *q, uint32_t nh, double *out, double *attn /* [H][n] */) {
         uint32_t group = nh / H;
         double *s = malloc(n * sizeof(double));
         memset(attn, 0, (size_t)H * n * sizeof(double));
@@ -619,15 +637,16 @@ static void ladder_attend_matches_a_double_oracle_over_every_tier(void **state) 
                         }
                         for (uint32_t c = 0; c < D; c++)
                                 if (!(fabs(out[hq * D + c] - want[hq * D + c]) <= 2e-5 * mag))
-                                        fail_msg("rep %d head %u channel %u: %g vs %g", rep, hq, c, (double)out[hq * D + c],
-                                                 want[hq * D + c]);
+                                        fail_msg("rep %d head %u channel %u: %g vs %g", rep, hq, c,
+                                                 (double)out[hq * D + c], want[hq * D + c]);
                 }
                 for (uint32_t g = 0; g < H; g++)
                         for (uint32_t j = 0; j < total; j++) {
                                 float last, ema;
                                 memcpy(&last, side_word(&L.M, 3, g, j), 4);
                                 memcpy(&ema, side_word(&L.M, 2, g, j), 4);
-                                assert_true(fabs(last - attn[g * total + j]) <= 1e-5 * (1 + attn[g * total + j]));
+                                assert_true(fabs(last - attn[g * total + j]) <=
+                                            1e-5 * (1 + attn[g * total + j]));
                                 double we = 0.5 * ema0[g * total + j] + 0.5 * attn[g * total + j];
                                 assert_true(fabs(ema - we) <= 1e-5 * (1 + we));
                         }
@@ -665,7 +684,8 @@ static void ladder_attend_over_one_tier_stays_near_the_unquantized_attention(voi
                 /* store the scaled keys again, then demote all but the last W */
                 for (uint32_t g = 0; g < H; g++)
                         for (uint32_t j = 0; j < N; j++)
-                                memcpy(block_key(&L.lay[0], L.blocks[0][j / 16], g, j % 16), K + ((size_t)g * N + j) * D, D * 4);
+                                memcpy(block_key(&L.lay[0], L.blocks[0][j / 16], g, j % 16),
+                                       K + ((size_t)g * N + j) * D, D * 4);
                 uint32_t keep[N];
                 uint8_t tier[N];
                 for (uint32_t i = 0; i < N; i++) {
@@ -679,7 +699,8 @@ static void ladder_attend_over_one_tier_stays_near_the_unquantized_attention(voi
                 L.M.n[1] = got[1];
                 float q[NQ * D], out[NQ * D];
                 double want[NQ * D], *attn = malloc(H * N * sizeof(double));
-                /* the tier's tokens come first now: reorder the oracle's copy likewise (it is the identity) */
+                /* the tier's tokens come first now: reorder the oracle's copy likewise (it is the identity)
+                 */
                 for (uint32_t i = 0; i < NQ * D; i++)
                         q[i] = (float)rng_gauss();
                 oracle_attend(K, V, logw, H, N, D, q, NQ, want, attn);
@@ -692,8 +713,10 @@ static void ladder_attend_over_one_tier_stays_near_the_unquantized_attention(voi
                 }
                 double rel = sqrt(e / nrm);
                 if (!(rel <= bound[t]))
-                        fail_msg("tier %s: relative output error %.4f above %.2f", tier_row(five[t])->name, rel, bound[t]);
-                print_message("tier %s: relative attention output error %.4f\n", tier_row(five[t])->name, rel);
+                        fail_msg("tier %s: relative output error %.4f above %.2f", tier_row(five[t])->name,
+                                 rel, bound[t]);
+                print_message("tier %s: relative attention output error %.4f\n", tier_row(five[t])->name,
+                              rel);
                 free(scratch);
                 free(cs);
                 free(K);
@@ -731,6 +754,75 @@ static void ladder_attend_rows_equals_row_by_row_calls(void **state) {
         free(scratch);
         lad_done(&A);
         lad_done(&B);
+}
+
+/* The fast kernel (plain and AVX2) over every tier against the reference: rounding apart, the
+ * same outputs and scores; prompt rows through it equal row-by-row decodes, bit for bit. */
+static void ladder_fast_kernel_agrees_with_the_reference_over_every_tier(void **state) {
+        (void)state;
+        for (int isa = ATTN_ISA_PLAIN; isa <= ATTN_ISA_AVX2; isa++) {
+                rng_state = 6000 + (uint64_t)isa;
+                for (int rep = 0; rep < 30; rep++) {
+                        uint32_t H = 1 + rng_below(3), D = rep % 4 == 0 ? 128 : 64,
+                                 nh = H * (1 + rng_below(3));
+                        uint32_t n[5];
+                        for (int t = 0; t < 5; t++)
+                                n[t] = rng_below(50);
+                        n[0] += 4;
+                        struct tlad A, B;
+                        uint64_t seed = rng_state;
+                        lad_make(&A, five, 5, 16, H, D, n, rep % 2, 1);
+                        rng_state = seed;
+                        lad_make(&B, five, 5, 16, H, D, n, rep % 2, 1);
+                        uint32_t total = ladder_tokens(&A.M), R = 1 + rng_below(4);
+                        float *q = malloc((size_t)R * nh * D * 4), *o1 = malloc((size_t)R * nh * D * 4),
+                              *o2 = malloc((size_t)R * nh * D * 4);
+                        for (uint32_t i = 0; i < R * nh * D; i++)
+                                q[i] = (float)rng_gauss();
+                        float *rs = malloc(ladder_attn_scratch_floats(&A.M, nh) * 4);
+                        float *fs = malloc(attn_rows_scratch_floats(total, R, nh, H, D, 16) * 4);
+                        assert_int_equal(ladder_attend_rows(&A.M, R, q, o1, nh, 0.7f, 1, rs), 0);
+                        int e = attn_prefill_fast_ladder(&B.M, R, q, o2, nh, 0.7f, 1, fs, (enum attn_isa)isa);
+                        if (e == -ENOTSUP) { /* no AVX2 here */
+                                lad_done(&A);
+                                lad_done(&B);
+                                free(q), free(o1), free(o2), free(rs), free(fs);
+                                return;
+                        }
+                        assert_int_equal(e, 0);
+                        for (uint32_t i = 0; i < R * nh * D; i++)
+                                if (!(fabs(o1[i] - o2[i]) <= 2e-5 * (1 + fabs(o1[i]))))
+                                        fail_msg("isa %d rep %d: out[%u] %g vs %g", isa, rep, i,
+                                                 (double)o2[i], (double)o1[i]);
+                        for (uint32_t g = 0; g < H; g++)
+                                for (uint32_t j = 0; j < total; j++)
+                                        for (int a = 1; a < 4; a++) {
+                                                float x, y;
+                                                memcpy(&x, side_word(&A.M, a, g, j), 4);
+                                                memcpy(&y, side_word(&B.M, a, g, j), 4);
+                                                assert_true(fabs(x - y) <= 2e-5 * (1 + fabs(x)));
+                                        }
+                        /* the rows, bit for bit, as decodes of growing layers */
+                        float *o3 = malloc((size_t)R * nh * D * 4);
+                        rng_state = seed;
+                        struct tlad C;
+                        lad_make(&C, five, 5, 16, H, D, n, rep % 2, 1);
+                        for (uint32_t r = 0; r < R; r++) {
+                                struct ladder_layer P = C.M;
+                                P.n[0] = C.M.n[0] - (R - 1 - r);
+                                assert_int_equal(attn_decode_fast_ladder(&P, q + (size_t)r * nh * D,
+                                                                         o3 + (size_t)r * nh * D, nh, 0.7f, 1,
+                                                                         fs, (enum attn_isa)isa),
+                                                 0);
+                        }
+                        assert_memory_equal(o2, o3, (size_t)R * nh * D * 4);
+                        free(o3);
+                        lad_done(&C);
+                        free(q), free(o1), free(o2), free(rs), free(fs);
+                        lad_done(&A);
+                        lad_done(&B);
+                }
+        }
 }
 
 static void ladder_rejects_bad_plans_and_changes_nothing(void **state) {
@@ -808,6 +900,7 @@ int main(void) {
                 cmocka_unit_test(ladder_attend_matches_a_double_oracle_over_every_tier),
                 cmocka_unit_test(ladder_attend_over_one_tier_stays_near_the_unquantized_attention),
                 cmocka_unit_test(ladder_attend_rows_equals_row_by_row_calls),
+                cmocka_unit_test(ladder_fast_kernel_agrees_with_the_reference_over_every_tier),
                 cmocka_unit_test(ladder_rejects_bad_plans_and_changes_nothing),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

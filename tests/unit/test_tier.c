@@ -150,8 +150,8 @@ static void lloyd_round_trip_meets_the_expected_bound_on_every_kind_of_row(void 
                         }
                         double mean = sum / 2000;
                         if (!(mean <= 1.25 * distortion[bits]))
-                                fail_msg("%u bits, row kind %d: relative MSE %.5f above 1.25 x %.5f", bits, kind, mean,
-                                         distortion[bits]);
+                                fail_msg("%u bits, row kind %d: relative MSE %.5f above 1.25 x %.5f", bits,
+                                         kind, mean, distortion[bits]);
                 }
         }
 }
@@ -239,8 +239,8 @@ static void tier_layouts_cost_what_tier_h_states(void **state) {
                 assert_non_null(row);
                 assert_ptr_equal(tier_by_name(row->name), row);
                 if (fabs(tier_bits_per_value(&l) - want[i].bits) > 1e-9)
-                        fail_msg("%s: %.4f bits per value, tier.h says %.2f", row->name, tier_bits_per_value(&l),
-                                 want[i].bits);
+                        fail_msg("%s: %.4f bits per value, tier.h says %.2f", row->name,
+                                 tier_bits_per_value(&l), want[i].bits);
                 assert_true(l.block_bytes % 64 == 0);
         }
         struct block_layout l;
@@ -265,7 +265,8 @@ static void tier_rows_fused_loops_agree_with_their_loads(void **state) {
                 assert_int_equal(block_layout_init(&l, T, H, D, dts[i]), 0);
                 const struct tier_row *row = tier_row(dts[i]);
                 uint8_t *block = calloc(1, l.block_bytes);
-                float keys[T * D], values[T * D], q[G * D], scratch[G * D + D], w[G * T], acc[G * D], rowbuf[D];
+                float keys[T * D], values[T * D], q[G * D], scratch[G * D + D], w[G * T], acc[G * D],
+                        rowbuf[D];
                 double dots[G * T];
                 for (uint32_t h = 0; h < H; h++) {
                         for (int j = 0; j < T * D; j++) {
