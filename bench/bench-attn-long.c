@@ -1,10 +1,11 @@
 /* bench-attn-long: decode attention of one token over one layer at SmolLM2's shape (9 query heads
  * on 3 KV heads, head_dim 64, blocks of 16) at long context (issue 17): the plain-loop references
- * (attn_decode_ref, attn_decode_mixed) against the fast kernel (attn_decode_fast, _mixed: AVX2 and
- * its plain-loop path), f32, f16 and INT8 (all tokens but the last 64 in INT8 blocks), scores
- * updated as kvc_attend does. Each figure: microseconds per call, the median of 5 measurements of
- * at least --min-ms, the kernels alternating; CPU time of this thread, so that other jobs on a
- * shared machine do not count.
+ * (attn_decode_ref, attn_decode_mixed, ladder_attend) against the fast kernel (attn_decode_fast,
+ * _mixed, _ladder: AVX2 and its plain-loop path), f32, f16, and every tier of the precision ladder
+ * (int8, q4, q3, q2: all tokens but the last 64, which stay f16), scores updated as kvc_attend
+ * does. The last column is the f16 cache's AVX2 time over this one's at the same length. Each figure:
+ * microseconds per call, the median of 5 measurements of at least --min-ms, the kernels alternating; CPU time
+ * of this thread, so that other jobs on a shared machine do not count.
  */
 #define _GNU_SOURCE
 #include <getopt.h>
@@ -16,6 +17,8 @@
 #include "attention.h"
 #include "block.h"
 #include "common.h"
+#include "ladder.h"
+#include "lloyd.h"
 #include "mixed.h"
 
 #define HEADS    9u
@@ -30,14 +33,19 @@ enum kernel { K_REF, K_FAST_PLAIN, K_FAST_AVX2, K_COUNT };
 struct job {
         struct block_layer L;
         struct mixed_layer M;
-        int mixed;
+        struct ladder_layer Ld;
+        float signs[KV_HEADS * HEAD_DIM];
+        int mixed, ladder;
         float q[HEADS * HEAD_DIM], out[HEADS * HEAD_DIM];
         float *scratch;
 };
 
 static void call(struct job *j, enum kernel k) {
         enum attn_isa isa = k == K_FAST_AVX2 ? ATTN_ISA_AVX2 : ATTN_ISA_PLAIN;
-        if (j->mixed)
+        if (j->ladder)
+                k == K_REF ? ladder_attend(&j->Ld, j->q, j->out, HEADS, 0.9f, 1, j->scratch)
+                           : attn_decode_fast_ladder(&j->Ld, j->q, j->out, HEADS, 0.9f, 1, j->scratch, isa);
+        else if (j->mixed)
                 k == K_REF ? attn_decode_mixed(&j->M, j->q, j->out, HEADS, 0.9f, 1, j->scratch)
                            : attn_decode_fast_mixed(&j->M, j->q, j->out, HEADS, 0.9f, 1, j->scratch, isa);
         else
@@ -67,8 +75,10 @@ static int cmp(const void *a, const void *b) {
         return (x > y) - (x < y);
 }
 
-/* Blocks for n tokens of dtype, random rows; for INT8 the first n - RECENT go to Q8 blocks. */
-static int setup(struct job *j, uint32_t n, struct block_layout *fp, struct block_layout *q8) {
+/* Blocks for n tokens of dtype, random rows; for INT8 the first n - RECENT go to Q8 blocks, for a
+ * ladder tier (low: its layout) to that tier's. */
+static int setup(struct job *j, uint32_t n, struct block_layout *fp, struct block_layout *q8,
+                 const struct block_layout *low) {
         uint32_t nb = (n + T - 1) / T;
         uint8_t **fb = calloc(nb, sizeof(*fb)), **qb = calloc(nb, sizeof(*qb));
         uint64_t rng = 7 + n;
@@ -102,11 +112,38 @@ static int setup(struct job *j, uint32_t n, struct block_layout *fp, struct bloc
                                      .q8_blocks = qb,
                                      .n_q8_blocks = nb,
                                      .n_tokens = n };
+        for (uint32_t g = 0; g < KV_HEADS; g++)
+                lloyd_signs(1, 0, g, HEAD_DIM, j->signs + g * HEAD_DIM);
+        uint8_t **lb = calloc(nb, sizeof(*lb));
+        for (uint32_t b = 0; low && b < nb; b++)
+                if (!(lb[b] = aligned_alloc(64, low->block_bytes)))
+                        return -1;
+        j->Ld = (struct ladder_layer){ .n_tiers = 2,
+                                       .layout = { fp, low ? low : q8 },
+                                       .blocks = { fb, lb },
+                                       .n_blocks = { nb, low ? nb : 0 },
+                                       .n = { n, 0 },
+                                       .signs = j->signs };
         size_t sf = attn_fast_scratch_floats(n, HEADS, KV_HEADS, HEAD_DIM, T) +
-                    attn_mixed_scratch_floats(&j->M, HEADS) + compact_mixed_scratch_floats(&j->M) + 2 * n;
+                    attn_mixed_scratch_floats(&j->M, HEADS) + compact_mixed_scratch_floats(&j->M) + 2 * n +
+                    ladder_attn_scratch_floats(&j->Ld, HEADS) + ladder_compact_scratch_floats(&j->Ld);
         j->scratch = malloc(sf * sizeof(float));
         if (!j->scratch)
                 return -1;
+        if (j->ladder) { /* demote all but the last RECENT, keeping every token */
+                uint32_t *keep = malloc(n * sizeof(*keep)), got[LADDER_TIERS];
+                uint8_t *tier = malloc(n);
+                for (uint32_t i = 0; i < n; i++) {
+                        keep[i] = i;
+                        tier[i] = i < n - RECENT;
+                }
+                if (ladder_compact(&j->Ld, keep, tier, n, 0, n, j->scratch, got) < 0)
+                        return -1;
+                j->Ld.n[0] = got[0];
+                j->Ld.n[1] = got[1];
+                free(keep);
+                free(tier);
+        }
         if (j->mixed) {
                 if (mixed_advance_q8(&j->M, n - RECENT, j->scratch) < 0)
                         return -1;
@@ -136,23 +173,29 @@ int main(int argc, char **argv) {
                 const char *name;
                 enum block_dtype dt;
                 int mixed;
-        } kinds[] = { { "f32", BLOCK_DTYPE_F32, 0 },
-                      { "f16", BLOCK_DTYPE_F16, 0 },
-                      { "int8 + 64 f16", BLOCK_DTYPE_F16, 1 } };
+                enum block_dtype low; /* a ladder of f16 and this tier (0: none) */
+        } kinds[] = { { "f32", BLOCK_DTYPE_F32, 0, 0 },
+                      { "f16", BLOCK_DTYPE_F16, 0, 0 },
+                      { "int8 + 64 f16", BLOCK_DTYPE_F16, 1, 0 },
+                      { "q4 + 64 f16", BLOCK_DTYPE_F16, 0, BLOCK_DTYPE_Q4 },
+                      { "q3 + 64 f16", BLOCK_DTYPE_F16, 0, BLOCK_DTYPE_Q3 },
+                      { "q2 + 64 f16", BLOCK_DTYPE_F16, 0, BLOCK_DTYPE_Q2 } };
+        double f16_avx2[3] = { 0 };
         printf("Decode attention, one layer, one token, SmolLM2's shape (9 / 3 heads, head_dim 64, blocks of "
                "16), "
                "scores updated: us of CPU per call (median of %d)\n",
                MEASURES);
         printf("| cache | tokens | reference | fast, plain loops | fast, AVX2 | reference / AVX2 | x 30 "
                "layers, ms "
-               "(AVX2) |\n|---|---:|---:|---:|---:|---:|---:|\n");
+               "(AVX2) | f16 / this (AVX2) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
         for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++)
                 for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
-                        struct block_layout fp, q8;
-                        struct job j = { .mixed = kinds[k].mixed };
+                        struct block_layout fp, q8, low;
+                        struct job j = { .mixed = kinds[k].mixed, .ladder = kinds[k].low != 0 };
                         if (block_layout_init(&fp, T, KV_HEADS, HEAD_DIM, kinds[k].dt) < 0 ||
                             block_layout_init(&q8, T, KV_HEADS, HEAD_DIM, BLOCK_DTYPE_Q8) < 0 ||
-                            setup(&j, sizes[si], &fp, &q8) < 0) {
+                            (j.ladder && block_layout_init(&low, T, KV_HEADS, HEAD_DIM, kinds[k].low) < 0) ||
+                            setup(&j, sizes[si], &fp, &q8, j.ladder ? &low : NULL) < 0) {
                                 perror("bench-attn-long");
                                 return 1;
                         }
@@ -164,8 +207,10 @@ int main(int argc, char **argv) {
                                 qsort(t[e], MEASURES, sizeof(double), cmp);
                         double r = t[K_REF][MEASURES / 2], p = t[K_FAST_PLAIN][MEASURES / 2],
                                a = t[K_FAST_AVX2][MEASURES / 2];
-                        printf("| %s | %u | %.0f | %.0f | %.0f | %.1f | %.1f |\n", kinds[k].name, sizes[si],
-                               r, p, a, r / a, a * 30 / 1e3);
+                        if (kinds[k].dt == BLOCK_DTYPE_F16 && !kinds[k].mixed && !j.ladder)
+                                f16_avx2[si] = a;
+                        printf("| %s | %u | %.0f | %.0f | %.0f | %.1f | %.1f | %.2f |\n", kinds[k].name,
+                               sizes[si], r, p, a, r / a, a * 30 / 1e3, f16_avx2[si] / a);
                         fflush(stdout);
                 }
         return 0;

@@ -304,21 +304,19 @@ static void fast_tile_plain(struct fast *F, const struct tile *t, const float *q
  * bits, still inside the block (the scales and side arrays follow the codes). */
 ATTN_AVX2 static inline __attribute__((always_inline)) __m256 fast_codes8(enum block_dtype dt,
                                                                           const uint8_t *row, uint32_t c) {
-        uint32_t bits = dt == BLOCK_DTYPE_Q4 ? 4 : dt == BLOCK_DTYPE_Q3 ? 3 : 2, w;
+        const uint32_t bits = dt == BLOCK_DTYPE_Q4 ? 4 : dt == BLOCK_DTYPE_Q3 ? 3 : 2;
+        uint32_t w;
         memcpy(&w, row + c / 8 * bits, 4);
         const float *cb = lloyd_codebook(bits);
-        __m256i shifts =
-                _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)bits));
+        const __m256i shifts = _mm256_setr_epi32(0, (int)bits, 2 * (int)bits, 3 * (int)bits, 4 * (int)bits,
+                                                 5 * (int)bits, 6 * (int)bits, 7 * (int)bits);
         __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shifts),
                                        _mm256_set1_epi32((1 << bits) - 1));
-        if (bits == 4) {
-                __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(cb), idx);
-                __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(cb + 8), idx);
-                return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
-        }
-        float lut[8] = { 0 };
-        memcpy(lut, cb, sizeof(float) << bits);
-        return _mm256_permutevar8x32_ps(_mm256_loadu_ps(lut), idx);
+        __m256 lo = _mm256_permutevar8x32_ps(_mm256_load_ps(cb), idx);
+        if (bits < 4)
+                return lo;
+        __m256 hi = _mm256_permutevar8x32_ps(_mm256_load_ps(cb + 8), idx);
+        return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
 ATTN_AVX2 static inline __attribute__((always_inline)) __m256 fast_load8(enum block_dtype dt,

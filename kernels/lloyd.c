@@ -7,25 +7,6 @@
 #include <math.h>
 #include <string.h>
 
-/* The positive halves of the Lloyd-Max codebooks for N(0, 1) (the negative halves mirror them):
- * 500 Lloyd iterations on 2.4M grid points over [-12, 12], 9 significant digits. */
-static const float lloyd_c2[4] = { -1.510422543f, -0.452779744f, 0.452779744f, 1.510422543f };
-static const float lloyd_c3[8] = { -2.151969621f, -1.343935871f, -0.756025385f, -0.245098792f,
-                                   0.245098792f,  0.756025385f,  1.343935871f,  2.151969621f };
-static const float lloyd_c4[16] = { -2.732482227f, -2.068896007f, -1.617923091f, -1.256115903f,
-                                    -0.942239168f, -0.656678682f, -0.387996466f, -0.128379516f,
-                                    0.128379516f,  0.387996466f,  0.656678682f,  0.942239168f,
-                                    1.256115903f,  1.617923091f,  2.068896007f,  2.732482227f };
-
-const float *lloyd_codebook(uint32_t bits) {
-        switch (bits) {
-        case 2: return lloyd_c2;
-        case 3: return lloyd_c3;
-        case 4: return lloyd_c4;
-        }
-        return NULL;
-}
-
 static uint64_t splitmix64(uint64_t *s) {
         uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

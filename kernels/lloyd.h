@@ -36,8 +36,27 @@
 #define LLOYD_MAX_DIM 1024u
 
 /* The 2^bits centroids of the Lloyd-Max quantizer for N(0, 1), ascending; NULL unless bits is
- * 2, 3 or 4. */
-const float *lloyd_codebook(uint32_t bits);
+ * 2, 3 or 4. Computed by 500 Lloyd iterations on 2.4M grid points over [-12, 12], 9 significant
+ * digits. Each table is padded to a multiple of 8 floats and 32-byte aligned, so a fast kernel
+ * loads it into a register as it is. Inline, so a kernel that knows bits gets a constant. */
+static inline const float *lloyd_codebook(uint32_t bits) {
+        static const float c2[8]
+                __attribute__((aligned(32))) = { -1.510422543f, -0.452779744f, 0.452779744f, 1.510422543f };
+        static const float c3[8]
+                __attribute__((aligned(32))) = { -2.151969621f, -1.343935871f, -0.756025385f, -0.245098792f,
+                                                 0.245098792f,  0.756025385f,  1.343935871f,  2.151969621f };
+        static const float c4[16]
+                __attribute__((aligned(32))) = { -2.732482227f, -2.068896007f, -1.617923091f, -1.256115903f,
+                                                 -0.942239168f, -0.656678682f, -0.387996466f, -0.128379516f,
+                                                 0.128379516f,  0.387996466f,  0.656678682f,  0.942239168f,
+                                                 1.256115903f,  1.617923091f,  2.068896007f,  2.732482227f };
+        switch (bits) {
+        case 2: return c2;
+        case 3: return c3;
+        case 4: return c4;
+        }
+        return (const float *)0;
+}
 
 /* The signs (+1.0f or -1.0f) of the rotation of KV head `head` of layer `layer`, d of them. */
 void lloyd_signs(uint64_t seed, uint32_t layer, uint32_t head, uint32_t d, float *signs);
