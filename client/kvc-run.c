@@ -19,6 +19,7 @@
 
 #include "kvc.h"
 #include "kvccache.h"
+#include "laddercache.h"
 #include "model.h"
 #include "sampler.h"
 #include "text.h"
@@ -54,6 +55,8 @@ struct run_opts {
         bool share;               /* share the prompt's prefix with other sessions of this model */
         int stop_at;              /* SIGSTOP itself after this many positions (tests, debugging) */
         const char *handoff_file; /* where the ticket and the place in the sequence go */
+        const char *tier;         /* --local: every token past tier_window at this tier */
+        uint32_t tier_window;
 };
 
 static void usage(FILE *f) {
@@ -99,6 +102,9 @@ static void usage(FILE *f) {
                 "  --plan-lag N        steps the runner may run ahead of kvcd (default 0: deterministic)\n"
                 "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
                 "  --local             keep the cache in process (no kvcd)\n"
+                "  --tier q8|q4|q3|q2  with --local: every token but the last --tier-window at that tier of\n"
+                "                      the precision ladder (the window at --dtype)\n"
+                "  --tier-window N     tokens kept at --dtype with --tier (default 128)\n"
                 "  --no-stop           keep going past the end-of-story token\n"
                 "  --trace N           print the cache size and the confidence every N steps on stderr\n"
                 "  --json              print one JSON object with the text and the figures\n"
@@ -120,6 +126,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 { "trace", required_argument, NULL, 'r' },
                 { "json", no_argument, NULL, 'j' },
                 { "local", no_argument, NULL, 'l' },
+                { "tier", required_argument, NULL, 1001 },
+                { "tier-window", required_argument, NULL, 1002 },
                 { "no-stop", no_argument, NULL, 'N' },
                 { "help", no_argument, NULL, 'h' },
                 { "min-bytes", required_argument, NULL, 'A' },
@@ -152,6 +160,12 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 case 'i': o->prompt = optarg; break;
                 case 'j': o->json = true; break;
                 case 'l': o->local = true; break;
+                case 1001: o->tier = optarg; break;
+                case 1002:
+                        o->tier_window = (uint32_t)strtoul(optarg, &end, 10);
+                        if (*end || o->tier_window == 0 || o->tier_window > (1u << 24))
+                                return -EINVAL;
+                        break;
                 case 'N': o->no_stop = true; break;
                 case 'n':
                         o->steps = (int)strtol(optarg, &end, 10);
@@ -257,6 +271,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 return -EINVAL; /* a chat turn, or a file of them, is the prompt */
         if ((o->batch > 1 || o->prompts) && (o->export_at || o->import || o->stop_at))
                 return -EINVAL; /* a hand-off or a stop is of one sequence */
+        if (o->tier && (!o->local || o->batch > 1 || o->prompts))
+                return -EINVAL; /* the tiers run in process, on one sequence (kvcd's come with the protocol) */
         if ((o->export_at || o->import) &&
             (!o->handoff_file || o->local || o->temperature != 0 || (o->export_at && o->import) || o->share))
                 return -EINVAL; /* a hand-off needs the file, kvcd, and greedy decoding */
@@ -319,6 +335,7 @@ struct runner {
         struct text *tok;
         struct sampler *sampler;
         struct plain_cache *plain;
+        struct ladder_cache *ladder; /* --local --tier */
         struct kvc_client *client;
         struct kvc_session *session;
         struct textbuf text;
@@ -550,8 +567,10 @@ static int generate(struct runner *r, int *ret_steps) {
                         return e;
                 token = prompt[pos + 1];
         }
-        const struct model_cache_ops *ops = r->o.local ? &plain_cache_ops : &kvccache_ops;
-        void *ctx = r->o.local ? (void *)r->plain : (void *)r->session;
+        const struct model_cache_ops *ops = r->ladder ? &ladder_cache_ops
+                                            : r->o.local ? &plain_cache_ops
+                                                         : &kvccache_ops;
+        void *ctx = r->ladder ? (void *)r->ladder : r->o.local ? (void *)r->plain : (void *)r->session;
 
         struct model_row rows[MODEL_MAX_ROWS];
         while (pos < steps) {
@@ -897,7 +916,20 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "kvc-run: %s: %s\n", r.o.model, strerror(-e));
                 goto out;
         }
-        if (r.o.local)
+        if (r.o.local && r.o.tier) {
+                struct ladder_cache_config lc = {
+                        .dtype = r.o.dtype == KVC_DTYPE_F16    ? BLOCK_DTYPE_F16
+                                 : r.o.dtype == KVC_DTYPE_BF16 ? BLOCK_DTYPE_BF16
+                                                               : BLOCK_DTYPE_F32,
+                        .tier = r.o.tier,
+                        .window = r.o.tier_window ? r.o.tier_window : 128,
+                        .seed = 0x6b7663646c616464ull,
+                };
+                if ((e = ladder_cache_new(mc, mc->seq_len, &lc, &r.ladder)) < 0)
+                        fprintf(stderr, "kvc-run: --tier %s: %s\n", r.o.tier,
+                                e == -EINVAL ? "not a tier of the ladder (q8, q4, q3, q2) for this model's heads"
+                                             : strerror(-e));
+        } else if (r.o.local)
                 e = plain_cache_new(mc, mc->seq_len, &r.plain);
         else
                 e = open_session(&r);
@@ -941,6 +973,13 @@ int main(int argc, char **argv) {
                                (unsigned long long)st.steps, (unsigned long long)st.plans,
                                (unsigned long long)st.plans_applied, st.peak_tokens, st.peak_layer_blocks,
                                (unsigned long long)st.peak_bytes);
+                if (r.ladder)
+                        printf(",\"tier\":\"%s\",\"tier_window\":%u,\"bytes\":%llu,\"peak_bytes\":%llu,"
+                               "\"full_bytes\":%llu",
+                               r.o.tier, r.o.tier_window ? r.o.tier_window : 128,
+                               (unsigned long long)ladder_cache_bytes(r.ladder),
+                               (unsigned long long)ladder_cache_peak_bytes(r.ladder),
+                               (unsigned long long)ladder_cache_full_bytes(r.ladder));
                 /* the one-row passes after the prompt alone: decode speed at the prompt's context */
                 printf(",\"prompt_tokens\":%d", r.n_prompt);
                 if (r.decode_t0)
@@ -954,6 +993,7 @@ int main(int argc, char **argv) {
 out:
         kvc_disconnect(r.client);
         plain_cache_free(r.plain);
+        ladder_cache_free(r.ladder);
         sampler_free(r.sampler);
         text_free(r.tok);
         model_free(r.model);
