@@ -46,6 +46,7 @@
 #include "eval/mechanism.h"
 #include "eval/niah.h"
 #include "eval/stats.h"
+#include "eval/tiers.h"
 #include "kvc.h"
 #include "kvccache.h"
 #include "model.h"
@@ -1179,10 +1180,12 @@ static void usage(FILE *f) {
                    "  --quick                3 stories, 4 configurations: checks the harness itself\n"
                    "                         (with --task niah: one 192-token haystack, 3 needles, the full\n"
                    "                         cache, window and conf at half of it)\n"
-                   "  --task ppl|niah|longdoc|longgen|mechanism  perplexity on stories260K (default), needle\n"
-                   "                         in a haystack, long documents (4096 tokens, ppl/KL/top-1 against\n"
-                   "                         the full cache), long generation (SCOPE's setting) or the\n"
-                   "                         mechanism (confidence and attention against a window's KL), on a\n"
+                   "  --task ppl|niah|longdoc|longgen|mechanism|tiers  perplexity on stories260K (default),\n"
+                   "                         needle in a haystack, long documents (4096 tokens, ppl/KL/top-1\n"
+                   "                         against the full cache), long generation (SCOPE's setting), the\n"
+                   "                         mechanism (confidence and attention against a window's KL), or\n"
+                   "                         each tier of the precision ladder alone (in process, no kvcd:\n"
+                   "                         --documents at --lengths, and --documents needles at 1K-4K), on a\n"
                    "                         GGUF chat model (docs/quality.md)\n"
                    "  --lengths L,...        niah: haystack tokens (default 1024,2048,4096)\n"
                    "  --needles N            niah: needles per length (default 10)\n"
@@ -1340,12 +1343,12 @@ int main(int argc, char **argv) {
                 usage(stderr);
                 return 2;
         }
-        static const char *const tasks[] = { "ppl", "niah", "longdoc", "longgen", "mechanism" };
+        static const char *const tasks[] = { "ppl", "niah", "longdoc", "longgen", "mechanism", "tiers" };
         bool known = false;
         for (size_t i = 0; i < sizeof(tasks) / sizeof(tasks[0]); i++)
                 known |= strcmp(task, tasks[i]) == 0;
         if (!known) {
-                fprintf(stderr, "kvc-eval: --task is ppl, niah, longdoc, longgen or mechanism\n");
+                fprintf(stderr, "kvc-eval: --task is ppl, niah, longdoc, longgen, mechanism or tiers\n");
                 return 2;
         }
         if (e.quick && strcmp(task, "ppl") == 0) {
@@ -1376,6 +1379,17 @@ int main(int argc, char **argv) {
         }
         if (strcmp(task, "longgen") == 0 || strcmp(task, "mechanism") == 0)
                 return smol_long_task(task, &no, &e, model_given, gen_tokens);
+        if (strcmp(task, "tiers") == 0) {
+                niah_options_from(&no, &e, model_given);
+                if (no.needles == 10 && e.quick)
+                        no.needles = 2;
+                if (!no.model_path || no.needles < 2 || no.needles > 1000 || no.chunk < 1) {
+                        fprintf(stderr, "kvc-eval: --task tiers needs --model (a GGUF; or KVC_SMOLLM2), 2..1000 "
+                                        "--documents and a --chunk of at least 1\n");
+                        return 2;
+                }
+                return tiers_run(&no) < 0 ? 1 : 0;
+        }
         if (strcmp(task, "longdoc") == 0) {
                 niah_options_from(&no, &e, model_given);
                 if (!no.n_lengths) {

@@ -57,6 +57,7 @@ struct niah {
         uint32_t n_cfg; /* per length: the budgets depend on it */
         uint64_t rng;
         const char *task; /* lab_open's */
+        bool local;       /* the task keeps its caches in process: lab_open connects to no kvcd */
         double t0, rows_done, rows_total, last_progress;
 };
 

@@ -57,18 +57,7 @@ static void make_configs(struct niah *n, uint32_t length) {
 static const char *const colours[] = { "blue",  "red",  "green",  "yellow", "white", "black",
                                        "brown", "pink", "purple", "orange", "grey",  "golden" };
 
-/* One needle's prompt: the tokens (chat template, answer prefix), where the question starts,
- * and the answer's tokens. */
-struct needle {
-        int *ids;
-        uint32_t n_prompt, question, n_answer;
-        int answer[16];
-        double depth;
-        char colour[16];
-        unsigned value;
-};
-
-static int build_needle(struct niah *n, uint32_t length, uint32_t index, struct needle *nd) {
+int niah_build_needle(struct niah *n, uint32_t length, uint32_t index, struct needle *nd) {
         struct textbuf hay = { 0 }, user = { 0 };
         char sentence[128], question[192], prefix[96], full_answer[128];
         int r = haystack(n, length, &hay);
@@ -480,7 +469,7 @@ int niah_run(const struct niah_options *o) {
                 }
                 for (uint32_t k = 0; r == 0 && k < o->needles; k++) {
                         struct needle nd = { 0 };
-                        if ((r = build_needle(&n, length, k, &nd)) < 0) {
+                        if ((r = niah_build_needle(&n, length, k, &nd)) < 0) {
                                 fprintf(stderr, "kvc-eval niah: cannot build a haystack of %u tokens: %s\n",
                                         length, strerror(-r));
                                 break;

@@ -50,6 +50,22 @@ struct niah_options {
         const char *suite; /* "quick", "main" */
 };
 
+/* One needle's prompt: the tokens (chat template, answer prefix; ids is the caller's to free),
+ * where the question starts, and the answer's tokens. */
+struct needle {
+        int *ids;
+        uint32_t n_prompt, question, n_answer;
+        int answer[16];
+        double depth;
+        char colour[16];
+        unsigned value;
+};
+
+struct niah;
+/* Needle `index` of `needles` (n->o->needles) in a haystack of `length` tokens, at depth
+ * (index + 0.5) / needles. 0, -ENOMEM, -EINVAL (the answer does not extend its prefix). */
+int niah_build_needle(struct niah *n, uint32_t length, uint32_t index, struct needle *nd);
+
 /* Runs the task and writes out_dir/niah.{jsonl,csv,md} and niah_needles.csv; a summary line per
  * configuration and length on stdout. Progress on stderr. 0 or -errno. */
 int niah_run(const struct niah_options *o);
