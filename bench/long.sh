@@ -33,6 +33,8 @@
 #              then that + decoded
 #   scope      --policy scope: the same cut as snapkv (prefill_budget B); the decoded tokens have
 #              their own budget B, which DECODE < B never reaches: B + decoded
+#   local-q8, local-q4, local-q3, local-q2   --local --dtype f16 --tier T (the precision ladder's
+#              in-process cache): M + decoded, everything; all but the newest 128 at tier T
 #   llama      llama.cpp's llama-bench at the same depth (-d CONTEXT -p 0 -n DECODE -t 1, f16 cache,
 #              flash attention off: its fastest path here; --repack 0), when BUILD/peers has it
 #              (`make peers`): its rate is wall-clock only, so the table compares it with kvc-run's
@@ -88,6 +90,10 @@ declare -A cfg_args=(
         [snapkv]="--policy snapkv --budget $budget"
         [pyramid]="--policy pyramid --budget $budget"
         [scope]="--policy scope --budget $budget"
+        [local-q8]="--local --dtype f16 --tier q8"
+        [local-q4]="--local --dtype f16 --tier q4"
+        [local-q3]="--local --dtype f16 --tier q3"
+        [local-q2]="--local --dtype f16 --tier q2"
 )
 declare -A tps wl held
 for cfg in $configs; do
@@ -163,7 +169,7 @@ for c in $contexts; do
                         continue
                 fi
                 read -ra args <<<"${cfg_args[$cfg]}"
-                [ "$cfg" = local ] || args=(--socket "$tmp/run" --dtype "$dtype" --trace 1 "${args[@]}")
+                [ "${cfg%%-*}" = local ] || args=(--socket "$tmp/run" --dtype "$dtype" --trace 1 "${args[@]}")
                 if ! out=$(kvcrun_try "${args[@]}" -i "$p" -n "$steps"); then
                         grep -v '^step ' "$tmp/err" >&2 || true
                         echo "  $cfg: kvc-run $(printable "${args[@]}" -i "$p" -n "$steps") failed ($(date -u +%T))" >&2
@@ -180,7 +186,7 @@ for c in $contexts; do
                 held[$c.$cfg]=$(awk -v n="$n" '$1 == "step" && $2 > n { t = $4 + 0
                         lo = (lo == "" || t < lo) ? t : lo; hi = t > hi ? t : hi }
                         END { print lo == "" ? "-" : (lo == hi ? lo : lo "-" hi) }' "$tmp/err")
-                [ "$cfg" = local ] && held[$c.$cfg]="$((n + 1))-$steps"
+                [ "${cfg%%-*}" = local ] && held[$c.$cfg]="$((n + 1))-$steps"
                 echo "  $cfg: ${tps[$c.$cfg]} tokens per CPU second, $wall per wall second, layer 0 holds" \
                         "${held[$c.$cfg]} tokens ($(date -u +%T))" >&2
         done
