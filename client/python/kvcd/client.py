@@ -13,10 +13,14 @@ further calls. A Session left to the garbage collector is closed then. libkvc is
 thread-safe; each Client serializes its own calls with a lock, so a client shared between
 threads is correct, only not parallel (use one client per thread for that).
 
-Layer views (Session.layer_view) are numpy arrays over the mapped pool: no copy, valid until the
-session's next append, flush (a plan may compact the layer) or close. Blocks of a shared prefix
-are mapped read-only by libkvc, and their arrays are read-only too, so a write raises instead of
-crashing the process.
+Layer views (Session.layer_view) are numpy arrays over the mapped pool: no copy; what they show is
+current until the session's next append or flush (a plan may compact the layer). Blocks of a
+shared prefix are mapped read-only by libkvc, and their arrays are read-only too, so a write
+raises instead of crashing the process. The arrays keep what they point at alive: a session
+closed while an array of one of its views lives is closed for every call at once, but in libkvc
+and kvcd only when the last such array goes (its blocks are not given to another session under
+it), and a client closed then keeps its connection and its mapping until then (numpy cannot be
+told that memory went away: unmapping under a live array was a SIGSEGV, issue 28).
 """
 
 from __future__ import annotations
@@ -225,6 +229,7 @@ class Block:
         self.session = owner
         buf = (ctypes.c_uint8 * nbytes).from_address(address)
         buf._owner = owner  # every view's base is buf: an array alone keeps its session open
+        owner._pin(buf)  # ... and its blocks and mapping, past close(), until buf goes
         raw = np.frombuffer(buf, dtype=np.uint8)
         if not writable:
             raw.flags.writeable = False
@@ -319,6 +324,8 @@ class Session(_Closes):
     def __init__(self, client: "Client", ptr: int, geometry: Geometry) -> None:
         self._client = client
         self._ptr: Optional[int] = ptr
+        self._pins = 0  # live buffers of layer views (Block): while any, libkvc's session stays
+        self._closing = False  # close() was called with pins: closed to callers, not yet in libkvc
         self.geometry = geometry
         self._final: Optional[SessionStats] = None
         self._kv_shapes = [(geometry.n_kv_heads, geometry.head_dim), (geometry.n_kv_heads * geometry.head_dim,)]
@@ -329,9 +336,27 @@ class Session(_Closes):
         return f"<kvcd.Session {state} {self.geometry}>"
 
     def _p(self) -> int:
-        if not self._ptr or not self._client._ptr:
+        if not self._ptr or self._closing or not self._client._ptr:
             raise KvcInvalid(22, "the session is closed")
         return self._ptr
+
+    def _pin(self, buf: Any) -> None:
+        self._pins += 1
+        weakref.finalize(buf, self._unpin)
+
+    def _unpin(self) -> None:
+        """The last array of a view buffer went: a close() deferred for it happens now."""
+        with self._client._lock:
+            self._pins -= 1
+            if self._pins or not self._closing:
+                return
+            self._closing = False
+            try:
+                if self._ptr and self._client._live_ptr():
+                    self._close_now()
+            finally:
+                self._ptr = None
+                self._client._release_pinned()
 
     def _check(self, r: int, what: str) -> int:
         if r < 0:
@@ -340,7 +365,7 @@ class Session(_Closes):
 
     @property
     def closed(self) -> bool:
-        return not self._ptr or not self._client._ptr
+        return not self._ptr or self._closing or not self._client._ptr
 
     @property
     def id(self) -> int:
@@ -527,19 +552,28 @@ class Session(_Closes):
 
     def close(self) -> Optional[SessionStats]:
         """Closes the session (kvcd frees its blocks) and returns kvcd's final accounting. A second
-        close returns the same stats; closing a session whose client is closed does nothing."""
-        if not self._ptr:
-            return self._final
-        if not self._client._ptr:  # kvc_disconnect closed it already
-            self._ptr = None
-            return self._final
-        c = _lib.CSessionStats()
+        close returns the same stats; closing a session whose client is closed does nothing.
+        While an array of one of its layer views lives, the session is closed to every call at
+        once but kept in libkvc and kvcd (its blocks under the array) until the last such array
+        goes; close() then returns None."""
         with self._client._lock:
-            p = self._ptr
-            self._forget()
-            r = _lib.load().kvc_session_close(p, ctypes.byref(c))  # frees the session even on failure
-            if r < 0:
-                _raise(r, self._client._last_error() or "close")
+            if not self._ptr or self._closing:
+                return self._final
+            if not self._client._ptr:  # kvc_disconnect closed it already
+                self._ptr = None
+                return self._final
+            if self._pins:
+                self._closing = True
+                return None
+            return self._close_now()
+
+    def _close_now(self) -> SessionStats:
+        c = _lib.CSessionStats()
+        p = self._ptr
+        self._forget()
+        r = _lib.load().kvc_session_close(p, ctypes.byref(c))  # frees the session even on failure
+        if r < 0:
+            _raise(r, self._client._last_error() or "close")
         self._final = SessionStats._of(c)
         return self._final
 
@@ -551,6 +585,7 @@ class Client(_Closes):
                  timeout_ms: int = 0, resume_ms: int = 0, daemon_user: Optional[str] = None) -> None:
         lib = _lib.load()
         self._ptr: Optional[int] = None
+        self._pinned_ptr: Optional[int] = None  # closed with views alive: disconnected when they go
         self._lock = threading.RLock()
         self._sessions: Dict[int, "weakref.ref[Session]"] = {}
         self.socket = socket
@@ -566,6 +601,17 @@ class Client(_Closes):
         if not self._ptr:
             raise KvcInvalid(22, "the client is closed")
         return self._ptr
+
+    def _live_ptr(self) -> Optional[int]:
+        """The connection, open or kept for the arrays of views after close()."""
+        return self._ptr or self._pinned_ptr
+
+    def _release_pinned(self) -> None:
+        """A pinned session was let go: the connection kept for it goes with the last one."""
+        if self._pinned_ptr and not any(s._pins for s in (w() for w in list(self._sessions.values())) if s):
+            p, self._pinned_ptr = self._pinned_ptr, None
+            self._sessions.clear()
+            _lib.load().kvc_disconnect(p)
 
     def _last_error(self) -> str:
         if not self._ptr:
@@ -675,15 +721,27 @@ class Client(_Closes):
             return self._check(_lib.load().kvc_poll(self._p(), timeout_ms), "poll")
 
     def close(self) -> None:
-        """Closes every session of the client and the connection. A second close does nothing."""
+        """Closes every session of the client and the connection. A second close does nothing.
+        Sessions with live arrays of layer views are closed to every call at once, and they and
+        the connection (the mapping under the arrays) go when the last of those arrays goes."""
         with self._lock:
             if not self._ptr:
                 return
             p, self._ptr = self._ptr, None
-            for w in list(self._sessions.values()):
-                s = w()
-                if s is not None:
-                    s._ptr = None
+            sessions = [s for s in (w() for w in list(self._sessions.values())) if s is not None and s._ptr]
+            if any(s._pins for s in sessions):
+                self._pinned_ptr = p
+                for s in sessions:
+                    if s._pins:
+                        s._closing = True
+                    else:
+                        try:
+                            s._close_now()
+                        except KvcError:
+                            pass  # freed in libkvc all the same
+                return
+            for s in sessions:
+                s._ptr = None
             self._sessions.clear()
             _lib.load().kvc_disconnect(p)
 

