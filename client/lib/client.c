@@ -199,7 +199,20 @@ static int socket_paths(const char *hint, char *sock, char *fdp, size_t len) {
         return 0;
 }
 
+/* kvcd reads no request frame over WIRE_REQUEST_MAX_BYTES: it cannot say which request it
+ * refused (ZeroMQ drops a peer above 1 MiB without a word), so the caller would wait its whole
+ * timeout. Refused here, before anything is sent (issue 28). */
+static int check_request_size(struct kvc_client *c, size_t n) {
+        if (n > WIRE_REQUEST_MAX_BYTES)
+                return client_error(c, -EMSGSIZE, "the request is %zu bytes, kvcd takes at most %u", n,
+                                    WIRE_REQUEST_MAX_BYTES);
+        return 0;
+}
+
 int client_send_packed(struct kvc_client *c, const uint8_t *bytes, size_t n) {
+        int r = check_request_size(c, n);
+        if (r < 0)
+                return r;
         if (!c->zsock) /* a client made by kvc_fuzz_client_new(): nobody to tell */
                 return 0;
         if (zmq_send(c->zsock, bytes, n, 0) < 0)
@@ -210,6 +223,9 @@ int client_send_packed(struct kvc_client *c, const uint8_t *bytes, size_t n) {
 int client_send(struct kvc_client *c, Kvc__Envelope *env) {
         env->version = WIRE_VERSION;
         size_t n = wire_packed_size(env);
+        int r = check_request_size(c, n);
+        if (r < 0)
+                return r;
         if (!c->zsock) /* a client made by kvc_fuzz_client_new(): nobody to tell */
                 return 0;
         if (n > c->sendbuf_cap) {

@@ -103,3 +103,21 @@ def test_a_closed_clients_views_keep_the_connection_until_they_go(kvcd_daemon, a
     gc.collect()
     assert not {r["id"] for r in admin.sessions()} & set(ids)
     c.close()
+
+
+# --- item 6: requests kvcd would refuse for their size --------------------------------------
+
+
+def test_a_request_too_large_for_kvcd_is_refused_at_once_by_libkvc(kvcd_daemon):
+    # a timeout longer than the test's deadline: the old libkvc sent these and waited for it
+    with kvcd.connect(kvcd_daemon.dir, name="big", timeout_ms=int(DEADLINE_S * 1000) * 3) as c:
+        with pytest.raises(kvcd.KvcMessageSize) as e:
+            c.open_session(G, policy="x" * (1 << 20))
+        assert "at most 65536" in str(e.value)
+        with pytest.raises(kvcd.KvcMessageSize):
+            c.open_session(G, prompt_token_ids=range(10**6))
+        with pytest.raises(kvcd.KvcMessageSize):
+            c.open_session(G, model_id="m" * (1 << 17), prompt_token_ids=range(16), share_prefix=True)
+        with c.open_session(G) as s:  # the connection is as good as before
+            s.append(0, 0, *ones(1.0))
+            assert s.layer_tokens(0) == 1
