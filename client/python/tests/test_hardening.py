@@ -121,3 +121,64 @@ def test_a_request_too_large_for_kvcd_is_refused_at_once_by_libkvc(kvcd_daemon):
         with c.open_session(G) as s:  # the connection is as good as before
             s.append(0, 0, *ones(1.0))
             assert s.layer_tokens(0) == 1
+
+
+# --- item 10: numbers and strings checked at the boundary -----------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"budget": 2**64}, {"budget": 2**32}, {"budget": -1},
+    {"max_bytes": 2**70}, {"min_bytes": -1}, {"priority": 2**40}, {"priority": -(2**31) - 1},
+    {"prompt_tokens": 2**32}, {"prompt_token_ids": [2**40]}, {"prompt_token_ids": [-1]},
+    {"policy": "full\0x"}, {"tenant": "a\0b"}, {"model_id": "m\0"}, {"params": {"tau\0": 1}},
+    {"params": {"tau": "0.5\0"}},
+])
+def test_a_number_out_of_range_or_a_string_with_a_nul_is_invalid(client, kwargs):
+    with pytest.raises(kvcd.KvcInvalid):
+        client.open_session(G, **kwargs)
+    assert client.sessions == []
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"budget": 1.5}, {"budget": "16"}, {"budget": True}, {"max_bytes": 1e9}, {"priority": None},
+    {"prompt_token_ids": [1.7, 2.2]}, {"prompt_token_ids": np.array([1.0, 2.0])},
+    {"prompt_token_ids": "abc"}, {"prompt_token_ids": 5},
+    {"policy": 5}, {"policy": b"full"}, {"policy": None}, {"tenant": 3}, {"params": [("tau", 1)]},
+    {"params": {"tau": None}}, {"params": {1: 2}},
+])
+def test_a_value_of_the_wrong_type_is_a_dtype_error(client, kwargs):
+    with pytest.raises(kvcd.KvcDtypeError):
+        client.open_session(G, **kwargs)
+    assert client.sessions == []
+
+
+def test_the_session_and_client_calls_check_their_numbers(kvcd_daemon, client):
+    with pytest.raises(kvcd.KvcDtypeError):
+        client.open_session("a geometry")
+    with client.open_session(G, policy="window", budget=32) as s:
+        with pytest.raises(kvcd.KvcInvalid):
+            s.reserve(2**40)  # was reserve(0)
+        with pytest.raises(kvcd.KvcDtypeError):
+            s.reserve(1.5)
+        with pytest.raises(kvcd.KvcInvalid):
+            s.append_slots(0, 2**32)
+        with pytest.raises(kvcd.KvcDtypeError):
+            s.append(0, 0.7, *ones(1.0))  # a float position was truncated to 0
+        with pytest.raises(kvcd.KvcDtypeError):
+            s.append(0, [0.0, 1.0], *(np.zeros((2, 2, 8), np.float32),) * 2)
+        with pytest.raises(kvcd.KvcInvalid):
+            s.gather(0, first=-1)
+        assert s.layer_tokens(0) == 0
+        s.append(0, np.int64(0), *ones(1.0))
+        assert s.layer_tokens(0) == 1
+    with pytest.raises(kvcd.KvcInvalid):
+        client.poll(2**31)
+    with pytest.raises(kvcd.KvcDtypeError):
+        kvcd.connect(kvcd_daemon.dir, name=7)
+    with pytest.raises(kvcd.KvcInvalid):
+        kvcd.connect(kvcd_daemon.dir, timeout_ms=2**31)
+    with pytest.raises(kvcd.KvcInvalid):
+        kvcd.connect(kvcd_daemon.dir + "\0x")
+    with client.open_session(G, prompt_token_ids=np.arange(20, dtype=np.uint16), policy="window",
+                            budget=np.uint32(64)) as s:
+        assert s.budget == 64
