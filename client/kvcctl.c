@@ -337,8 +337,18 @@ static int probe(const struct ctl *c, const char *others) {
                 return fail(c, EXIT_UNREACHABLE, errno, "socket: %s", strerror(errno));
         int r = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 ? 0 : errno;
         close(fd);
+        char why[512];
         switch (r) {
-        case 0: return 0;
+        case 0:
+                /* who listens there, and who owns the socket and its directory: the check libkvc
+                 * makes of kvcd.sock (a squatted /tmp/kvcd-UID must not get an operator's
+                 * commands; $KVC_DAEMON_UID pins the user) */
+                r = kvc_check_daemon_socket(c->path, NULL, why, sizeof(why));
+                if (r == -EPERM)
+                        return fail(c, EXIT_DENIED, EPERM, "refusing %s: %s", c->path, why);
+                if (r < 0)
+                        return fail(c, EXIT_UNREACHABLE, -r, "%s", why);
+                return 0;
         case ENOENT:
         case ENOTDIR:
                 return fail(c, EXIT_UNREACHABLE, r, "nothing is listening at %s: no such socket%s", c->path,

@@ -182,3 +182,14 @@ def test_the_session_and_client_calls_check_their_numbers(kvcd_daemon, client):
     with client.open_session(G, prompt_token_ids=np.arange(20, dtype=np.uint16), policy="window",
                             budget=np.uint32(64)) as s:
         assert s.budget == 64
+
+
+# --- item 11: the admin socket's owner ------------------------------------------------------
+
+
+def test_admin_refuses_an_admin_socket_kvcds_user_does_not_serve(kvcd_daemon, monkeypatch):
+    assert kvcd.admin.Admin(kvcd_daemon.dir).status()["sessions"] >= 0
+    monkeypatch.setenv("KVC_DAEMON_UID", "65534")  # kvcd here runs as us (root): not that user
+    with pytest.raises(kvcd.KvcNotPermitted) as e:
+        kvcd.admin.Admin(kvcd_daemon.dir).status()
+    assert "served by uid" in str(e.value)
