@@ -352,6 +352,13 @@ static void fail(struct runner *r, const char *what, int err) {
                 r->client ? kvc_last_error(r->client) : "");
 }
 
+/* The model computed logits the sampler or kvc_summarize refuses (NaN or infinities): the model
+ * file is the cause, not kvcd (issue 28: this said only "summary: Invalid argument"). */
+static void bad_logits(const struct runner *r, int pos, int err) {
+        fprintf(stderr, "kvc-run: the model %s computed logits that are not finite numbers at position %d (%s): "
+                "its weights are broken\n", r->o.model, pos, strerror(-err));
+}
+
 static int emit(struct runner *r, const char *piece, size_t n) {
         if (!r->o.json) {
                 fwrite(piece, 1, n, stdout);
@@ -364,9 +371,9 @@ static int emit(struct runner *r, const char *piece, size_t n) {
 static int connect_kvcd(struct runner *r) {
         struct kvc_options ko = { .socket = r->o.socket, .name = "kvc-run", .plan_lag = r->o.plan_lag };
         int e = kvc_connect(&ko, &r->client);
-        if (e < 0)
-                fprintf(stderr, "kvc-run: cannot connect to kvcd (%s): %s\n",
-                        r->o.socket ? r->o.socket : "default socket", strerror(-e));
+        if (e < 0) /* kvc_last_error names the uid of a kvcd refused as not kvcd's (issue 28) */
+                fprintf(stderr, "kvc-run: cannot connect to kvcd (%s): %s: %s\n",
+                        r->o.socket ? r->o.socket : "default socket", strerror(-e), kvc_last_error(NULL));
         return e;
 }
 
@@ -413,8 +420,10 @@ static int open_session(struct runner *r) {
 static int encode(struct runner *r, const char *prompt, const char *chat, int **ret_ids, int *ret_n) {
         const struct model_config *mc = model_get_config(r->model);
         int *ids = *ret_ids = calloc((size_t)mc->seq_len + 3, sizeof(int));
-        if (!ids)
+        if (!ids) {
+                fprintf(stderr, "kvc-run: no memory for a prompt of %d positions\n", mc->seq_len);
                 return -ENOMEM;
+        }
         ids[0] = text_start_token(r->tok);
         *ret_n = 1;
         if (!prompt && !chat) {
@@ -607,11 +616,13 @@ static int generate(struct runner *r, int *ret_steps) {
                 pos += n - 1;
                 if (pos < n_prompt - 1)
                         next = prompt[pos + 1];
-                else if ((e = sampler_sample(r->sampler, logits, &next)) < 0)
+                else if ((e = sampler_sample(r->sampler, logits, &next)) < 0) {
+                        bad_logits(r, pos, e);
                         break;
+                }
                 struct kvc_summary sum;
                 if ((e = kvc_summarize(logits, (uint32_t)mc->vocab_size, &sum)) < 0) {
-                        fail(r, "summary", e);
+                        bad_logits(r, pos, e);
                         break;
                 }
                 if (!r->o.local) {
@@ -769,11 +780,15 @@ static int generate_batch(struct runner *r, struct seq *seqs, int n_seqs, int *r
                         int next;
                         if (q->pos < q->n_prompt - 1)
                                 next = q->prompt[q->pos + 1];
-                        else if ((e = sampler_sample(q->sampler, lg, &next)) < 0)
-                                break;
+                        else if ((e = sampler_sample(q->sampler, lg, &next)) < 0) {
+                                bad_logits(r, q->pos, e);
+                                return e;
+                        }
                         struct kvc_summary sum;
-                        if ((e = kvc_summarize(lg, (uint32_t)mc->vocab_size, &sum)) < 0)
-                                break;
+                        if ((e = kvc_summarize(lg, (uint32_t)mc->vocab_size, &sum)) < 0) {
+                                bad_logits(r, q->pos, e);
+                                return e;
+                        }
                         if (q->session) {
                                 enum kvc_phase ph =
                                         q->pos < q->n_prompt - 1 ? KVC_PHASE_PREFILL : KVC_PHASE_DECODE;
@@ -804,6 +819,11 @@ static int generate_batch(struct runner *r, struct seq *seqs, int n_seqs, int *r
         return 0;
 }
 
+static void local_cache_failed(const struct model_config *mc, int err) {
+        fprintf(stderr, "kvc-run: cannot allocate the in-process cache (--local) of %d positions: %s\n",
+                mc->seq_len, strerror(-err));
+}
+
 /* --batch and --prompts: the sequences, their sessions or caches, the run and its report. */
 static int run_batch(struct runner *r) {
         const struct model_config *mc = model_get_config(r->model);
@@ -815,9 +835,12 @@ static int run_batch(struct runner *r) {
         for (int i = 0; i < n && e == 0; i++) {
                 e = sampler_new(mc->vocab_size, r->o.temperature, r->o.seed + (unsigned long long)i,
                                 &seqs[i].sampler);
-                if (e == 0)
-                        e = r->o.local ? plain_cache_new(mc, mc->seq_len, &seqs[i].plain)
-                                       : open_one(r, seqs[i].prompt, seqs[i].n_prompt, &seqs[i].session);
+                if (e < 0)
+                        fprintf(stderr, "kvc-run: no memory for a sampler: %s\n", strerror(-e));
+                else if (r->o.local && (e = plain_cache_new(mc, mc->seq_len, &seqs[i].plain)) < 0)
+                        local_cache_failed(mc, e);
+                else if (!r->o.local)
+                        e = open_one(r, seqs[i].prompt, seqs[i].n_prompt, &seqs[i].session);
         }
         double t0 = seconds(), dt = 0;
         if (e == 0) {
@@ -904,13 +927,18 @@ int main(int argc, char **argv) {
                 goto out;
         }
         if (r.o.batch > 1 || r.o.prompts) {
-                if (r.o.share && (e = model_id_of(r.o.model, r.model_id, sizeof(r.model_id))) < 0)
+                if (r.o.share && (e = model_id_of(r.o.model, r.model_id, sizeof(r.model_id))) < 0) {
+                        fprintf(stderr, "kvc-run: %s: %s\n", r.o.model, strerror(-e));
                         goto out;
+                }
                 rc = run_batch(&r) < 0;
                 goto out;
         }
-        if ((e = sampler_new(mc->vocab_size, r.o.temperature, r.o.seed, &r.sampler)) < 0 ||
-            (e = encode(&r, r.o.prompt, r.o.chat, &r.prompt, &r.n_prompt)) < 0)
+        if ((e = sampler_new(mc->vocab_size, r.o.temperature, r.o.seed, &r.sampler)) < 0) {
+                fprintf(stderr, "kvc-run: no memory for a sampler: %s\n", strerror(-e));
+                goto out;
+        }
+        if ((e = encode(&r, r.o.prompt, r.o.chat, &r.prompt, &r.n_prompt)) < 0)
                 goto out;
         if (r.o.share && (e = model_id_of(r.o.model, r.model_id, sizeof(r.model_id))) < 0) {
                 fprintf(stderr, "kvc-run: %s: %s\n", r.o.model, strerror(-e));
@@ -929,9 +957,9 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "kvc-run: --tier %s: %s\n", r.o.tier,
                                 e == -EINVAL ? "not a tier of the ladder (q8, q4, q3, q2) for this model's heads"
                                              : strerror(-e));
-        } else if (r.o.local)
-                e = plain_cache_new(mc, mc->seq_len, &r.plain);
-        else
+        } else if (r.o.local && (e = plain_cache_new(mc, mc->seq_len, &r.plain)) < 0)
+                local_cache_failed(mc, e);
+        else if (!r.o.local)
                 e = open_session(&r);
         if (e < 0)
                 goto out;

@@ -337,8 +337,18 @@ static int probe(const struct ctl *c, const char *others) {
                 return fail(c, EXIT_UNREACHABLE, errno, "socket: %s", strerror(errno));
         int r = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 ? 0 : errno;
         close(fd);
+        char why[512];
         switch (r) {
-        case 0: return 0;
+        case 0:
+                /* who listens there, and who owns the socket and its directory: the check libkvc
+                 * makes of kvcd.sock (a squatted /tmp/kvcd-UID must not get an operator's
+                 * commands; $KVC_DAEMON_UID pins the user) */
+                r = kvc_check_daemon_socket(c->path, NULL, why, sizeof(why));
+                if (r == -EPERM)
+                        return fail(c, EXIT_DENIED, EPERM, "refusing %s: %s", c->path, why);
+                if (r < 0)
+                        return fail(c, EXIT_UNREACHABLE, -r, "%s", why);
+                return 0;
         case ENOENT:
         case ENOTDIR:
                 return fail(c, EXIT_UNREACHABLE, r, "nothing is listening at %s: no such socket%s", c->path,
@@ -999,6 +1009,8 @@ static int verb_budget_set(struct ctl *c) {
             (r = bytes_flag(c, F_MAX, &bs.set_max, &bs.session_max_bytes)))
                 return r;
         bs.tenant = (char *)c->val[F_TENANT];
+        if (bs.tenant && (!*bs.tenant || *bs.tenant == '-'))
+                return USAGE(c, "budget set --tenant takes a tenant's name, not '%s'", bs.tenant);
         if (c->val[F_SESSION]) {
                 if (parse_ll(c->val[F_SESSION], 1, LLONG_MAX, &v) < 0)
                         return USAGE(c, "budget set --session takes a session id, not '%s'",
@@ -1341,9 +1353,12 @@ int main(int argc, char **argv) {
                         eq = name; /* its value starts after eq */
                 struct word x = { .arg = a, .flag = f >= 0 ? f : -3, .before_verb = n_plain == 0 };
                 if (f >= 0 && flags[f].arg) {
+                        /* a long option where a value belongs means the value is missing
+                         * (--tenant --capacity 1G named a tenant "--capacity"); a negative number
+                         * (--priority -5) is a value */
                         if (eq)
                                 x.value = eq + 1;
-                        else if (i + 1 < argc)
+                        else if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
                                 x.value = argv[++i];
                         else
                                 x.value = NULL;
@@ -1366,6 +1381,13 @@ int main(int argc, char **argv) {
                         goto out;
                 }
         }
+        /* a missing value is said before anything else (`--socket D --timeout` said "no verb
+         * given") */
+        for (int i = 0; i < n_w; i++)
+                if (w[i].flag >= 0 && flags[w[i].flag].arg && !w[i].value) {
+                        rc = USAGE(&c, "%s needs a value (%s)", w[i].arg, flags[w[i].flag].arg);
+                        goto out;
+                }
         /* second pass, against the verb's row */
         int used = 0, v = find_verb(&c, plain, n_plain, &used);
         if (v < 0) {

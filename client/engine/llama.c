@@ -170,23 +170,35 @@ static int read_config(struct llama *m, char *why, size_t why_len) {
                 return fail(why, why_len,
                             "llama.block_count, embedding_length, feed_forward_length or "
                             "attention.head_count is missing or not an integer");
-        if (gguf_get_u32(g, "llama.attention.head_count_kv", &n_kv_heads) < 0)
+        int r = gguf_get_u32(g, "llama.attention.head_count_kv", &n_kv_heads);
+        if (r == -ENOENT)
                 n_kv_heads = n_heads;
-        if (gguf_get_u32(g, "llama.context_length", &ctx) < 0)
+        else if (r < 0)
+                return fail(why, why_len, "llama.attention.head_count_kv is not an integer of 32 bits");
+        r = gguf_get_u32(g, "llama.context_length", &ctx);
+        if (r == -ENOENT)
                 ctx = 2048;
+        else if (r < 0)
+                return fail(why, why_len, "llama.context_length is not an integer of 32 bits");
+        /* every count is bounded here, before any arithmetic or cast to int uses it */
         if (n_layers == 0 || n_layers > LLAMA_MAX_LAYERS || dim == 0 || dim > LLAMA_MAX_DIM || hidden == 0 ||
             hidden > 4 * LLAMA_MAX_DIM || n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads ||
-            dim % n_heads || (dim / n_heads) % 2 || ctx == 0)
+            dim % n_heads || (dim / n_heads) % 2)
                 return fail(why, why_len,
                             "the model's shape is out of range (%u layers, dim %u, %u heads, %u KV heads)",
                             n_layers, dim, n_heads, n_kv_heads);
+        if (ctx == 0 || ctx > MODEL_MAX_SEQ_LEN)
+                return fail(why, why_len, "llama.context_length %u is out of range (1 to %d)", ctx,
+                            MODEL_MAX_SEQ_LEN);
         m->head_dim = (int)(dim / n_heads);
-        if (gguf_get_u32(g, "llama.rope.dimension_count", &rope_dims) == 0 &&
-            rope_dims != (uint32_t)m->head_dim)
+        r = gguf_get_u32(g, "llama.rope.dimension_count", &rope_dims);
+        if (r < 0 && r != -ENOENT)
+                return fail(why, why_len, "llama.rope.dimension_count is not an integer of 32 bits");
+        if (r == 0 && rope_dims != (uint32_t)m->head_dim)
                 return fail(why, why_len, "partial rotary embeddings (%u of %d dimensions) are not supported",
                             rope_dims, m->head_dim);
-        int r = gguf_get_f64(g, "llama.rope.freq_base", &base);
-        if ((r < 0 && r != -ENOENT) || !(base > 1.0))
+        r = gguf_get_f64(g, "llama.rope.freq_base", &base);
+        if ((r < 0 && r != -ENOENT) || !(base > 1.0) || !isfinite(base))
                 return fail(why, why_len, "llama.rope.freq_base is not a number above 1");
         r = gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &eps);
         if ((r < 0 && r != -ENOENT) || !(eps > 0 && eps < 1))

@@ -43,7 +43,6 @@
 #define MODEL_MAX_LAYERS       512
 #define MODEL_MAX_HEADS        1024
 #define MODEL_MAX_VOCAB        (1 << 20)
-#define MODEL_MAX_SEQ_LEN      (1 << 20)
 #define MODEL_HEADER_BYTES     28u
 #define PLAIN_CACHE_MAX_TOKENS (1 << 24)
 

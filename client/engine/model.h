@@ -25,6 +25,11 @@ struct model_config {
         int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
 };
 
+/* The most positions a model may declare (seq_len), in either format: the context kvcd's wire
+ * takes (proto/wire.h). A file that declares more is refused, so seq_len always fits an int and
+ * any product of it with a few words (a prompt buffer, a plain cache) fits a size_t. */
+#define MODEL_MAX_SEQ_LEN (1 << 20)
+
 struct model;
 
 /* Loads a checkpoint: 7 little-endian int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads,

@@ -125,48 +125,113 @@ static const char *allowed_text(const struct kvc_client *c, char *buf, size_t le
         return buf;
 }
 
-/* The connected side channel's peer (SO_PEERCRED: the kernel's word), then the runtime directory
- * and kvcd.sock: all must belong to a user allowed to be kvcd, and nobody else may write in the
- * directory (else they could put their own kvcd.sock beside the real side channel). -EPERM, the
- * reason in c->error. Called before a byte is sent or anything is mapped. */
-static int check_daemon(struct kvc_client *c) {
+/* The peer of peer_fd, a connection to one of kvcd's sockets (SO_PEERCRED: the kernel's word),
+ * then the directory of sock_path and sock_path itself: all must belong to a user allowed to be
+ * kvcd, and nobody else may write in the directory (else they could put their own socket beside
+ * the real one). 0, or -errno (-EPERM: not kvcd's) with the reason in why. */
+static int check_daemon_paths(const struct kvc_client *c, int peer_fd, const char *peer_path,
+                              const char *sock_path, char *why, size_t why_len) {
         struct ucred cr;
         socklen_t len = sizeof(cr);
         struct stat st;
         char allowed[160], dir[256];
-        if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
-                return client_error(c, -errno, "SO_PEERCRED on %s: %s", c->fd_path, strerror(errno));
+        if (getsockopt(peer_fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+                int e = errno;
+                snprintf(why, why_len, "SO_PEERCRED on %s: %s", peer_path, strerror(e));
+                return -e;
+        }
         /* under socket activation the listening socket is the service manager's (pid 1, root) */
         bool activated = cr.uid == 0 && cr.pid == 1;
-        if (!daemon_allowed(c, cr.uid) && !activated)
-                return client_error(c, -EPERM, "%s is served by uid %u (pid %d), not by kvcd's user (%s)",
-                                    c->fd_path, (unsigned)cr.uid, (int)cr.pid,
-                                    allowed_text(c, allowed, sizeof(allowed)));
-        const char *slash = strrchr(c->sock_path, '/');
-        snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - c->sock_path) : 1,
-                 slash ? c->sock_path : ".");
+        if (!daemon_allowed(c, cr.uid) && !activated) {
+                snprintf(why, why_len, "%s is served by uid %u (pid %d), not by kvcd's user (%s)", peer_path,
+                         (unsigned)cr.uid, (int)cr.pid, allowed_text(c, allowed, sizeof(allowed)));
+                return -EPERM;
+        }
+        const char *slash = strrchr(sock_path, '/');
+        snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - sock_path) : 1, slash ? sock_path : ".");
         if (!dir[0])
                 snprintf(dir, sizeof(dir), "/");
         /* a symlink for the directory (in /tmp, anyone's) could be pointed elsewhere after the
          * checks: only one of an allowed user is followed */
-        if (lstat(dir, &st) == 0 && S_ISLNK(st.st_mode) && !daemon_allowed(c, st.st_uid) && st.st_uid != 0)
-                return client_error(c, -EPERM, "kvcd's runtime directory %s is a symlink of uid %u", dir,
-                                    (unsigned)st.st_uid);
-        if (stat(dir, &st) < 0)
-                return client_error(c, -errno, "%s: %s", dir, strerror(errno));
-        if ((!daemon_allowed(c, st.st_uid) && st.st_uid != 0) || (st.st_mode & (S_IWGRP | S_IWOTH)))
-                return client_error(
-                        c, -EPERM,
-                        "kvcd's runtime directory %s belongs to uid %u with mode %04o: it must be "
-                        "kvcd's (%s) and writable by nobody else",
-                        dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
-                        allowed_text(c, allowed, sizeof(allowed)));
-        if (lstat(c->sock_path, &st) < 0)
-                return client_error(c, -errno, "%s: %s", c->sock_path, strerror(errno));
-        if (!S_ISSOCK(st.st_mode) || (!daemon_allowed(c, st.st_uid) && st.st_uid != 0))
-                return client_error(c, -EPERM, "%s is not a socket of kvcd's user (%s): uid %u", c->sock_path,
-                                    allowed_text(c, allowed, sizeof(allowed)), (unsigned)st.st_uid);
+        if (lstat(dir, &st) == 0 && S_ISLNK(st.st_mode) && !daemon_allowed(c, st.st_uid) && st.st_uid != 0) {
+                snprintf(why, why_len, "kvcd's runtime directory %s is a symlink of uid %u", dir,
+                         (unsigned)st.st_uid);
+                return -EPERM;
+        }
+        if (stat(dir, &st) < 0) {
+                int e = errno;
+                snprintf(why, why_len, "%s: %s", dir, strerror(e));
+                return -e;
+        }
+        if ((!daemon_allowed(c, st.st_uid) && st.st_uid != 0) || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+                snprintf(why, why_len,
+                         "kvcd's runtime directory %s belongs to uid %u with mode %04o: it must be "
+                         "kvcd's (%s) and writable by nobody else",
+                         dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+                         allowed_text(c, allowed, sizeof(allowed)));
+                return -EPERM;
+        }
+        if (lstat(sock_path, &st) < 0) {
+                int e = errno;
+                snprintf(why, why_len, "%s: %s", sock_path, strerror(e));
+                return -e;
+        }
+        if (!S_ISSOCK(st.st_mode) || (!daemon_allowed(c, st.st_uid) && st.st_uid != 0)) {
+                snprintf(why, why_len, "%s is not a socket of kvcd's user (%s): uid %u", sock_path,
+                         allowed_text(c, allowed, sizeof(allowed)), (unsigned)st.st_uid);
+                return -EPERM;
+        }
         return 0;
+}
+
+/* The connected side channel's peer, the runtime directory and kvcd.sock (check_daemon_paths).
+ * -EPERM, the reason in c->error. Called before a byte is sent or anything is mapped. */
+static int check_daemon(struct kvc_client *c) {
+        char why[sizeof(c->error)];
+        int r = check_daemon_paths(c, c->fd, c->fd_path, c->sock_path, why, sizeof(why));
+        return r < 0 ? client_error(c, r, "%s", why) : 0;
+}
+
+int kvc_check_daemon_socket(const char *path, const char *daemon_user, char *why, size_t why_len) {
+        char none[1];
+        if (!why || !why_len)
+                why = none, why_len = sizeof(none);
+        why[0] = '\0';
+        if (!path || !*path) {
+                snprintf(why, why_len, "no socket path");
+                return -EINVAL;
+        }
+        struct kvc_client *c = calloc(1, sizeof(*c));
+        if (!c)
+                return -ENOMEM;
+        struct kvc_options o = { .daemon_user = daemon_user };
+        int r = daemon_users(c, &o);
+        if (r < 0) {
+                snprintf(why, why_len, "%s", connect_error);
+                free(c);
+                return r;
+        }
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        int fd = -1;
+        if (strlen(path) >= sizeof(sa.sun_path)) {
+                snprintf(why, why_len, "socket path too long: %s", path);
+                r = -ENAMETOOLONG;
+        } else if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0) {
+                r = -errno;
+                snprintf(why, why_len, "socket: %s", strerror(-r));
+        } else {
+                memcpy(sa.sun_path, path, strlen(path) + 1);
+                if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+                        r = -errno;
+                        snprintf(why, why_len, "cannot connect to %s: %s", path, strerror(-r));
+                } else {
+                        r = check_daemon_paths(c, fd, path, path, why, why_len);
+                }
+        }
+        if (fd >= 0)
+                close(fd);
+        free(c);
+        return r;
 }
 
 /* kvcd.sock and kvcd.fd.sock from a runtime directory or a kvcd.sock path. */
@@ -199,7 +264,20 @@ static int socket_paths(const char *hint, char *sock, char *fdp, size_t len) {
         return 0;
 }
 
+/* kvcd reads no request frame over WIRE_REQUEST_MAX_BYTES: it cannot say which request it
+ * refused (ZeroMQ drops a peer above 1 MiB without a word), so the caller would wait its whole
+ * timeout. Refused here, before anything is sent (issue 28). */
+static int check_request_size(struct kvc_client *c, size_t n) {
+        if (n > WIRE_REQUEST_MAX_BYTES)
+                return client_error(c, -EMSGSIZE, "the request is %zu bytes, kvcd takes at most %u", n,
+                                    WIRE_REQUEST_MAX_BYTES);
+        return 0;
+}
+
 int client_send_packed(struct kvc_client *c, const uint8_t *bytes, size_t n) {
+        int r = check_request_size(c, n);
+        if (r < 0)
+                return r;
         if (!c->zsock) /* a client made by kvc_fuzz_client_new(): nobody to tell */
                 return 0;
         if (zmq_send(c->zsock, bytes, n, 0) < 0)
@@ -210,6 +288,9 @@ int client_send_packed(struct kvc_client *c, const uint8_t *bytes, size_t n) {
 int client_send(struct kvc_client *c, Kvc__Envelope *env) {
         env->version = WIRE_VERSION;
         size_t n = wire_packed_size(env);
+        int r = check_request_size(c, n);
+        if (r < 0)
+                return r;
         if (!c->zsock) /* a client made by kvc_fuzz_client_new(): nobody to tell */
                 return 0;
         if (n > c->sendbuf_cap) {

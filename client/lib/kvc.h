@@ -81,6 +81,13 @@ struct kvc_client *kvc_disconnect(struct kvc_client *c);
 const char *kvc_last_error(const struct kvc_client *c);
 /* The runtime directory a client would use without options (buf gets at most len bytes). */
 int kvc_default_runtime_dir(char *buf, size_t len);
+/* The check kvc_connect makes of kvcd.sock, for the programs that use kvcd's other sockets
+ * (kvcctl on kvcd.admin.sock): connects to the Unix socket at path once (nothing is sent) and
+ * checks its listener (SO_PEERCRED), the socket file and its directory against the users allowed
+ * to be kvcd (daemon_user as in kvc_options, NULL: $KVC_DAEMON_UID, else root, this process's uid
+ * or the user "kvcd"); the directory must be writable by nobody else. 0, -EPERM when it is not
+ * kvcd's, or -errno (-ENOENT, -ECONNREFUSED, -EACCES...) from the connect; the reason in why. */
+int kvc_check_daemon_socket(const char *path, const char *daemon_user, char *why, size_t why_len);
 
 struct kvc_geometry {
         uint32_t n_layers;

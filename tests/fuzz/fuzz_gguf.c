@@ -81,9 +81,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(r == 0 || r == -ENOMEM || (r == -EINVAL && why[0]));
         if (r == 0) {
                 const struct model_config *c = llama_config(m);
+                /* every count of an accepted model is in range (issue 28: a context of 2^31 became a
+                 * negative int that kvc-run sized its prompt buffer with) */
+                FUZZ_CHECK(c->dim > 0 && c->hidden_dim > 0 && c->n_layers > 0 && c->n_heads > 0 &&
+                           c->n_kv_heads > 0 && c->vocab_size > 0);
+                FUZZ_CHECK(c->seq_len > 0 && c->seq_len <= MODEL_MAX_SEQ_LEN);
                 struct model_cache_ops ops = { .store = store, .attend = attend };
                 float *logits;
                 FUZZ_CHECK(llama_forward(m, 0, 0, &ops, (void *)c, &logits) == 0);
+                FUZZ_CHECK(llama_forward(m, 0, c->seq_len - 1, &ops, (void *)c, &logits) == 0);
                 llama_free(m);
         }
         sink = sum; /* the bytes were read, so the sanitizers saw every access */

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/fuzz/replay.sh [BUILD]: replays every checked-in fuzz corpus (tests/fuzz/corpus/TARGET)
-# through BUILD/fuzz/replay-TARGET, built by `make tests` (tests/fuzz/fuzz.mk). Builds nothing.
+# through BUILD/fuzz/replay-TARGET and through the libFuzzer target BUILD/fuzz/fuzz-TARGET (once
+# each input, -runs=0), both built by `make tests` (tests/fuzz/fuzz.mk). Builds nothing.
 # One test for tests/run.sh: exits non-zero when a binary is missing, a corpus is empty, or an
 # input crashes a target; a failing target is rerun verbosely so the last line names the input.
 set -u
@@ -19,6 +20,16 @@ for t in wire plan model tokenizer gguf bpe; do
         else
                 echo "$t: FAILED"
                 REPLAY_VERBOSE=1 "$bin" "tests/fuzz/corpus/$t" 2>&1 | tail -n 30
+                rc=1
+        fi
+        # the libFuzzer target itself (clang, ASan/UBSan), built by `make tests`: each input once
+        fz=$build/fuzz/fuzz-$t
+        if [ ! -x "$fz" ]; then
+                echo "$fz is missing: make tests first"
+                rc=1
+        elif ! out=$("$fz" -runs=0 "tests/fuzz/corpus/$t" 2>&1); then
+                echo "$t (libFuzzer): FAILED"
+                printf '%s\n' "$out" | tail -n 30
                 rc=1
         fi
 done

@@ -181,6 +181,36 @@ static void usage_errors_are_one_line_and_exit_2(void **state) {
         result_free(&r);
 }
 
+/* Issue 28, item 15: `budget set --quota 1G --tenant --capacity` set the quota of a tenant named
+ * "--capacity", `--tenant=` one named "", and `--socket D --timeout` said "no verb given". */
+static void a_missing_value_or_a_bad_tenant_name_is_said_as_such(void **state) {
+        const struct daemon *d = *state;
+        static const struct {
+                const char *args[7];
+                const char *want;
+        } cases[] = {
+                { { "--timeout" }, "--timeout needs a value (MS)" },
+                { { "status", "--timeout" }, "--timeout needs a value (MS)" },
+                { { "budget", "set", "--quota", "1G", "--tenant", "--capacity" }, "--tenant needs a value (NAME)" },
+                { { "budget", "set", "--tenant", "--capacity", "1G" }, "--tenant needs a value (NAME)" },
+                { { "budget", "set", "--quota", "1G", "--tenant=" }, "takes a tenant's name, not ''" },
+                { { "budget", "set", "--quota", "1G", "--tenant", "-x" }, "takes a tenant's name, not '-x'" },
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                struct result r = ctlv(d->dir, cases[i].args);
+                if (r.exit != 2 || !strstr(r.err, cases[i].want))
+                        fail_msg("case %zu: exit %d, stderr '%s' (expected 2 and '%s')", i, r.exit, r.err,
+                                 cases[i].want);
+                result_free(&r);
+        }
+        struct result r = CTL(d->dir, "--json", "budget", "get");
+        assert_int_equal(r.exit, 0);
+        assert_non_null(strstr(r.out, "\"name\":\"alice\""));
+        assert_null(strstr(r.out, "\"name\":\"--capacity\""));
+        assert_null(strstr(r.out, "\"name\":\"\""));
+        result_free(&r);
+}
+
 static void global_flags_work_after_the_verb(void **state) {
         const struct daemon *d = *state;
         struct result r = CTL(NULL, "status", "--json", "--socket", d->dir, "--timeout", "5000");
@@ -682,6 +712,7 @@ static void events_follow_until_interrupted_one_json_object_per_line(void **stat
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(usage_errors_are_one_line_and_exit_2),
+                cmocka_unit_test(a_missing_value_or_a_bad_tenant_name_is_said_as_such),
                 cmocka_unit_test(global_flags_work_after_the_verb),
                 cmocka_unit_test(json_errors_are_objects_on_stdout_with_the_same_exit_codes),
                 cmocka_unit_test(a_missing_or_stale_socket_is_told_at_once_with_exit_3),

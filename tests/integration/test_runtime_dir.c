@@ -3,7 +3,8 @@
  * kvcd refuses a runtime directory another uid owns or that others may write in, and a kvcd.lock
  * that is a symlink (its target is not created); libkvc refuses a kvcd whose side channel is
  * served by a uid it does not allow (SO_PEERCRED), a runtime directory others may write in, and a
- * kvcd.sock of another user, before it sends a byte. The uid it allows is pinned for the test with
+ * kvcd.sock of another user, before it sends a byte; kvcctl makes the same check of
+ * kvcd.admin.sock (issue 28). The uid it allows is pinned for the test with
  * KVC_DAEMON_UID (the test's kvcd runs as root, which libkvc allows by default). Needs root (chown
  * to 65534); skipped otherwise.
  */
@@ -185,6 +186,54 @@ static void libkvc_follows_no_symlink_of_another_user_to_kvcd(void **state) {
         assert_int_equal(unlink(link), 0);
 }
 
+/* kvcctl --json --socket DIR status with KVC_DAEMON_UID=pin (NULL: unset): its exit status, and
+ * its output (malloc'd) in *ret_out. */
+static int kvcctl_status(const struct daemon *d, const char *pin, char **ret_out) {
+        const char *argv[] = { harness_bin("kvcctl"), "--json", "--socket", d->dir, "status", NULL };
+        int st = -1;
+        if (pin)
+                setenv("KVC_DAEMON_UID", pin, 1);
+        int r = harness_run(argv, ret_out, &st);
+        unsetenv("KVC_DAEMON_UID");
+        assert_int_equal(r, 0);
+        assert_true(WIFEXITED(st));
+        return WEXITSTATUS(st);
+}
+
+static void kvcctl_expect_denied(const struct daemon *d, const char *pin, const char *want) {
+        char *out = NULL;
+        int code = kvcctl_status(d, pin, &out);
+        if (code != 4 || !out || !strstr(out, want) || !strstr(out, "EPERM"))
+                fail_msg("kvcctl exited %d: %s (expected 4 and \"%s\")", code, out ? out : "", want);
+        free(out);
+}
+
+/* Issue 28, item 11: kvcctl (and kvcd.admin, which runs it) sent an operator's commands to
+ * whatever listened on kvcd.admin.sock, a squatted /tmp/kvcd-UID included. It now makes
+ * libkvc's check (kvc_check_daemon_socket) of the admin socket first. */
+static void kvcctl_refuses_an_admin_socket_that_is_not_kvcds(void **state) {
+        struct daemon *d = *state;
+        char *out = NULL, sock[200];
+        assert_int_equal(kvcctl_status(d, NULL, &out), 0);
+        free(out);
+        kvcctl_expect_denied(d, "65534", "served by uid 0");
+        assert_int_equal(chmod(d->dir, 0777), 0);
+        kvcctl_expect_denied(d, NULL, "mode 0777");
+        assert_int_equal(chmod(d->dir, 0750), 0);
+        snprintf(sock, sizeof(sock), "%s/kvcd.admin.sock", d->dir);
+        assert_int_equal(lchown(sock, NOBODY, NOBODY), 0);
+        kvcctl_expect_denied(d, NULL, "is not a socket of kvcd's user");
+        assert_int_equal(lchown(sock, 0, 0), 0);
+        assert_int_equal(kvcctl_status(d, "0", &out), 0);
+        free(out);
+        /* the public check itself, as kvcctl calls it */
+        char why[256];
+        assert_int_equal(kvc_check_daemon_socket(sock, NULL, why, sizeof(why)), 0);
+        assert_int_equal(kvc_check_daemon_socket(sock, "65534", why, sizeof(why)), -EPERM);
+        snprintf(sock, sizeof(sock), "%s/no-such.sock", d->dir);
+        assert_int_equal(kvc_check_daemon_socket(sock, NULL, why, sizeof(why)), -ENOENT);
+}
+
 static int group_start(void **state) {
         return harness_group_start(state, NULL);
 }
@@ -204,6 +253,7 @@ int main(void) {
                 cmocka_unit_test(libkvc_refuses_a_runtime_directory_others_can_write),
                 cmocka_unit_test(libkvc_refuses_a_kvcd_sock_of_another_user),
                 cmocka_unit_test(libkvc_follows_no_symlink_of_another_user_to_kvcd),
+                cmocka_unit_test(kvcctl_refuses_an_admin_socket_that_is_not_kvcds),
         };
         int failed = cmocka_run_group_tests(alone, NULL, NULL);
         return failed + cmocka_run_group_tests(with_kvcd, group_start, harness_group_stop);

@@ -23,9 +23,17 @@
 #include "llama.h"
 #include "qtype.h"
 
+/* fields: where each 32- or 64-bit number the writer put lies (offset and width), so a test can
+ * set every one of them to its limits */
+#define GBUF_MAX_FIELDS 512
 struct gbuf {
         uint8_t *b;
         size_t n, cap;
+        size_t n_fields;
+        struct {
+                size_t at;
+                unsigned bytes;
+        } fields[GBUF_MAX_FIELDS];
 };
 
 static void put(struct gbuf *g, const void *p, size_t n) {
@@ -38,12 +46,18 @@ static void put(struct gbuf *g, const void *p, size_t n) {
         g->n += n;
 }
 
+static void field(struct gbuf *g, const void *p, unsigned bytes) {
+        if (g->n_fields < GBUF_MAX_FIELDS)
+                g->fields[g->n_fields].at = g->n, g->fields[g->n_fields++].bytes = bytes;
+        put(g, p, bytes);
+}
+
 static void u32(struct gbuf *g, uint32_t x) {
-        put(g, &x, 4);
+        field(g, &x, 4);
 }
 
 static void u64(struct gbuf *g, uint64_t x) {
-        put(g, &x, 8);
+        field(g, &x, 8);
 }
 
 static void str(struct gbuf *g, const char *s) {
@@ -60,7 +74,14 @@ static void kv_u32(struct gbuf *g, const char *k, uint32_t v) {
 static void kv_f32(struct gbuf *g, const char *k, float v) {
         str(g, k);
         u32(g, GGUF_TYPE_FLOAT32);
-        put(g, &v, 4);
+        field(g, &v, 4);
+}
+
+/* A key of any scalar type; v is written in the type's width. */
+static void kv_scalar(struct gbuf *g, const char *k, enum gguf_type t, uint64_t v) {
+        str(g, k);
+        u32(g, t);
+        field(g, &v, (unsigned)gguf_type_size(t));
 }
 
 static void kv_str(struct gbuf *g, const char *k, const char *v) {
@@ -96,9 +117,10 @@ static const struct tensor_spec tiny_tensors[] = {
 };
 #define N_TINY (sizeof(tiny_tensors) / sizeof(tiny_tensors[0]))
 
-/* Writes the tiny model; arch names the architecture. Weights: element i of tensor t is
- * sin(1 + i + 7 t) / 4 (norms: 1 + element / 8). */
-static struct gbuf tiny_model(const char *arch) {
+/* Writes the tiny model with llama.context_length of type ctx_type and value ctx (in the type's
+ * width); arch names the architecture. Weights: element i of tensor t is sin(1 + i + 7 t) / 4
+ * (norms: 1 + element / 8). */
+static struct gbuf tiny_model_ctx(const char *arch, enum gguf_type ctx_type, uint64_t ctx) {
         struct gbuf g = { 0 };
         u32(&g, GGUF_MAGIC);
         u32(&g, 3);
@@ -110,7 +132,7 @@ static struct gbuf tiny_model(const char *arch) {
         kv_u32(&g, "llama.feed_forward_length", T_HID);
         kv_u32(&g, "llama.attention.head_count", 2);
         kv_u32(&g, "llama.attention.head_count_kv", 1);
-        kv_u32(&g, "llama.context_length", 64);
+        kv_scalar(&g, "llama.context_length", ctx_type, ctx);
         kv_f32(&g, "llama.rope.freq_base", 10000.0f);
         kv_f32(&g, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
         uint64_t off = 0;
@@ -136,6 +158,10 @@ static struct gbuf tiny_model(const char *arch) {
                 pad(&g, 32);
         }
         return g;
+}
+
+static struct gbuf tiny_model(const char *arch) {
+        return tiny_model_ctx(arch, GGUF_TYPE_UINT32, 64);
 }
 
 static int open_buf(const struct gbuf *g, struct gguf **ret, char *why) {
@@ -458,6 +484,142 @@ static void llama_forward_matches_a_hand_computation(void **state) {
         free(b.b);
 }
 
+/* A cache for any configuration llama_new accepted: stores nothing, attends to zeros. */
+static int null_store(void *ctx, int layer, int pos, const float *k, const float *v) {
+        (void)ctx, (void)layer, (void)pos, (void)k, (void)v;
+        return 0;
+}
+
+static int null_attend(void *ctx, int layer, int pos, const float *q, float *out) {
+        const struct model_config *c = ctx;
+        (void)layer, (void)pos, (void)q;
+        memset(out, 0, (size_t)c->dim * sizeof(float));
+        return 0;
+}
+
+/* What every caller of the engine relies on once llama_new accepted a model: every count is
+ * positive and bounded, so int arithmetic on it (a prompt buffer of seq_len + 3 ids) is sound. */
+static void assert_config_in_range(const struct model_config *c) {
+        assert_true(c->dim > 0 && c->hidden_dim > 0 && c->n_layers > 0 && c->n_heads > 0 &&
+                    c->n_kv_heads > 0 && c->vocab_size > 0);
+        assert_in_range(c->seq_len, 1, MODEL_MAX_SEQ_LEN);
+}
+
+/* Opens a copy of exactly b->n bytes (ASan sees any read past it) and, when the reader accepts
+ * it, builds the model and runs one step at position 0 and one at the last position. Returns
+ * what refused it (0: accepted). */
+static int open_and_run(const struct gbuf *b) {
+        uint8_t *copy = malloc(b->n);
+        assert_non_null(copy);
+        memcpy(copy, b->b, b->n);
+        struct gguf *g = NULL;
+        char why[256] = "";
+        int r = gguf_open_buffer(copy, b->n, &g, why, sizeof(why));
+        assert_true(r == 0 || r == -EINVAL || r == -EOVERFLOW);
+        if (r == 0) {
+                struct llama *m = NULL;
+                why[0] = 0;
+                r = llama_new(&g, &(struct llama_options){ .threads = 1, .exact = true }, &m, why,
+                              sizeof(why));
+                assert_null(g);
+                assert_true(r == 0 || (r == -EINVAL && why[0]));
+                if (r == 0) {
+                        const struct model_config *c = llama_config(m);
+                        assert_config_in_range(c);
+                        struct model_cache_ops ops = { .store = null_store, .attend = null_attend };
+                        float *logits;
+                        assert_int_equal(llama_forward(m, 0, 0, &ops, (void *)c, &logits), 0);
+                        assert_int_equal(llama_forward(m, 0, c->seq_len - 1, &ops, (void *)c, &logits), 0);
+                        llama_free(m);
+                }
+        }
+        free(copy);
+        return r;
+}
+
+/* Issue 28, item 4: llama.context_length of 2^31 became a negative int, and kvc-run's prompt
+ * buffer of seq_len + 3 ids was allocated for it; the encoder then wrote the prompt past it. */
+static void llama_refuses_a_context_length_past_what_the_engine_holds(void **state) {
+        (void)state;
+        static const struct {
+                enum gguf_type type;
+                uint64_t value;
+                int want; /* 0: accepted with seq_len == value */
+        } cases[] = {
+                { GGUF_TYPE_UINT32, 1u << 31, -EINVAL },
+                { GGUF_TYPE_UINT32, (1u << 31) - 1, -EINVAL },
+                { GGUF_TYPE_UINT32, UINT32_MAX, -EINVAL },
+                { GGUF_TYPE_UINT32, MODEL_MAX_SEQ_LEN + 1, -EINVAL },
+                { GGUF_TYPE_UINT32, 0, -EINVAL },
+                { GGUF_TYPE_UINT64, 1ull << 32, -EINVAL },
+                { GGUF_TYPE_UINT64, (1ull << 32) + 64, -EINVAL }, /* not cut to 64 */
+                { GGUF_TYPE_UINT64, 1ull << 63, -EINVAL },
+                { GGUF_TYPE_UINT64, UINT64_MAX, -EINVAL },
+                { GGUF_TYPE_INT32, UINT32_MAX, -EINVAL }, /* -1 */
+                { GGUF_TYPE_INT32, 1u << 31, -EINVAL },   /* INT32_MIN */
+                { GGUF_TYPE_INT64, UINT64_MAX, -EINVAL }, /* -1 */
+                { GGUF_TYPE_INT64, 1ull << 63, -EINVAL }, /* INT64_MIN */
+                { GGUF_TYPE_FLOAT32, 0x45000000u, -EINVAL }, /* 2048.0f: not an integer */
+                { GGUF_TYPE_UINT32, 1, 0 },
+                { GGUF_TYPE_UINT32, MODEL_MAX_SEQ_LEN, 0 },
+                { GGUF_TYPE_UINT64, MODEL_MAX_SEQ_LEN, 0 },
+                { GGUF_TYPE_INT32, 8192, 0 },
+                { GGUF_TYPE_UINT16, 65535, 0 },
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                struct gbuf b = tiny_model_ctx("llama", cases[i].type, cases[i].value);
+                struct gguf *g;
+                struct llama *m = NULL;
+                char why[256] = "";
+                assert_int_equal(open_buf(&b, &g, why), 0);
+                int r = llama_new(&g, &(struct llama_options){ .threads = 1 }, &m, why, sizeof(why));
+                if (r != cases[i].want)
+                        fail_msg("context_length %llu of type %s: %d (%s), expected %d",
+                                 (unsigned long long)cases[i].value, gguf_type_name(cases[i].type), r, why,
+                                 cases[i].want);
+                if (r == 0) {
+                        assert_int_equal(llama_config(m)->seq_len, cases[i].value);
+                        llama_free(m);
+                } else {
+                        assert_non_null(strstr(why, "context_length"));
+                }
+                assert_int_equal(open_and_run(&b), cases[i].want);
+                free(b.b);
+        }
+}
+
+/* Every 32- and 64-bit number in a valid file (header, key lengths, value types and values,
+ * tensor names, dimension counts, dimensions, types and offsets) set to each of its limits: the
+ * reader refuses or indexes it inside the file, and llama_new refuses it or builds a model whose
+ * counts are in range and that runs at its first and last positions. */
+static void every_number_in_the_file_at_its_limits_is_refused_or_held(void **state) {
+        (void)state;
+        static const uint64_t limits[] = { 0,           1,           0x7fffffffu,  0x80000000u,
+                                           0xffffffffu, 0x7f800000u, 1ull << 32,   (1ull << 32) + 1,
+                                           INT64_MAX,   1ull << 63,  UINT64_MAX };
+        struct gbuf b = tiny_model("llama");
+        size_t n_fields = b.n_fields, tried = 0, accepted = 0;
+        assert_true(n_fields > 60 && n_fields < GBUF_MAX_FIELDS);
+        for (size_t f = 0; f < n_fields; f++) {
+                size_t at = b.fields[f].at;
+                unsigned bytes = b.fields[f].bytes;
+                uint64_t saved = 0;
+                memcpy(&saved, b.b + at, bytes);
+                for (size_t i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
+                        if (bytes == 4 && limits[i] > UINT32_MAX)
+                                continue;
+                        memcpy(b.b + at, &limits[i], bytes);
+                        accepted += open_and_run(&b) == 0;
+                        tried++;
+                }
+                memcpy(b.b + at, &saved, bytes);
+        }
+        assert_true(tried > 500);
+        assert_true(accepted > 0 && accepted < tried); /* e.g. a weight of 0 or 1 runs */
+        assert_int_equal(open_and_run(&b), 0);
+        free(b.b);
+}
+
 /* A file with arrays of every fixed type and of strings, the shape of a vocabulary. */
 static struct gbuf arrays_file(void) {
         struct gbuf g = { 0 };
@@ -505,9 +667,21 @@ static void reader_reads_string_arrays_in_place(void **state) {
 
 /* --write-seeds DIR: the fuzz target's seeds (tests/fuzz/corpus/gguf), from the writer above. */
 static int write_seeds(const char *dir) {
-        struct gbuf seeds[3] = { tiny_model("llama"), tiny_model("gpt2"), arrays_file() };
-        const char *names[3] = { "seed-tiny-llama", "seed-tiny-gpt2", "seed-arrays" };
-        for (int i = 0; i < 3; i++) {
+        /* the context lengths of issue 28 (item 4) and their neighbours */
+        struct gbuf seeds[] = { tiny_model("llama"),
+                                tiny_model("gpt2"),
+                                arrays_file(),
+                                tiny_model_ctx("llama", GGUF_TYPE_UINT32, 1u << 31),
+                                tiny_model_ctx("llama", GGUF_TYPE_UINT32, UINT32_MAX),
+                                tiny_model_ctx("llama", GGUF_TYPE_UINT32, MODEL_MAX_SEQ_LEN + 1),
+                                tiny_model_ctx("llama", GGUF_TYPE_UINT32, MODEL_MAX_SEQ_LEN),
+                                tiny_model_ctx("llama", GGUF_TYPE_UINT64, UINT64_MAX),
+                                tiny_model_ctx("llama", GGUF_TYPE_INT32, UINT32_MAX) };
+        const char *names[] = { "seed-tiny-llama",         "seed-tiny-gpt2",        "seed-arrays",
+                                "seed-context-2p31",       "seed-context-u32-max",  "seed-context-2p20-plus-1",
+                                "seed-context-2p20",       "seed-context-u64-max",  "seed-context-i32-minus-1" };
+        _Static_assert(sizeof(seeds) / sizeof(seeds[0]) == sizeof(names) / sizeof(names[0]), "one name a seed");
+        for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
                 char path[4096];
                 snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
                 FILE *f = fopen(path, "wb");
@@ -533,6 +707,8 @@ int main(int argc, char **argv) {
                 cmocka_unit_test(llama_refuses_another_architecture_by_name),
                 cmocka_unit_test(llama_refuses_a_missing_or_misshapen_tensor),
                 cmocka_unit_test(llama_forward_matches_a_hand_computation),
+                cmocka_unit_test(llama_refuses_a_context_length_past_what_the_engine_holds),
+                cmocka_unit_test(every_number_in_the_file_at_its_limits_is_refused_or_held),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

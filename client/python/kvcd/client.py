@@ -13,10 +13,14 @@ further calls. A Session left to the garbage collector is closed then. libkvc is
 thread-safe; each Client serializes its own calls with a lock, so a client shared between
 threads is correct, only not parallel (use one client per thread for that).
 
-Layer views (Session.layer_view) are numpy arrays over the mapped pool: no copy, valid until the
-session's next append, flush (a plan may compact the layer) or close. Blocks of a shared prefix
-are mapped read-only by libkvc, and their arrays are read-only too, so a write raises instead of
-crashing the process.
+Layer views (Session.layer_view) are numpy arrays over the mapped pool: no copy; what they show is
+current until the session's next append or flush (a plan may compact the layer). Blocks of a
+shared prefix are mapped read-only by libkvc, and their arrays are read-only too, so a write
+raises instead of crashing the process. The arrays keep what they point at alive: a session
+closed while an array of one of its views lives is closed for every call at once, but in libkvc
+and kvcd only when the last such array goes (its blocks are not given to another session under
+it), and a client closed then keeps its connection and its mapping until then (numpy cannot be
+told that memory went away: unmapping under a live array was a SIGSEGV, issue 28).
 """
 
 from __future__ import annotations
@@ -60,8 +64,39 @@ def _raise(code: int, message: str) -> None:
     raise error_for(code, message)
 
 
-def _bytes(s: Optional[str]) -> Optional[bytes]:
-    return None if s is None else s.encode()
+def _bytes(s: Optional[str], what: str = "a string") -> Optional[bytes]:
+    """s as a C string: None stays None; anything but a str is KvcDtypeError, and a NUL inside it
+    KvcInvalid (C would read only the part before it: "full\\0x" would run as "full")."""
+    if s is None:
+        return None
+    if not isinstance(s, str):
+        raise KvcDtypeError(22, f"{what} must be a str, not {type(s).__name__}")
+    if "\0" in s:
+        raise KvcInvalid(22, f"{what} {s!r} holds a NUL character")
+    return s.encode()
+
+
+def _int(what: str, v: Any, lo: int, hi: int) -> int:
+    """v as a Python int in [lo, hi]: a bool, float or anything but an integer is KvcDtypeError
+    (ctypes would truncate a float and wrap an integer out of range silently)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise KvcDtypeError(22, f"{what} must be an integer, not {type(v).__name__}")
+    v = int(v)
+    if not lo <= v <= hi:
+        raise KvcInvalid(22, f"{what}={v} is out of range [{lo}, {hi}]")
+    return v
+
+
+def _u32(what: str, v: Any) -> int:
+    return _int(what, v, 0, 2**32 - 1)
+
+
+def _u64(what: str, v: Any) -> int:
+    return _int(what, v, 0, 2**64 - 1)
+
+
+def _i32(what: str, v: Any) -> int:
+    return _int(what, v, -(2**31), 2**31 - 1)
 
 
 def _floats(what: str, a: Any, shapes: Sequence[Tuple[int, ...]]) -> np.ndarray:
@@ -225,6 +260,7 @@ class Block:
         self.session = owner
         buf = (ctypes.c_uint8 * nbytes).from_address(address)
         buf._owner = owner  # every view's base is buf: an array alone keeps its session open
+        owner._pin(buf)  # ... and its blocks and mapping, past close(), until buf goes
         raw = np.frombuffer(buf, dtype=np.uint8)
         if not writable:
             raw.flags.writeable = False
@@ -319,6 +355,8 @@ class Session(_Closes):
     def __init__(self, client: "Client", ptr: int, geometry: Geometry) -> None:
         self._client = client
         self._ptr: Optional[int] = ptr
+        self._pins = 0  # live buffers of layer views (Block): while any, libkvc's session stays
+        self._closing = False  # close() was called with pins: closed to callers, not yet in libkvc
         self.geometry = geometry
         self._final: Optional[SessionStats] = None
         self._kv_shapes = [(geometry.n_kv_heads, geometry.head_dim), (geometry.n_kv_heads * geometry.head_dim,)]
@@ -329,9 +367,27 @@ class Session(_Closes):
         return f"<kvcd.Session {state} {self.geometry}>"
 
     def _p(self) -> int:
-        if not self._ptr or not self._client._ptr:
+        if not self._ptr or self._closing or not self._client._ptr:
             raise KvcInvalid(22, "the session is closed")
         return self._ptr
+
+    def _pin(self, buf: Any) -> None:
+        self._pins += 1
+        weakref.finalize(buf, self._unpin)
+
+    def _unpin(self) -> None:
+        """The last array of a view buffer went: a close() deferred for it happens now."""
+        with self._client._lock:
+            self._pins -= 1
+            if self._pins or not self._closing:
+                return
+            self._closing = False
+            try:
+                if self._ptr and self._client._live_ptr():
+                    self._close_now()
+            finally:
+                self._ptr = None
+                self._client._release_pinned()
 
     def _check(self, r: int, what: str) -> int:
         if r < 0:
@@ -340,7 +396,7 @@ class Session(_Closes):
 
     @property
     def closed(self) -> bool:
-        return not self._ptr or not self._client._ptr
+        return not self._ptr or self._closing or not self._client._ptr
 
     @property
     def id(self) -> int:
@@ -386,6 +442,7 @@ class Session(_Closes):
     def reserve(self, n_tokens: int) -> None:
         """Makes room for n_tokens tokens in every layer (a prompt); KvcNoSpace beyond the
         policy's limit or the pool."""
+        n_tokens = _u32("n_tokens", n_tokens)
         with self._client._lock:
             self._check(_lib.load().kvc_session_reserve(self._p(), n_tokens), f"reserve {n_tokens}")
 
@@ -402,13 +459,17 @@ class Session(_Closes):
             shapes = [(n, g.n_kv_heads, g.head_dim)]
             k = _floats("k", k, shapes)
             v = _floats("v", v, shapes)
-            positions = list(range(int(pos), int(pos) + n)) if np.isscalar(pos) else [int(p) for p in pos]
+            if np.isscalar(pos):
+                first = _i32("position", pos)
+                positions = list(range(first, first + n))
+            else:
+                positions = [_i32("position", p) for p in pos]
             if len(positions) != n:
                 raise KvcInvalid(22, f"{len(positions)} positions for {n} tokens")
         else:
             k = _floats("k", k, self._kv_shapes)
             v = _floats("v", v, self._kv_shapes)
-            positions = [int(pos)]  # type: ignore[arg-type]
+            positions = [_i32("position", pos)]
         for at in positions:
             if not -(2**31) <= at < 2**31:
                 raise KvcInvalid(22, f"position {at} is not a 32-bit integer")
@@ -454,6 +515,7 @@ class Session(_Closes):
         """Counts n more tokens at the end of the layer that the caller writes itself through
         layer_view() (the slots from the layer's old length on)."""
         self._layer(layer)
+        n = _u32("n", n)
         with self._client._lock:
             self._check(_lib.load().kvc_append_slots(self._p(), layer, n), f"append_slots {n}")
 
@@ -478,9 +540,9 @@ class Session(_Closes):
         self._layer(layer)
         if self._client.is_device:
             raise KvcNotSupported(95, "a device pool's blocks are GPU memory: gather them with CUDA")
+        first = _u32("first", first)
         held = self.layer_tokens(layer)
-        if n is None:
-            n = max(held - first, 0)
+        n = max(held - first, 0) if n is None else _u32("n", n)
         g = self.geometry
         outs = []
         for name, a in (("keys", keys), ("values", values)):
@@ -527,19 +589,28 @@ class Session(_Closes):
 
     def close(self) -> Optional[SessionStats]:
         """Closes the session (kvcd frees its blocks) and returns kvcd's final accounting. A second
-        close returns the same stats; closing a session whose client is closed does nothing."""
-        if not self._ptr:
-            return self._final
-        if not self._client._ptr:  # kvc_disconnect closed it already
-            self._ptr = None
-            return self._final
-        c = _lib.CSessionStats()
+        close returns the same stats; closing a session whose client is closed does nothing.
+        While an array of one of its layer views lives, the session is closed to every call at
+        once but kept in libkvc and kvcd (its blocks under the array) until the last such array
+        goes; close() then returns None."""
         with self._client._lock:
-            p = self._ptr
-            self._forget()
-            r = _lib.load().kvc_session_close(p, ctypes.byref(c))  # frees the session even on failure
-            if r < 0:
-                _raise(r, self._client._last_error() or "close")
+            if not self._ptr or self._closing:
+                return self._final
+            if not self._client._ptr:  # kvc_disconnect closed it already
+                self._ptr = None
+                return self._final
+            if self._pins:
+                self._closing = True
+                return None
+            return self._close_now()
+
+    def _close_now(self) -> SessionStats:
+        c = _lib.CSessionStats()
+        p = self._ptr
+        self._forget()
+        r = _lib.load().kvc_session_close(p, ctypes.byref(c))  # frees the session even on failure
+        if r < 0:
+            _raise(r, self._client._last_error() or "close")
         self._final = SessionStats._of(c)
         return self._final
 
@@ -549,12 +620,16 @@ class Client(_Closes):
 
     def __init__(self, socket: Optional[str] = None, name: Optional[str] = None, plan_lag: int = 0,
                  timeout_ms: int = 0, resume_ms: int = 0, daemon_user: Optional[str] = None) -> None:
+        opt = _lib.Options(_bytes(socket, "socket"), _bytes(name, "name"), _i32("timeout_ms", timeout_ms),
+                           _u32("plan_lag", plan_lag), _i32("resume_ms", resume_ms),
+                           _bytes(str(daemon_user) if isinstance(daemon_user, (int, np.integer))
+                                  and not isinstance(daemon_user, bool) else daemon_user, "daemon_user"))
         lib = _lib.load()
         self._ptr: Optional[int] = None
+        self._pinned_ptr: Optional[int] = None  # closed with views alive: disconnected when they go
         self._lock = threading.RLock()
         self._sessions: Dict[int, "weakref.ref[Session]"] = {}
         self.socket = socket
-        opt = _lib.Options(_bytes(socket), _bytes(name), timeout_ms, plan_lag, resume_ms, _bytes(daemon_user))
         out = ctypes.c_void_p()
         r = lib.kvc_connect(ctypes.byref(opt), ctypes.byref(out))
         if r < 0:
@@ -566,6 +641,17 @@ class Client(_Closes):
         if not self._ptr:
             raise KvcInvalid(22, "the client is closed")
         return self._ptr
+
+    def _live_ptr(self) -> Optional[int]:
+        """The connection, open or kept for the arrays of views after close()."""
+        return self._ptr or self._pinned_ptr
+
+    def _release_pinned(self) -> None:
+        """A pinned session was let go: the connection kept for it goes with the last one."""
+        if self._pinned_ptr and not any(s._pins for s in (w() for w in list(self._sessions.values())) if s):
+            p, self._pinned_ptr = self._pinned_ptr, None
+            self._sessions.clear()
+            _lib.load().kvc_disconnect(p)
 
     def _last_error(self) -> str:
         if not self._ptr:
@@ -608,37 +694,56 @@ class Client(_Closes):
         prompt (for the prefill policies, KV events, and ``share_prefix`` with ``model_id``);
         ``min_bytes``, ``max_bytes`` and ``priority`` the memory limits (docs/operations.md,
         "Budgets"); ``handoff`` lets the session be exported."""
+        if not isinstance(geometry, Geometry):
+            raise KvcDtypeError(22, f"geometry must be a kvcd.Geometry, not {type(geometry).__name__}")
         cfg = _lib.SessionConfig()
         cfg.geometry = geometry._c()
         keep: List[Any] = []  # the C strings and arrays cfg points to, alive through the call
-        cfg.policy = _bytes(policy)
-        cfg.budget_tokens = budget
+        if policy is None:
+            raise KvcDtypeError(22, "policy must be a str, not None")
+        cfg.policy = _bytes(policy, "policy")
+        cfg.budget_tokens = _u32("budget", budget)
+        if params is not None and not isinstance(params, Mapping):
+            raise KvcDtypeError(22, f"params must be a mapping, not {type(params).__name__}")
         if params:
             arr = (_lib.Param * len(params))()
             for i, (key, val) in enumerate(params.items()):
-                arr[i].key = str(key).encode()
-                arr[i].value = str(val).encode()
+                arr[i].key = _bytes(key, "a parameter name")
+                if isinstance(val, (bool, np.bool_)):
+                    val = int(val)  # "1" / "0", as kvcctl and the C API spell a switch
+                elif not isinstance(val, (str, int, float, np.integer, np.floating)):
+                    raise KvcDtypeError(22, f"parameter {key}: a number or a word, not {type(val).__name__}")
+                arr[i].value = _bytes(str(val), f"parameter {key}")
             cfg.params = ctypes.cast(arr, ctypes.POINTER(_lib.Param))
             cfg.n_params = len(params)
             keep.append(arr)
-        cfg.tenant = _bytes(tenant)
-        cfg.prompt_tokens = prompt_tokens
+        cfg.tenant = _bytes(tenant, "tenant")
+        cfg.prompt_tokens = _u32("prompt_tokens", prompt_tokens)
         if prompt_token_ids is not None:
-            ids = np.ascontiguousarray(np.asarray(list(prompt_token_ids), dtype=np.int64))
-            if ids.size and (ids.min() < 0 or ids.max() >= 2**32):
+            if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Iterable):
+                raise KvcDtypeError(22, f"prompt_token_ids must be integers, not {type(prompt_token_ids).__name__}")
+            raw = prompt_token_ids if isinstance(prompt_token_ids, np.ndarray) else list(prompt_token_ids)
+            ids = np.asarray(raw)
+            if ids.size and ids.dtype.kind not in "iu":  # floats were truncated, objects may be anything
+                if ids.dtype.kind != "O" or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                                                    for x in ids.ravel()):
+                    raise KvcDtypeError(22, f"prompt token ids must be integers, not {ids.dtype}")
+            if ids.ndim > 1:
+                raise KvcInvalid(22, f"prompt token ids have shape {ids.shape}, expected one dimension")
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 2**32):
                 raise KvcInvalid(22, "prompt token ids must be 32-bit unsigned integers")
-            ids32 = ids.astype(np.uint32)
+            ids32 = np.ascontiguousarray(ids.astype(np.uint32) if ids.size else np.zeros(0, np.uint32))
             keep.append(ids32)
             cfg.prompt_token_ids = ids32.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
             cfg.n_prompt_token_ids = ids32.size
             if not prompt_tokens:
                 cfg.prompt_tokens = ids32.size
-        cfg.min_bytes = min_bytes
-        cfg.max_bytes = max_bytes
-        cfg.priority = priority
+        cfg.min_bytes = _u64("min_bytes", min_bytes)
+        cfg.max_bytes = _u64("max_bytes", max_bytes)
+        cfg.priority = _i32("priority", priority)
         cfg.handoff = int(bool(handoff))
         cfg.share_prefix = int(bool(share_prefix))
-        cfg.model_id = _bytes(model_id)
+        cfg.model_id = _bytes(model_id, "model_id")
         out = ctypes.c_void_p()
         with self._lock:
             self._check(_lib.load().kvc_session_open(self._p(), ctypes.byref(cfg), ctypes.byref(out)),
@@ -654,8 +759,11 @@ class Client(_Closes):
         """Takes over a session another process exported (Session.export). ``geometry`` is the
         exporter's (the model's): kvc.h has no getter for an imported session's geometry, and the
         importer runs the same model anyway."""
-        if len(handoff.ticket) != 16:
+        if not isinstance(handoff, Handoff) or not isinstance(geometry, Geometry):
+            raise KvcDtypeError(22, "import_session takes a kvcd.Handoff and a kvcd.Geometry")
+        if not isinstance(handoff.ticket, (bytes, bytearray)) or len(handoff.ticket) != 16:
             raise KvcInvalid(22, "a ticket is 16 bytes")
+        _u64("session_id", handoff.session_id)
         h = _lib.CHandoff(handoff.session_id, (ctypes.c_uint8 * 16)(*handoff.ticket))
         out = ctypes.c_void_p()
         with self._lock:
@@ -671,19 +779,32 @@ class Client(_Closes):
     def poll(self, timeout_ms: int = 0) -> int:
         """Handles what kvcd sent (plans, grants, an operator's evict), waiting up to timeout_ms
         for the first message; returns how many messages were handled."""
+        timeout_ms = _i32("timeout_ms", timeout_ms)
         with self._lock:
             return self._check(_lib.load().kvc_poll(self._p(), timeout_ms), "poll")
 
     def close(self) -> None:
-        """Closes every session of the client and the connection. A second close does nothing."""
+        """Closes every session of the client and the connection. A second close does nothing.
+        Sessions with live arrays of layer views are closed to every call at once, and they and
+        the connection (the mapping under the arrays) go when the last of those arrays goes."""
         with self._lock:
             if not self._ptr:
                 return
             p, self._ptr = self._ptr, None
-            for w in list(self._sessions.values()):
-                s = w()
-                if s is not None:
-                    s._ptr = None
+            sessions = [s for s in (w() for w in list(self._sessions.values())) if s is not None and s._ptr]
+            if any(s._pins for s in sessions):
+                self._pinned_ptr = p
+                for s in sessions:
+                    if s._pins:
+                        s._closing = True
+                    else:
+                        try:
+                            s._close_now()
+                        except KvcError:
+                            pass  # freed in libkvc all the same
+                return
+            for s in sessions:
+                s._ptr = None
             self._sessions.clear()
             _lib.load().kvc_disconnect(p)
 
