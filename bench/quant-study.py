@@ -60,28 +60,62 @@ def load_dump(path):
 # Lloyd-Max codebooks for N(0, 1)
 
 
-def lloyd_max(bits, lo=-12.0, hi=12.0, n=2_400_001, tol=1e-14, max_iter=200_000):
+def lloyd_max(bits, lo=-12.0, hi=12.0, n=2_400_001, tol=1e-15, max_iter=1_000_000):
     """Lloyd iteration on a grid of n points over [lo, hi] weighted by the N(0,1) density: thresholds
-    at the midpoints of the centroids, centroids the conditional means of their cells."""
+    at the midpoints of the centroids, centroids the conditional means of their cells. The cells'
+    masses and first moments are the cumulative trapezoid integrals over the grid, read at the
+    thresholds by linear interpolation (so a threshold is not snapped to a grid point)."""
     x = np.linspace(lo, hi, n)
-    w = np.exp(-0.5 * x * x)
-    w[0] *= 0.5
-    w[-1] *= 0.5  # trapezoid weights
-    cw = np.concatenate([[0.0], np.cumsum(w)])
-    cwx = np.concatenate([[0.0], np.cumsum(w * x)])
+    h = x[1] - x[0]
+    f = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    F = np.concatenate([[0.0], np.cumsum(0.5 * h * (f[1:] + f[:-1]))])  # int_lo^x phi
+    xf = x * f
+    G = np.concatenate([[0.0], np.cumsum(0.5 * h * (xf[1:] + xf[:-1]))])  # int_lo^x t phi(t) dt
     L = 1 << bits
     c = np.array([math.sqrt(2) * _erfinv(2 * (i + 0.5) / L - 1) for i in range(L)])
     for it in range(max_iter):
         t = 0.5 * (c[1:] + c[:-1])
-        idx = np.concatenate([[0], np.searchsorted(x, t), [n]])
-        new = (cwx[idx[1:]] - cwx[idx[:-1]]) / (cw[idx[1:]] - cw[idx[:-1]])
+        Ft = np.concatenate([[F[0]], np.interp(t, x, F), [F[-1]]])
+        Gt = np.concatenate([[G[0]], np.interp(t, x, G), [G[-1]]])
+        new = np.diff(Gt) / np.diff(Ft)
         new = 0.5 * (new - new[::-1])  # the density is symmetric: keep the codebook exactly so
-        if np.max(np.abs(new - c)) < tol:
-            c = new
-            break
+        done = np.max(np.abs(new - c)) < tol
         c = new
+        if done:
+            break
     t = 0.5 * (c[1:] + c[:-1])
     return c, t, it + 1
+
+
+def lloyd_max_extrapolated(bits):
+    """The grid's error is O(h^2): Lloyd on grids of step h and h/2, Richardson-extrapolated."""
+    c1, _, i1 = lloyd_max(bits, n=1_200_001)
+    c2, _, i2 = lloyd_max(bits, n=2_400_001)
+    c = (4 * c2 - c1) / 3
+    return c, 0.5 * (c[1:] + c[:-1]), c1, c2, i1 + i2
+
+
+def lloyd_polish(c, iters=2000):
+    """The same Lloyd iteration with the cells' closed-form conditional means E[X | a < X < b] =
+    (phi(a) - phi(b)) / (Phi(b) - Phi(a)), started from the grid's codebook (its fixed point to
+    float64 precision)."""
+    L = len(c)
+    e = [float(x) for x in c]
+    for _ in range(iters):
+        th = [-math.inf] + [0.5 * (e[j] + e[j + 1]) for j in range(L - 1)] + [math.inf]
+        ne = []
+        for j in range(L):
+            a, b = th[j], th[j + 1]
+            pa = 0.0 if a == -math.inf else _phi(a)
+            pb = 0.0 if b == math.inf else _phi(b)
+            ne.append((pa - pb) / (_Phi(b) - _Phi(a)))
+        ne = [0.5 * (ne[j] - ne[L - 1 - j]) for j in range(L)]
+        if max(abs(x - y) for x, y in zip(ne, e)) == 0:
+            e = ne
+            break
+        e = ne
+    c = np.array(e)
+    return c, 0.5 * (c[1:] + c[:-1])
 
 
 def _erfinv(y):
@@ -275,6 +309,10 @@ def candidates(b):
     C[f"K block-mean + RHT + LM ls, V RHT + LM ls"] = (lambda X, c: q_centered(X, c["R"], lambda Y: q_lm(Y, b, "ls")),
                                                        rot(lambda Y: q_lm(Y, b, "ls")), b + 16 / BLOCK + 16 / 64,
                                                        b + 16 / 64)
+    if b < 4:
+        C[f"RHT + LM ls x3, K {b + 1} bits, V {b} bits"] = (rot(lambda Y: q_lm(Y, b + 1, "ls", iters=3)),
+                                                         rot(lambda Y: q_lm(Y, b, "ls", iters=3)),
+                                                         b + 1 + 16 / 64, b + 16 / 64)
     C[f"RHT K + LM ls, V asym g64"] = (rot(lambda Y: q_lm(Y, b, "ls")), lambda X, c: q_asym_groups(X, b, 64),
                                        b + 16 / 64, b + 32 / 64)
     return C
@@ -285,7 +323,14 @@ def reference_candidates():
         "INT8 (kvcd Q8, f32 scales)": (lambda X, c: q_int8_kvcd_keys(X), lambda X, c: q_int8_kvcd_values(X),
                                        8 + 32 / BLOCK, 8 + 32 / 64),
         "f16": (lambda X, c: f16(X), lambda X, c: f16(X), 16, 16),
+        "evicted (w128: only the window; all: n/a)": (None, None, 0, 0),
     }
+
+
+def _chain(X, c, fs):
+    for f in fs:
+        X = f(X, c)
+    return X
 
 
 def demoted(fk, fv):
@@ -326,7 +371,9 @@ class Unit:
         self.T, self.D = T, D
         self.pos = np.arange(first, T, stride)
         self.window = window
-        self.chunks = [self.pos[i:i + chunk] for i in range(0, len(self.pos), chunk)]
+        # chunks of positions within 256 tokens of each other: a chunk's columns stop at its last position
+        self.chunks = [c for c in (self.pos[(self.pos >= s) & (self.pos < s + chunk)] for s in range(0, T, chunk))
+                       if len(c)]
         self.ref = []
         k32, v32 = k.astype(np.float32), v.astype(np.float32)
         sc = np.float32(1 / math.sqrt(D))
@@ -348,6 +395,8 @@ class Unit:
     def measure(self, kq, vq):
         """Sums (not means) of each metric over the unit's (query head, position) rows, and the row count."""
         sc = np.float32(1 / math.sqrt(self.D))
+        if kq is None:  # evicted: everything older than the window dropped
+            return self.measure_evicted()
         k32, v32 = kq.astype(np.float32), vq.astype(np.float32)
         vex = self.v.astype(np.float32)
         sums = dict(logit=0.0, o=0.0, kl=0.0, o_w=0.0, kl_w=0.0)
@@ -375,6 +424,25 @@ class Unit:
         return sums, rows
 
 
+def _measure_evicted(self):
+    sums = dict(logit=math.nan, o=math.nan, kl=math.nan, o_w=0.0, kl_w=0.0)
+    rows = 0
+    vex = self.v.astype(np.float32)
+    for P, r in zip(self.chunks, self.ref):
+        n, rec, Lr, pr = r["n"], r["recent"], r["L"], r["p"]
+        Lw = np.where(rec, Lr, NEG)
+        sums["kl_w"] = math.inf  # p' is 0 where p is not
+        m = Lw.max(axis=-1, keepdims=True)
+        e = np.exp(Lw - m)
+        ow = (e @ vex[:n]) / e.sum(axis=-1, keepdims=True)
+        sums["o_w"] += float((np.linalg.norm(ow - r["o"], axis=2) / r["on"]).sum())
+        rows += Lr.shape[0] * Lr.shape[1]
+    return sums, rows
+
+
+Unit.measure_evicted = _measure_evicted
+
+
 def evaluate(units, cands, progress=""):
     """cands: name -> (fk, fv, kbits, vbits). Returns name -> dict(metric -> mean, per_layer -> {l: o})."""
     acc = {n: dict(k_num=0.0, k_den=0.0, v_num=0.0, v_den=0.0, rows=0, sums=dict(logit=0.0, o=0.0, kl=0.0, o_w=0.0,
@@ -383,11 +451,11 @@ def evaluate(units, cands, progress=""):
     for ui, (meta_, u) in enumerate(units):
         ctx = dict(layer=meta_["layer"], head=meta_["head"], D=u.D, R=meta_["R"])
         for n, (fk, fv, _, _) in cands.items():
-            kq, vq = fk(u.k, ctx), fv(u.v, ctx)
+            kq, vq = (fk(u.k, ctx), fv(u.v, ctx)) if fk else (None, None)
             a = acc[n]
-            a["k_num"] += float(((kq - u.k) ** 2).sum())
+            a["k_num"] += float(((kq - u.k) ** 2).sum()) if fk else math.nan
             a["k_den"] += float((u.k ** 2).sum())
-            a["v_num"] += float(((vq - u.v) ** 2).sum())
+            a["v_num"] += float(((vq - u.v) ** 2).sum()) if fk else math.nan
             a["v_den"] += float((u.v ** 2).sum())
             s, rows = u.measure(kq, vq)
             for m in s:
@@ -414,6 +482,10 @@ def evaluate(units, cands, progress=""):
 
 
 def fmt(x):
+    if math.isnan(x):
+        return "n/a"
+    if math.isinf(x):
+        return "inf"
     return f"{x:.2e}" if x < 1e-3 else f"{x:.4f}"
 
 
@@ -446,14 +518,20 @@ def main():
     a = ap.parse_args()
 
     print("## Lloyd-Max codebooks for N(0,1)\n")
-    print("Lloyd iteration on 2,400,001 grid points over [-12, 12] (trapezoid weights), thresholds at the "
-          "midpoints; |centroid - closed-form conditional mean of its cell| and the codebook's MSE per "
+    print("Lloyd iteration on 1,200,001 and 2,400,001 grid points over [-12, 12] (cumulative trapezoid "
+          "integrals read at the thresholds by linear interpolation), thresholds at the midpoints, the two "
+          "fixed points Richardson-extrapolated (the grid's error is O(h^2)), then polished by the same "
+          "iteration with the cells' closed-form conditional means (the printed constants); |centroid - closed-form conditional mean of its cell| and the codebook's MSE per "
           "coordinate beside.\n")
     for b in (1, 2, 3, 4):
-        c, t, it = lloyd_max(b)
+        cg, _, c1, c2, it = lloyd_max_extrapolated(b)
+        c, t = lloyd_polish(cg)
         CODEBOOKS[b] = (c, t)
         worst, mse = lm_closed_form_check(c, t)
-        print(f"{b} bits ({it} iterations, max |c - E[X|cell]| = {worst:.1e}, MSE = {mse:.9g}):")
+        print(f"{b} bits ({it} grid iterations; grids h = 2e-5, 1e-5: max |c_h - c_h/2| = "
+              f"{np.max(np.abs(c1 - c2)):.1e}; extrapolated grid vs polished fixed point: "
+              f"{np.max(np.abs(cg - c)):.1e}; polished: max |c - E[X|cell]| = {worst:.1e}; MSE per coordinate "
+              f"= {mse:.9g}):")
         print("  centroids  = {" + ", ".join(f"{x:.9g}" for x in c) + "}")
         print("  thresholds = {" + ", ".join(f"{x:.9g}" for x in t) + "}")
     sys.stdout.flush()
@@ -507,22 +585,35 @@ def main():
     print("\n## Second rounding: kvcd's INT8 tier, then b bits from its dequantized values, against b bits "
           "from the float\n")
     rows = {}
-    for b in [int(x) for x in a.bits.split(",")]:
+    bits = [int(x) for x in a.bits.split(",")]
+    for b in bits:
         C = sel(candidates(b))
-        for n in ["RHT + LM ls", "RHT + LM norm", "KIVI K ch-sym, V asym g64", f"q{b}_0 sym g32", "RHT + asym g64"]:
+        for n in ["RHT + LM ls x3", "RHT + LM ls", "RHT + asym g64", "KIVI K ch-asym, V asym g32", f"q{b}_0 sym g32"]:
             if n not in C:
                 continue
             fk, fv, kb, vb = C[n]
             dk, dv = demoted(fk, fv)
             rows[f"{b} bits {n}, via INT8"] = (dk, dv, kb, vb)
+    # down the ladder: 4 -> 3, 4 -> 2, 3 -> 2 (and INT8 -> 4 -> 3 -> 2), the picked quantizer
+    pick = "RHT + LM ls x3"
+    lm = lambda b: rot(lambda Y: q_lm(Y, b, "ls", iters=3))
+    chain = lambda fs: (lambda X, c: _chain(X, c, fs))
+    for hi, lo in [(4, 3), (4, 2), (3, 2)]:
+        if hi in bits and lo in bits and a.only.lower() in pick.lower():
+            rows[f"{lo} bits {pick}, via {hi}-bit"] = (chain([lm(hi), lm(lo)]), chain([lm(hi), lm(lo)]), 0, 0)
+    if all(b in bits for b in (4, 3, 2)) and a.only.lower() in pick.lower():
+        f = chain([lm(4), lm(3), lm(2)])
+        rows[f"2 bits {pick}, via INT8, 4-bit, 3-bit"] = (lambda X, c: f(q_int8_kvcd_keys(X), c),
+                                                         lambda X, c: f(q_int8_kvcd_values(X), c), 0, 0)
     dres = evaluate(units, rows, "demotion")
-    print("| candidate | key rel MSE direct | via INT8 | value rel MSE direct | via INT8 | o err direct | via INT8 "
-          "| KL direct | via INT8 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| candidate | path | key rel MSE direct | via path | value rel MSE direct | via path | o err direct "
+          "| via path | KL direct | via path |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n, r in dres.items():
         b = int(n.split()[0])
-        base = allres[b][n.split(" bits ")[1].rsplit(", via INT8", 1)[0]]
-        print(f"| {n.rsplit(', via INT8', 1)[0]} | {fmt(base['k_mse'])} | {fmt(r['k_mse'])} | {fmt(base['v_mse'])} "
+        name, path = n.split(" bits ", 1)[1].rsplit(", via ", 1)
+        base = allres[b][name]
+        print(f"| {b} bits {name} | {path} | {fmt(base['k_mse'])} | {fmt(r['k_mse'])} | {fmt(base['v_mse'])} "
               f"| {fmt(r['v_mse'])} | {fmt(base['o'])} | {fmt(r['o'])} | {fmt(base['kl'])} | {fmt(r['kl'])} |")
     print(f"\n(total {time.time() - t0:.0f}s)", file=sys.stderr)
 
