@@ -22,8 +22,8 @@
 #                                   of a few layers over a text, recorded behind a model_cache_ops wrapper
 #                                   (the input of bench/quant-study.py; built, not in run.sh)
 #   make quant-study        model + pydeps + kv-dump, then bench/quant-study.py: candidate KV quantizers
-#                           (4, 3, 2 bits) measured on those tensors (bench/quant-study.md; about 10
-#                           CPU-minutes). QUANT_STUDY_ARGS passes options to the script.
+#                           (4, 3, 2 bits) measured on those tensors (bench/quant-study.md; about 35
+#                           minutes on 2 loaded cores). QUANT_STUDY_ARGS (--stride 8) goes to the script.
 #
 #   make bench-long         model, then bench/long.sh (issue 17, long context): SmolLM2's decode
 #                           tokens/s after 16, 1,024, 4,096 and 8,160 tokens of prompt, 1 thread:
@@ -85,7 +85,7 @@ bench-long: all model
 	@bench/long.sh $(BUILD)
 
 QUANT_STUDY_DIR ?= $(BUILD)/quant-study
-QUANT_STUDY_ARGS ?=
+QUANT_STUDY_ARGS ?= --stride 8
 quant-study: model pydeps $(BENCH_DIR)/kv-dump
 	@mkdir -p $(QUANT_STUDY_DIR)
 	$(BENCH_DIR)/kv-dump --model $(SMOLLM2_GGUF) --text ../shared/data/tinystories/validation-sample.txt \

@@ -387,7 +387,8 @@ class Unit:
             o = p @ v32[:n]
             cnt = mask.sum(axis=1).astype(np.float32)
             mean = np.where(mask[None], L, 0).sum(axis=2) / cnt
-            var = np.where(mask[None], (L - mean[..., None]) ** 2, 0).sum(axis=2) / cnt
+            dev = np.where(mask[None], L - mean[..., None], 0)
+            var = (dev * dev).sum(axis=2) / cnt
             self.ref.append(dict(n=n, mask=mask[None], recent=recent, L=L, p=p,
                                  negent=(p * logp).sum(axis=2, dtype=np.float64), o=o,
                                  on=np.linalg.norm(o, axis=2), cnt=cnt, spread=np.sqrt(var)))
