@@ -18,6 +18,12 @@
 #   $(BUILD)/bench/bench-matmul     the engine's q4_1 matrix-vectors product: fast path vs exact, memcpy
 #   $(BUILD)/bench/bench-attn-long  decode attention at SmolLM2's shape, 1K-8K tokens: the fast kernel
 #                                   (AVX2, plain) vs the references, f32 / f16 / int8 (built, not in run.sh)
+#   $(BUILD)/bench/kv-dump          SmolLM2's real post-RoPE queries, keys, values and attention outputs
+#                                   of a few layers over a text, recorded behind a model_cache_ops wrapper
+#                                   (the input of bench/quant-study.py; built, not in run.sh)
+#   make quant-study        model + pydeps + kv-dump, then bench/quant-study.py: candidate KV quantizers
+#                           (4, 3, 2 bits) measured on those tensors (bench/quant-study.md; about 35
+#                           minutes on 2 loaded cores). QUANT_STUDY_ARGS (--stride 8) goes to the script.
 #
 #   make bench-long         model, then bench/long.sh (issue 17, long context): SmolLM2's decode
 #                           tokens/s after 16, 1,024, 4,096 and 8,160 tokens of prompt, 1 thread:
@@ -40,9 +46,9 @@ BENCH_COMMON := $(call obj,bench/common.c)
 POLICY_OBJ := $(filter $(BUILD)/obj/daemon/policy/%,$(DAEMON_OBJ))
 BENCH_PROGRAMS := $(BENCH_DIR)/bench-rt $(BENCH_DIR)/bench-select $(BENCH_DIR)/bench-compact \
 	$(BENCH_DIR)/bench-footprint $(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-relocate $(BENCH_DIR)/bench-matmul \
-	$(BENCH_DIR)/bench-attn-long
+	$(BENCH_DIR)/bench-attn-long $(BENCH_DIR)/kv-dump
 
-.PHONY: load bench bench-programs bench-long
+.PHONY: load bench bench-programs bench-long quant-study
 all: $(BUILD)/bin/kvc-load
 
 $(BUILD)/bin/kvc-load: $(call obj,bench/kvc-load.c) $(BENCH_COMMON) $(LIB)/libkvc.a
@@ -64,7 +70,7 @@ $(BENCH_DIR)/bench-compact: $(call obj,bench/bench-compact.c) $(BENCH_COMMON) $(
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-matmul $(BENCH_DIR)/bench-attn-long: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) \
+$(BENCH_DIR)/bench-attn $(BENCH_DIR)/bench-matmul $(BENCH_DIR)/bench-attn-long $(BENCH_DIR)/kv-dump: $(BENCH_DIR)/%: $(call obj,bench/%.c) $(BENCH_COMMON) \
 	$(sort $(KERNEL_OBJ) $(MODEL_OBJ))
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
@@ -77,5 +83,15 @@ bench: deps
 
 bench-long: all model
 	@bench/long.sh $(BUILD)
+
+QUANT_STUDY_DIR ?= $(BUILD)/quant-study
+QUANT_STUDY_ARGS ?= --stride 8
+quant-study: model pydeps $(BENCH_DIR)/kv-dump
+	@mkdir -p $(QUANT_STUDY_DIR)
+	$(BENCH_DIR)/kv-dump --model $(SMOLLM2_GGUF) --text ../shared/data/tinystories/validation-sample.txt \
+		--offset 400000 --tokens 2048 --out $(QUANT_STUDY_DIR)/stories.kv
+	$(BENCH_DIR)/kv-dump --model $(SMOLLM2_GGUF) --text docs/operations.md \
+		--tokens 2048 --out $(QUANT_STUDY_DIR)/docs.kv
+	$(VENV)/bin/python bench/quant-study.py $(QUANT_STUDY_ARGS) $(QUANT_STUDY_DIR)/stories.kv $(QUANT_STUDY_DIR)/docs.kv
 
 include bench/peers.mk
