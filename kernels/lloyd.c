@@ -65,9 +65,27 @@ static void put_code(uint8_t *codes, uint32_t i, uint32_t bits, uint32_t code) {
                 codes[byte + 1] |= (uint8_t)(code >> (8 - shift));
 }
 
+/* Codes y against scale s (nearest centroid of y_i / s); returns the squared error of the
+ * least-squares scale for those codes and sets *ret_scale to it. */
+static double fit_round(const float *y, uint32_t d, const float *c, uint32_t levels, float s, uint8_t *k,
+                        float *ret_scale) {
+        float inv = 1.0f / s;
+        double xc = 0.0, cc = 0.0, yy = 0.0;
+        for (uint32_t i = 0; i < d; i++) {
+                k[i] = (uint8_t)nearest(c, levels, y[i] * inv);
+                xc += (double)y[i] * c[k[i]];
+                cc += (double)c[k[i]] * c[k[i]];
+                yy += (double)y[i] * y[i];
+        }
+        /* xc > 0: each code has the sign of its coordinate (the codebook is symmetric) */
+        *ret_scale = (float)(xc / cc);
+        return yy - xc * xc / cc;
+}
+
 int lloyd_encode_row(const float *y, uint32_t d, uint32_t bits, uint8_t *codes, float *ret_scale) {
         const float *c = lloyd_codebook(bits);
         uint32_t levels = 1u << bits;
+        uint8_t k[LLOYD_MAX_DIM], best[LLOYD_MAX_DIM];
         double ss = 0.0;
         memset(codes, 0, (size_t)d * bits / 8);
         *ret_scale = 0.0f;
@@ -78,16 +96,21 @@ int lloyd_encode_row(const float *y, uint32_t d, uint32_t bits, uint8_t *codes, 
         }
         if (ss == 0.0)
                 return 0; /* codes 0 with scale 0 read back as zeros */
-        float inv_sigma = (float)(1.0 / sqrt(ss / d));
-        double xc = 0.0, cc = 0.0;
-        for (uint32_t i = 0; i < d; i++) {
-                uint32_t k = nearest(c, levels, y[i] * inv_sigma);
-                put_code(codes, i, bits, k);
-                xc += (double)y[i] * c[k];
-                cc += (double)c[k] * c[k];
+        float s = (float)sqrt(ss / d), best_s = 0.0f;
+        double best_err = INFINITY;
+        for (uint32_t round = 0; round < LLOYD_FIT_ROUNDS; round++) {
+                float next;
+                double err = fit_round(y, d, c, levels, s, k, &next);
+                if (!(err < best_err) || !(next > 0.0f))
+                        break; /* converged (or a degenerate fit): keep the best so far */
+                best_err = err;
+                best_s = next;
+                memcpy(best, k, d);
+                s = next;
         }
-        /* xc > 0: each code has the sign of its coordinate (the codebook is symmetric) */
-        *ret_scale = (float)(xc / cc);
+        for (uint32_t i = 0; i < d; i++)
+                put_code(codes, i, bits, best[i]);
+        *ret_scale = best_s;
         return 0;
 }
 

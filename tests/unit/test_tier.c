@@ -191,36 +191,35 @@ static void lloyd_refuses_nan_and_infinity_and_stores_zeros(void **state) {
         assert_true(scale == 0.0f);
 }
 
-/* Code i sits in bits [i b, i b + b) of the row, read little-endian, and is the index of the
- * centroid nearest y_i / sigma. */
+/* Code i sits in bits [i b, i b + b) of the row, read little-endian, nothing is written past the
+ * row, and the row reads back as scale * centroid[code_i]. */
 static void lloyd_packs_codes_little_endian(void **state) {
-        float y[64], scale;
+        float y[64], back[64], scale;
         uint8_t buf[32 + 8];
         (void)state;
         rng_state = 5;
         for (uint32_t bits = 2; bits <= 4; bits++) {
                 const float *c = lloyd_codebook(bits);
-                uint32_t L = 1u << bits;
-                double ss = 0;
-                for (int i = 0; i < 64; i++) {
+                uint32_t L = 1u << bits, seen = 0;
+                for (int i = 0; i < 64; i++)
                         y[i] = (float)rng_gauss();
-                        ss += (double)y[i] * y[i];
-                }
                 memset(buf, 0, sizeof(buf));
                 assert_int_equal(lloyd_encode_row(y, 64, bits, buf, &scale), 0);
-                float inv_sigma = (float)(1.0 / sqrt(ss / 64));
+                lloyd_decode_row(buf, scale, 64, bits, back);
                 for (uint32_t i = 0; i < 64; i++) {
-                        uint32_t want = 0;
-                        while (want + 1 < L && y[i] * inv_sigma > 0.5f * (c[want] + c[want + 1]))
-                                want++;
                         uint64_t word = 0;
                         for (int k = 0; k < 8; k++)
                                 word |= (uint64_t)buf[i * bits / 8 + k] << (8 * k);
-                        assert_int_equal((word >> (i * bits % 8)) & (L - 1), want);
-                        assert_int_equal(lloyd_code(buf, i, bits), want);
+                        uint32_t code = (uint32_t)(word >> (i * bits % 8)) & (L - 1);
+                        assert_int_equal(lloyd_code(buf, i, bits), code);
+                        assert_true(back[i] == scale * c[code]);
+                        assert_true((back[i] > 0) == (y[i] > 0) || y[i] == 0); /* codes keep the sign */
+                        seen |= 1u << code;
                 }
                 for (uint32_t k = 64 * bits / 8; k < sizeof(buf); k++)
                         assert_int_equal(buf[k], 0); /* nothing past the row */
+                if (bits <= 3)
+                        assert_int_equal(seen, (1u << L) - 1); /* 64 Gaussian values use every level */
         }
 }
 
