@@ -28,8 +28,10 @@
  *
  * AVX2 (with F16C, for the f16 scales: every AVX2 CPU has it) is compiled with function target
  * attributes, not -mavx2 for the file, so the rest of the file (and the plain path) stay baseline
- * x86-64; matmul_isa_supported asks the CPU for both at run time. The f16 conversions are exact in
- * both paths (subnormal scales too), so they cannot make the two differ.
+ * x86-64; matmul_isa_supported reads kernels/cpu.h's answer, detected once at start (until issue 29
+ * it executed CPUID for every product, 211 a token: 15% of decode on a virtual machine, where CPUID
+ * traps; test_qtype and test_smollm2 assert that no product runs the detector). The f16
+ * conversions are exact in both paths (subnormal scales too), so they cannot make the two differ.
  */
 #include "matmul.h"
 #include "cpu.h"

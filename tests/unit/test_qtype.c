@@ -43,6 +43,7 @@
 
 #include "testutil.h"
 
+#include "cpu.h"
 #include "matmul.h"
 #include "qtype.h"
 
@@ -686,6 +687,27 @@ static void fast_kernels_follow_the_header_order_with_any_scale(void **state) {
         }
 }
 
+/* The CPU is detected once, at start (kernels/cpu.h): products of every type and implementation,
+ * and the questions about them, read the answer and never run the detector again (its CPUID
+ * traps to the hypervisor on a virtual machine and cost 15% of decode when every product asked). */
+static void products_do_not_run_the_cpu_detector(void **state) {
+        static const enum matmul_isa isas[] = { MATMUL_ISA_BEST, MATMUL_ISA_PLAIN, MATMUL_ISA_AVX2 };
+
+        (void)state;
+        assert_int_equal(cpu_detect_count(), 1); /* the constructor ran it, before main */
+        rng_state = 0x57;
+        for (size_t ti = 0; ti < N_COMPUTING; ti++) {
+                struct product p;
+                product_new(&p, computing[ti], 5, qtype_of(computing[ti])->block == 256 ? 256 : 32 * 9, 3);
+                for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++)
+                        for (int fast = 0; fast < 2; fast++)
+                                if (matmul_isa_supported(isas[ii]))
+                                        assert_int_equal(run(&p, fast, isas[ii], 0, p.n_x, 0, p.rows, p.y), 0);
+                product_free(&p);
+        }
+        assert_int_equal(cpu_detect_count(), 1);
+}
+
 static void matmul_rejects_what_it_cannot_compute(void **state) {
         struct product p;
         float keep[4] = { 7, 7, 7, 7 };
@@ -750,6 +772,7 @@ int main(void) {
                 cmocka_unit_test(batches_row_ranges_and_kernels_agree_bit_for_bit),
                 cmocka_unit_test(fast_kernels_follow_the_header_order_with_any_scale),
                 cmocka_unit_test(matmul_rejects_what_it_cannot_compute),
+                cmocka_unit_test(products_do_not_run_the_cpu_detector),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
