@@ -8,14 +8,16 @@
 # other jobs. Each round, one after the other:
 #   kvc-run   kvc-run --local -i "Once upon a time" (4 tokens) -n 4 + DECODE --threads 1: its
 #             decode_tokens / decode_cpu_seconds (its CPU time over the one-row passes alone)
-#   before    the same with $KVC_RUN_BEFORE, when set (an older kvc-run: before/after in one run)
+#   before    the same with each kvc-run of $KVC_RUN_BEFORE (space-separated), when set: older
+#             builds, for before/after in one run
 #   llama.cpp llama-bench -p 0 -n N -t 1 --repack 0 -fa 0 -r 1, N = 4 and 4 + DECODE, each under
 #             /usr/bin/time: DECODE / (CPU seconds of the long run - those of the short one), the
 #             same DECODE positions after the same 4 (model load and warm-up cancel out); only
 #             when BUILD/peers has llama-bench (`make peers`)
 # The ratio judged is the median of the rounds' ratios. Effective GB/s per CPU-second: tokens per
-# CPU-second x 98.4 MB (every weight is read once a token; the memory-bandwidth floor of one core
-# is that many GB/s divided by its bandwidth). ROUNDS (default 3), DECODE (default 128).
+# CPU-second x 98.4 MB (every weight is read once a token). The floor: `bench-matmul --stream`
+# (when built) reads 256 MB with one core and prints the tokens/s that bandwidth allows at 98.4 MB
+# a token. ROUNDS (default 3), DECODE (default 128).
 # Skipped (exit 0) when the model is missing (`make model`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +27,7 @@ lb=$build/peers/llama.cpp/bin/llama-bench
 model=${KVC_SMOLLM2:-$HOME/.cache/kvcd/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 rounds=${ROUNDS:-3}
 decode=${DECODE:-128}
-before=${KVC_RUN_BEFORE:-}
+read -r -a before <<<"${KVC_RUN_BEFORE:-}"
 WEIGHT_MB=98.4
 
 [ -f "$model" ] || { echo "decode: skipped: no model at $model (make model)"; exit 0; }
@@ -56,7 +58,7 @@ echo "decode: SmolLM2-135M-Instruct Q4_1, 1 thread, $decode positions after 4, $
 failed=0
 for r in $(seq "$rounds"); do
         kvc "$run" >>"$tmp/kvc" || failed=1
-        [ -z "$before" ] || kvc "$before" >>"$tmp/before" || failed=1
+        for i in "${!before[@]}"; do kvc "${before[$i]}" >>"$tmp/before.$i" || failed=1; done
         if [ "$have_llama" = 1 ]; then
                 a=$(llama 4) && b=$(llama $((4 + decode))) || { failed=1; continue; }
                 awk -v a="${a%% *}" -v b="${b%% *}" -v n="$decode" 'BEGIN { printf "%.2f\n", n / (b - a) }' >>"$tmp/llama"
@@ -75,11 +77,14 @@ row() {
                 'BEGIN { printf "| %s | %.1f | %.2f | %s| %s |\n", n, m, m * mb / 1000, each, x }'
 }
 row "kvc-run --local ($run)" "$tmp/kvc" 1.00
-[ -z "$before" ] || row "kvc-run --local, before ($before)" "$tmp/before" "$(med_ratio "$tmp/kvc" "$tmp/before")"
+for i in "${!before[@]}"; do
+        row "kvc-run --local, before (${before[$i]})" "$tmp/before.$i" "$(med_ratio "$tmp/kvc" "$tmp/before.$i")"
+done
 if [ "$have_llama" = 1 ]; then
         row "llama.cpp llama-bench tg (CPU by difference)" "$tmp/llama" "**$(med_ratio "$tmp/kvc" "$tmp/llama")**"
 else
         echo "(llama.cpp is not built under $build/peers: \`make peers\` for the peer's column)"
 fi
+[ -x "$build/bench/bench-matmul" ] && "$build/bench/bench-matmul" --stream "$WEIGHT_MB"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 exit "$failed"
