@@ -47,7 +47,7 @@ LDLIBS_MSGPACK := -lmsgpackc
 GEN := $(BUILD)/gen/kvc.pb-c.c
 GEN_H := $(BUILD)/gen/kvc.pb-c.h
 PROTO_SRC := proto/wire.c proto/fdwire.c
-KERNEL_SRC := kernels/block.c kernels/compact.c kernels/attention.c kernels/summary.c \
+KERNEL_SRC := kernels/block.c kernels/compact.c kernels/attention.c kernels/summary.c kernels/cpu.c \
 	$(wildcard kernels/quant.c kernels/mixed.c) kernels/summarize.c kernels/cuda/driver.c \
 	kernels/tier.c kernels/lloyd.c kernels/ladder.c
 DAEMON_SRC := $(wildcard daemon/*.c daemon/policy/*.c)
@@ -62,7 +62,7 @@ DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 LIBKVC_OBJ := $(call obj,$(LIBKVC_SRC)) $(PROTO_OBJ) $(KERNEL_OBJ)
 # the engine's in-process cache (--local) runs the CPU attention kernel: its objects come along
 MODEL_OBJ := $(call obj,$(MODEL_SRC)) $(call obj,kernels/attention.c kernels/mixed.c kernels/block.c \
-	kernels/quant.c kernels/compact.c kernels/tier.c kernels/lloyd.c kernels/ladder.c)
+	kernels/quant.c kernels/compact.c kernels/cpu.c kernels/tier.c kernels/lloyd.c kernels/ladder.c)
 
 BIN := $(BUILD)/bin
 LIB := $(BUILD)/lib

@@ -7,7 +7,8 @@
 #                           runs it against a kvcd it starts for the run (--kvcd)
 #   make bench              builds the programs below and runs bench/run.sh: one table per item
 #                           of issue 7, every figure a ratio against a baseline measured in the
-#                           same run (bench/RESULTS.md has the results and how to read them)
+#                           same run (bench/RESULTS.md has the results and how to read them),
+#                           and bench/decode.sh: SmolLM2's decode per CPU-second against llama.cpp
 #
 #   $(BUILD)/bench/bench-rt         summary-to-plan round trip and throughput vs bare ZeroMQ
 #   $(BUILD)/bench/bench-select     plan building: radix select vs qsort vs torch.topk

@@ -14,6 +14,8 @@
 #   6. the GPU checks   tests/gpu/run.sh and tests/gpu/ipc.sh when a GPU is visible
 #   and bench-relocate  a chunk taken back from a client (issue 3): block moves vs a round trip
 #                       and memcpy
+#   and bench/decode.sh SmolLM2's decode per CPU-second at 1 thread against llama.cpp (issue 29;
+#                       the peer's column only where `make peers` built it, skipped without the model)
 #
 # Programs that serve (kvcd, the echo server) run on one CPU and clients on another when there
 # are two. E2E_REPS sets the kvc-run repetitions (default 9).
@@ -150,6 +152,10 @@ kvcd_pid=
 trap - EXIT
 echo
 run "${pin_client[@]}" "$bb/bench-attn"
+
+# ---- issue 29 ----
+section "issue 29: SmolLM2 decode per CPU-second against llama.cpp"
+run "${pin_client[@]}" bench/decode.sh "$build"
 
 # ---- issue 3 ----
 section "issue 3: a chunk taken back from a client that still has blocks in it"

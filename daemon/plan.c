@@ -152,12 +152,16 @@ static bool gather_block(struct kvcd *d, const struct session *s, const struct b
         return true;
 }
 
-/* Copies layer l's side arrays out of the pool into the scratch, [head][slot]. Runs of slots in
- * one block are copied at once. */
-void plan_gather(struct kvcd *d, const struct session *s, uint32_t l, struct policy_layer *out) {
+/* Copies the side arrays of layer l that reads names (POLICY_READS_*) out of the pool into the
+ * scratch, [head][slot]; the view's other arrays are NULL. Runs of slots in one block are copied
+ * at once. */
+void plan_gather_some(struct kvcd *d, const struct session *s, uint32_t l, uint32_t reads,
+                      struct policy_layer *out) {
         const struct session_layer *L = &s->layers[l];
         struct plan_scratch *sc = &d->scratch;
         uint32_t n = L->n_tokens, T = s->layout.block_tokens;
+        uint32_t *to[5] = { (uint32_t *)sc->pos, (uint32_t *)sc->sum, (uint32_t *)sc->ema, (uint32_t *)sc->last,
+                            (uint32_t *)sc->logw };
 
         for (uint32_t i = 0; i < n;) {
                 const struct block_layout *lay;
@@ -170,15 +174,12 @@ void plan_gather(struct kvcd *d, const struct session *s, uint32_t l, struct pol
                         i += cnt; /* one copy off the GPU per block, not 5 per KV head */
                         continue;
                 }
-                for (uint32_t h = 0; h < s->n_kv_heads; h++) {
-                        size_t to = (size_t)h * n + i;
-                        uint64_t at_head = ((uint64_t)h * T + at) * 4u;
-                        pool_read(d->pool, blk + lay->pos_offset + at_head, sc->pos + to, cnt * 4u);
-                        pool_read(d->pool, blk + lay->sum_offset + at_head, sc->sum + to, cnt * 4u);
-                        pool_read(d->pool, blk + lay->ema_offset + at_head, sc->ema + to, cnt * 4u);
-                        pool_read(d->pool, blk + lay->last_offset + at_head, sc->last + to, cnt * 4u);
-                        pool_read(d->pool, blk + lay->logw_offset + at_head, sc->logw + to, cnt * 4u);
-                }
+                const uint64_t off[5] = { lay->pos_offset, lay->sum_offset, lay->ema_offset, lay->last_offset,
+                                          lay->logw_offset };
+                for (int a = 0; a < 5; a++)
+                        for (uint32_t h = 0; reads >> a & 1 && h < s->n_kv_heads; h++)
+                                pool_read(d->pool, blk + off[a] + ((uint64_t)h * T + at) * 4u,
+                                          to[a] + (size_t)h * n + i, cnt * 4u);
                 i += cnt;
         }
         /* a shared prefix: the masked slots leave the view, the rest close up (stable, in place:
@@ -191,15 +192,10 @@ void plan_gather(struct kvcd *d, const struct session *s, uint32_t l, struct pol
                 for (uint32_t j = 0; j < n; j++)
                         if (j >= S || !is_masked(m, j))
                                 sc->slot_of[w++] = j;
-                for (uint32_t h = 0; h < s->n_kv_heads; h++)
-                        for (uint32_t v = 0; v < w; v++) {
-                                size_t to = (size_t)h * w + v, from = (size_t)h * n + sc->slot_of[v];
-                                sc->pos[to] = sc->pos[from];
-                                sc->sum[to] = sc->sum[from];
-                                sc->ema[to] = sc->ema[from];
-                                sc->last[to] = sc->last[from];
-                                sc->logw[to] = sc->logw[from];
-                        }
+                for (int a = 0; a < 5; a++)
+                        for (uint32_t h = 0; reads >> a & 1 && h < s->n_kv_heads; h++)
+                                for (uint32_t v = 0; v < w; v++)
+                                        to[a][(size_t)h * w + v] = to[a][(size_t)h * n + sc->slot_of[v]];
         } else {
                 for (uint32_t j = 0; j < n; j++)
                         sc->slot_of[j] = j;
@@ -208,11 +204,15 @@ void plan_gather(struct kvcd *d, const struct session *s, uint32_t l, struct pol
                                       .n_tokens = w,
                                       .n_kv_heads = s->n_kv_heads,
                                       .n_q8 = L->n_q8,
-                                      .pos = sc->pos,
-                                      .sum = sc->sum,
-                                      .ema = sc->ema,
-                                      .last = sc->last,
-                                      .logw = sc->logw };
+                                      .pos = reads & POLICY_READS_POS ? sc->pos : NULL,
+                                      .sum = reads & POLICY_READS_SUM ? sc->sum : NULL,
+                                      .ema = reads & POLICY_READS_EMA ? sc->ema : NULL,
+                                      .last = reads & POLICY_READS_LAST ? sc->last : NULL,
+                                      .logw = reads & POLICY_READS_LOGW ? sc->logw : NULL };
+}
+
+void plan_gather(struct kvcd *d, const struct session *s, uint32_t l, struct policy_layer *out) {
+        plan_gather_some(d, s, l, POLICY_READS_ALL, out);
 }
 
 static bool adds_logw(const float *delta, uint32_t slot, uint32_t shared) {
@@ -362,7 +362,8 @@ Kvc__Plan *plan_build(struct kvcd *d, struct session *s, const struct policy_ste
                 if (k == POLICY_NO_PLAN || k >= live || k > s->max_keep)
                         continue;
                 struct policy_layer view;
-                plan_gather(d, s, l, &view);
+                uint32_t reads = s->policy->ops->reads ? s->policy->ops->reads : POLICY_READS_ALL;
+                plan_gather_some(d, s, l, reads | (s->summarize ? POLICY_READS_POS : 0), &view);
                 uint32_t *keep = d->scratch.keep, summary = UINT32_MAX;
                 struct policy_target t = targets[l];
                 if (s->summarize && k >= 2)

@@ -39,6 +39,9 @@ uint32_t plan_live_tokens(const struct session *s, uint32_t l);
 /* The policy's view of layer l: its side arrays gathered from the pool into d->scratch,
  * [head][slot], without the shared slots the session masked. Valid until the next gather. */
 void plan_gather(struct kvcd *d, const struct session *s, uint32_t l, struct policy_layer *out);
+/* plan_gather of the arrays reads names (POLICY_READS_*) only; the view's others are NULL. */
+void plan_gather_some(struct kvcd *d, const struct session *s, uint32_t l, uint32_t reads,
+                      struct policy_layer *out);
 /* Builds the plan for the layers whose target (d->scratch.targets) is below their length, writing
  * their keep-sets (and masks, and log-weight increments) into the pool; NULL when no layer has
  * one. INT8 blocks the plan needs are granted into g. The plan becomes s's outstanding one. */

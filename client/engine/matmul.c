@@ -1,5 +1,6 @@
 /* matmul.c - the matrix-vectors product of matmul.h: the exact path over qtype.h's rows, and the
- * fast path's activation quantization and integer kernels, plain C and AVX2.
+ * fast path's activation quantization and integer kernels: plain C, AVX2, and AVX2 with AVX-512
+ * VNNI's vpdpbusd.
  *
  * Loop order (AVX2): a pass of vectors whose activation scales fit struct scales, then four rows
  * at a time, then a chunk of vectors (8, 4, 2 or 1, a constant that keeps every accumulator in a
@@ -28,8 +29,10 @@
  *
  * AVX2 (with F16C, for the f16 scales: every AVX2 CPU has it) is compiled with function target
  * attributes, not -mavx2 for the file, so the rest of the file (and the plain path) stay baseline
- * x86-64; matmul_isa_supported asks the CPU for both at run time. The f16 conversions are exact in
- * both paths (subnormal scales too), so they cannot make the two differ.
+ * x86-64; matmul_isa_supported reads kernels/cpu.h's answer, detected once at start (until issue 29
+ * it executed CPUID for every product, 211 a token: 15% of decode on a virtual machine, where CPUID
+ * traps; test_qtype and test_smollm2 assert that no product runs the detector). The f16
+ * conversions are exact in both paths (subnormal scales too), so they cannot make the two differ.
  */
 #include "matmul.h"
 #include "cpu.h"
@@ -46,6 +49,13 @@
 #endif
 
 #define LANES 8 /* f32 accumulator lanes of a row and vector */
+/* The x86 kernels ask for the cache lines of the rows MATMUL_PREFETCH_ROWS ahead, a group at a
+ * time: decode reads 98 MB of weights a token from memory, and without it the kernels waited on
+ * it (the profile's hot spots were the loads of each group's scales); 8 to 16 rows gave 1.2x
+ * decode per CPU-second, 0 1.0x, 32 1.15x (issue 29, Zen 4, 1 thread). */
+#ifndef MATMUL_PREFETCH_ROWS
+#define MATMUL_PREFETCH_ROWS 8
+#endif
 
 size_t matmul_q8_count(uint32_t cols, uint32_t n_x) {
         return (size_t)(cols / MATMUL_BLOCK) * n_x;
@@ -64,29 +74,81 @@ static inline int8_t quantize_code(float v) {
         return (int8_t)(t + (f >= 0.5f) - (f <= -0.5f));
 }
 
-int matmul_quantize(const float *x, size_t x_stride, uint32_t n_x, uint32_t cols, struct matmul_q8 *ret) {
+/* One block of 32 activations, in plain C. */
+static void quantize_block_plain(const float *xs, struct matmul_q8 *o) {
+        float amax = 0.0f;
+        for (int j = 0; j < MATMUL_BLOCK; j++)
+                amax = fabsf(xs[j]) > amax ? fabsf(xs[j]) : amax;
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < MATMUL_BLOCK; j++) {
+                o->q[j] = quantize_code(xs[j] * id);
+                sum += o->q[j];
+        }
+        o->d = d;
+        o->sum = sum;
+}
+
+#if MATMUL_HAVE_AVX2
+/* quantize_block_plain with AVX2, bit for bit: the same f32 operations per element. The largest
+ * magnitude: maxps returns its second operand when either is a NaN, so max(|x|, m) skips NaNs as
+ * the plain comparison does (and max is exact, in any order). quantize_code: max(v, -127) sends a
+ * NaN to -127 (second operand again), min(., 127) clamps, and the truncation's remainder decides
+ * the rounding, as in the plain code. */
+__attribute__((target("avx2,f16c"))) static void quantize_block_avx2(const float *xs, struct matmul_q8 *o) {
+        __m256 sign = _mm256_set1_ps(-0.0f), m = _mm256_setzero_ps(), v[4];
+        for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xs + 8 * i);
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), m);
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        __m256i t[4], total = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+                __m256 c = _mm256_mul_ps(v[i], _mm256_set1_ps(id));
+                c = _mm256_min_ps(_mm256_max_ps(c, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+                __m256i q = _mm256_cvttps_epi32(c);
+                __m256 f = _mm256_sub_ps(c, _mm256_cvtepi32_ps(q));
+                q = _mm256_sub_epi32(q, _mm256_castps_si256(_mm256_cmp_ps(f, _mm256_set1_ps(0.5f), _CMP_GE_OQ)));
+                q = _mm256_add_epi32(q, _mm256_castps_si256(_mm256_cmp_ps(f, _mm256_set1_ps(-0.5f), _CMP_LE_OQ)));
+                t[i] = q;
+                total = _mm256_add_epi32(total, q);
+        }
+        __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(t[0], t[1]), _mm256_packs_epi32(t[2], t[3]));
+        /* the packs interleave 128-bit lanes: elements 0-3 8-11 16-19 24-27 4-7 12-15 20-23 28-31 */
+        w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)o->q, w);
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+        o->d = d;
+        o->sum = _mm_cvtsi128_si32(s);
+}
+#endif
+
+int matmul_quantize_isa(enum matmul_isa isa, const float *x, size_t x_stride, uint32_t n_x, uint32_t cols,
+                        struct matmul_q8 *ret) {
         uint32_t nb = cols / MATMUL_BLOCK;
 
         if (cols % MATMUL_BLOCK || x_stride < cols)
                 return -EINVAL;
-        for (uint32_t b = 0; b < n_x; b++) {
-                for (uint32_t k = 0; k < nb; k++) {
-                        const float *xs = x + b * x_stride + (size_t)k * MATMUL_BLOCK;
-                        struct matmul_q8 *o = &ret[(size_t)b * nb + k];
-                        float amax = 0.0f;
-                        for (int j = 0; j < MATMUL_BLOCK; j++)
-                                amax = fabsf(xs[j]) > amax ? fabsf(xs[j]) : amax;
-                        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-                        int32_t sum = 0;
-                        for (int j = 0; j < MATMUL_BLOCK; j++) {
-                                o->q[j] = quantize_code(xs[j] * id);
-                                sum += o->q[j];
-                        }
-                        o->d = d;
-                        o->sum = sum;
-                }
-        }
+        if (!matmul_isa_supported(isa))
+                return -ENOTSUP;
+        void (*block)(const float *, struct matmul_q8 *) = quantize_block_plain;
+#if MATMUL_HAVE_AVX2
+        if (isa != MATMUL_ISA_PLAIN && cpu_features()->avx2_f16c)
+                block = quantize_block_avx2;
+#endif
+        for (uint32_t b = 0; b < n_x; b++)
+                for (uint32_t k = 0; k < nb; k++)
+                        block(x + b * x_stride + (size_t)k * MATMUL_BLOCK, &ret[(size_t)b * nb + k]);
         return 0;
+}
+
+int matmul_quantize(const float *x, size_t x_stride, uint32_t n_x, uint32_t cols, struct matmul_q8 *ret) {
+        return matmul_quantize_isa(MATMUL_ISA_BEST, x, x_stride, n_x, cols, ret);
 }
 
 /* The fast path's weight kinds: how a block decodes to 32 integer codes (the 8-bit activations
@@ -183,18 +245,35 @@ AVX2_TARGET static inline __attribute__((always_inline)) __m256i block_codes(enu
         return kind == KIND_Q4_0 ? _mm256_sub_epi8(c, _mm256_set1_epi8(8)) : c;
 }
 
-/* The block's lane sums s_l (elements 4l .. 4l + 3) as f32, exact. Unsigned codes go straight into
- * maddubs (pairs at most 2 * 15 * 127); signed codes move their sign onto x first, |w| sign(w) x
- * (pairs at most 2 * 128 * 127 < 2^15). wa is |w| for signed codes. */
-AVX2_TARGET static inline __attribute__((always_inline)) __m256
-block_lanes(enum kind kind, __m256i w, __m256i wa, const struct matmul_q8 *xb) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)xb->q), p;
+/* AVX-512 VNNI (issue 29). vpdpbusd adds the four u8 x s8 products of each 32-bit lane into it:
+ * the lane sums s_l in one instruction where AVX2 takes maddubs and madd (both exact: |s_l| <=
+ * 4 * 128 * 127), so the kernel is the AVX2 one with that one step changed, bit for bit the same.
+ * On 256-bit registers (EVEX, AVX512VL), not 512: 512-bit tiles (two rows' eight lanes in one
+ * register, each lane still summing its own row's blocks in order) were built and measured at
+ * 0.84x to 1.11x the AVX2 kernel on this Zen 4, which splits 512-bit operations in two halves,
+ * against 1.02x to 1.15x for these; they were dropped. Written in inline assembly ("{evex}": the
+ * VEX form is AVX-VNNI, another extension), because the intrinsic needs avx512vnni in the target
+ * of the function it is inlined into, and the AVX2 kernel inlines the same tile. */
+AVX2_TARGET static inline __attribute__((always_inline)) __m256i dpbusd256_asm(__m256i acc, __m256i a,
+                                                                               __m256i b) {
+        __asm__("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+        return acc;
+}
 
-        if (kind == KIND_Q4_1)
-                p = _mm256_maddubs_epi16(w, x);
-        else
-                p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x, w));
-        return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+/* The block's lane sums s_l (elements 4l .. 4l + 3) as f32, exact. Unsigned codes go straight into
+ * maddubs or vpdpbusd (pairs at most 2 * 15 * 127); signed codes move their sign onto x first,
+ * |w| sign(w) x (pairs at most 2 * 128 * 127 < 2^15). wa is |w| for signed codes. */
+AVX2_TARGET static inline __attribute__((always_inline)) __m256
+block_lanes(enum kind kind, const int vnni, __m256i w, __m256i wa, const struct matmul_q8 *xb) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)xb->q), u = w;
+
+        if (kind != KIND_Q4_1) {
+                x = _mm256_sign_epi8(x, w);
+                u = wa;
+        }
+        if (vnni)
+                return _mm256_cvtepi32_ps(dpbusd256_asm(_mm256_setzero_si256(), u, x));
+        return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
 }
 
 /* The f32 side of the activations, laid out for the AVX2 kernels: for each vector, x_d of every
@@ -207,6 +286,18 @@ struct scales {
         uint32_t nbp; /* blocks per vector, padded */
         float xd[SCALES_MAX], xs[SCALES_MAX];
 };
+
+/* Lays out vectors [p0, p0 + pn) of m's activations in sc (sc->nbp set, pn * nbp <= SCALES_MAX). */
+static void scales_fill(struct scales *sc, const struct matmul *m, uint32_t p0, uint32_t pn) {
+        uint32_t nb = m->cols / MATMUL_BLOCK;
+
+        for (uint32_t b = 0; b < pn; b++)
+                for (uint32_t k = 0; k < sc->nbp; k++) {
+                        const struct matmul_q8 *xb = &m->xq[(size_t)(p0 + b) * nb + k];
+                        sc->xd[b * sc->nbp + k] = k < nb ? xb->d : 0.0f;
+                        sc->xs[b * sc->nbp + k] = k < nb ? xb->d * (float)xb->sum : 0.0f;
+                }
+}
 
 /* f16 value o bytes into each of a group's kn blocks, bb bytes apart, as f32; lanes past kn repeat
  * block 0 (their products are masked or unused). */
@@ -272,7 +363,7 @@ AVX2_TARGET static inline __attribute__((always_inline)) float tree_avx2(__m256 
  * lane i, empty lanes +0), go into the accumulator ahead of the group's products. xd and xs are
  * vector b0's scales. */
 AVX2_TARGET static inline __attribute__((always_inline)) void
-tile_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t b0, const int NR, const int NB,
+tile_avx2(enum kind kind, const int vnni, const struct matmul *m, uint32_t r, uint32_t b0, const int NR, const int NB,
           const struct scales *sc, const float *xd, const float *xs) {
         uint32_t nb = m->cols / MATMUL_BLOCK, bb = kind_block_bytes(kind), nbp = sc->nbp;
         const uint8_t *row = (const uint8_t *)m->w + (size_t)r * m->row_bytes;
@@ -288,6 +379,8 @@ tile_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t b0, const
                         _mm256_set1_epi32((int)kn), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
                 _Pragma("GCC unroll 4") for (int rr = 0; rr < NR; rr++) {
                         const uint8_t *g = row + (size_t)rr * m->row_bytes + (size_t)k0 * bb;
+                        for (uint32_t o = 0; MATMUL_PREFETCH_ROWS && o < LANES * bb; o += 64)
+                                __builtin_prefetch(g + (size_t)MATMUL_PREFETCH_ROWS * m->row_bytes + o);
                         __m256 dw, mw;
                         group_scales(kind, g, kn, &dw, &mw);
                         _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
@@ -307,7 +400,7 @@ tile_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t b0, const
                                 __m256i w = block_codes(kind, blk + kind_codes_offset(kind));
                                 __m256i wa = kind == KIND_Q4_1 ? w : _mm256_sign_epi8(w, w);
                                 _Pragma("GCC unroll 8") for (int b = 0; b < NB; b++) {
-                                        __m256 s = block_lanes(kind, w, wa, xq + (size_t)b * nb + k0 + i);
+                                        __m256 s = block_lanes(kind, vnni, w, wa, xq + (size_t)b * nb + k0 + i);
                                         acc[rr][b] = _mm256_add_ps(
                                                 acc[rr][b],
                                                 _mm256_mul_ps(_mm256_broadcast_ss(&c[rr][b][i]), s));
@@ -323,16 +416,16 @@ tile_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t b0, const
 
 /* Rows [r, r + nr) (nr 1 or 4) for vectors [b0, b0 + NB), as tiles of at most 8 accumulators. */
 AVX2_TARGET static inline __attribute__((always_inline)) void
-rows_chunk_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t nr, uint32_t b0, const int NB,
+rows_chunk_avx2(enum kind kind, const int vnni, const struct matmul *m, uint32_t r, uint32_t nr, uint32_t b0, const int NB,
                 const struct scales *sc, const float *xd, const float *xs) {
         if (nr == 4 && NB <= 2)
-                tile_avx2(kind, m, r, b0, 4, NB, sc, xd, xs);
+                tile_avx2(kind, vnni, m, r, b0, 4, NB, sc, xd, xs);
         else if (nr == 4 && NB == 4) {
-                tile_avx2(kind, m, r, b0, 2, NB, sc, xd, xs);
-                tile_avx2(kind, m, r + 2, b0, 2, NB, sc, xd, xs);
+                tile_avx2(kind, vnni, m, r, b0, 2, NB, sc, xd, xs);
+                tile_avx2(kind, vnni, m, r + 2, b0, 2, NB, sc, xd, xs);
         } else
                 for (uint32_t rr = 0; rr < nr; rr++)
-                        tile_avx2(kind, m, r + rr, b0, 1, NB, sc, xd, xs);
+                        tile_avx2(kind, vnni, m, r + rr, b0, 1, NB, sc, xd, xs);
 }
 
 /* Passes of as many vectors as struct scales holds; in each, four rows at a time (then one), the
@@ -340,7 +433,7 @@ rows_chunk_avx2(enum kind kind, const struct matmul *m, uint32_t r, uint32_t nr,
  * pass). Rows longer than the scales hold (over 65,536 columns) take the plain kernel, which gives
  * the same bits. */
 AVX2_TARGET static inline __attribute__((always_inline)) void
-rows_avx2(enum kind kind, const struct matmul *m, uint32_t r0, uint32_t r1) {
+rows_avx2(enum kind kind, const int vnni, const struct matmul *m, uint32_t r0, uint32_t r1) {
         uint32_t nb = m->cols / MATMUL_BLOCK;
         struct scales sc;
 
@@ -352,29 +445,25 @@ rows_avx2(enum kind kind, const struct matmul *m, uint32_t r0, uint32_t r1) {
         uint32_t per = SCALES_MAX / sc.nbp;
         for (uint32_t p0 = 0; p0 < m->n_x; p0 += per) {
                 uint32_t pn = m->n_x - p0 < per ? m->n_x - p0 : per;
-                for (uint32_t b = 0; b < pn; b++)
-                        for (uint32_t k = 0; k < sc.nbp; k++) {
-                                const struct matmul_q8 *xb = &m->xq[(size_t)(p0 + b) * nb + k];
-                                sc.xd[b * sc.nbp + k] = k < nb ? xb->d : 0.0f;
-                                sc.xs[b * sc.nbp + k] = k < nb ? xb->d * (float)xb->sum : 0.0f;
-                        }
+                scales_fill(&sc, m, p0, pn);
                 for (uint32_t r = r0, nr; r < r1; r += nr) {
                         nr = r1 - r >= 4 ? 4 : 1;
                         for (uint32_t b = 0; b < pn;) {
                                 const float *xd = sc.xd + b * sc.nbp, *xs = sc.xs + b * sc.nbp;
                                 uint32_t left = pn - b;
                                 if (left >= 8)
-                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 8, &sc, xd, xs), b += 8;
+                                        rows_chunk_avx2(kind, vnni, m, r, nr, p0 + b, 8, &sc, xd, xs), b += 8;
                                 else if (left >= 4)
-                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 4, &sc, xd, xs), b += 4;
+                                        rows_chunk_avx2(kind, vnni, m, r, nr, p0 + b, 4, &sc, xd, xs), b += 4;
                                 else if (left >= 2)
-                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 2, &sc, xd, xs), b += 2;
+                                        rows_chunk_avx2(kind, vnni, m, r, nr, p0 + b, 2, &sc, xd, xs), b += 2;
                                 else
-                                        rows_chunk_avx2(kind, m, r, nr, p0 + b, 1, &sc, xd, xs), b += 1;
+                                        rows_chunk_avx2(kind, vnni, m, r, nr, p0 + b, 1, &sc, xd, xs), b += 1;
                         }
                 }
         }
 }
+
 #endif
 
 typedef void rows_fn(const struct matmul *m, uint32_t r0, uint32_t r1);
@@ -383,16 +472,19 @@ typedef void rows_fn(const struct matmul *m, uint32_t r0, uint32_t r1);
         static void plain_##name(const struct matmul *m, uint32_t r0, uint32_t r1) {                         \
                 rows_plain(k, m, r0, r1);                                                                    \
         }                                                                                                    \
-        KERNEL_AVX2(k, name)
+        KERNEL_X86(k, name)
 #if MATMUL_HAVE_AVX2
-#define KERNEL_AVX2(k, name)                                                                                 \
+#define KERNEL_X86(k, name)                                                                                  \
         AVX2_TARGET static void avx2_##name(const struct matmul *m, uint32_t r0, uint32_t r1) {              \
-                rows_avx2(k, m, r0, r1);                                                                     \
+                rows_avx2(k, 0, m, r0, r1);                                                                  \
+        }                                                                                                    \
+        AVX2_TARGET static void vnni_##name(const struct matmul *m, uint32_t r0, uint32_t r1) {              \
+                rows_avx2(k, 1, m, r0, r1);                                                                  \
         }
-#define AVX2(name) avx2_##name
+#define X86(isa, name) isa##_##name
 #else
-#define KERNEL_AVX2(k, name)
-#define AVX2(name) NULL
+#define KERNEL_X86(k, name)
+#define X86(isa, name) NULL
 #endif
 KERNELS(KIND_Q8_0, q8_0)
 KERNELS(KIND_Q4_0, q4_0)
@@ -400,14 +492,20 @@ KERNELS(KIND_Q4_1, q4_1)
 
 static void rows_kquant(const struct matmul *m, uint32_t r0, uint32_t r1);
 
-/* The types with an integer kernel; every other row takes the exact path. */
+/* The types with an integer kernel, one column per implementation (enum matmul_isa, PLAIN on);
+ * NULL: the plain kernel serves. Every other type takes the exact path. */
+#define N_ISA (MATMUL_ISA_AVX512_VNNI + 1)
 static const struct {
         uint32_t type;
-        rows_fn *plain, *avx2;
+        rows_fn *isa[N_ISA];
 } kernels[] = {
-        { QTYPE_Q8_0, plain_q8_0, AVX2(q8_0) }, { QTYPE_Q4_0, plain_q4_0, AVX2(q4_0) },
-        { QTYPE_Q4_1, plain_q4_1, AVX2(q4_1) }, { QTYPE_Q4_K, rows_kquant, NULL },
-        { QTYPE_Q6_K, rows_kquant, NULL },
+#define ROW(t, name) { t, { NULL, plain_##name, X86(avx2, name), X86(vnni, name) } }
+        ROW(QTYPE_Q8_0, q8_0),
+        ROW(QTYPE_Q4_0, q4_0),
+        ROW(QTYPE_Q4_1, q4_1),
+#undef ROW
+        { QTYPE_Q4_K, { NULL, rows_kquant } },
+        { QTYPE_Q6_K, { NULL, rows_kquant } },
 };
 
 /* y[b][r] = t->dot(row r, x[b]) bit for bit: the same spans, the same lanes, block decoded once per
@@ -516,17 +614,26 @@ static void rows_kquant(const struct matmul *m, uint32_t r0, uint32_t r1) {
 }
 
 int matmul_isa_supported(enum matmul_isa isa) {
+        const struct cpu_features *f = cpu_features();
+
         switch (isa) {
         case MATMUL_ISA_BEST:
         case MATMUL_ISA_PLAIN: return 1;
-        case MATMUL_ISA_AVX2:
-#if MATMUL_HAVE_AVX2
-                return cpu_has_avx2_f16c();
-#else
-                return 0;
-#endif
+        case MATMUL_ISA_AVX2: return MATMUL_HAVE_AVX2 && f->avx2_f16c;
+        case MATMUL_ISA_AVX512_VNNI: return MATMUL_HAVE_AVX2 && f->avx512_vnni;
         }
         return 0;
+}
+
+/* The implementation MATMUL_ISA_BEST stands for: the last of the enum this CPU has (cpu.h's
+ * answer, detected once at start). */
+static enum matmul_isa matmul_isa_best(void) {
+        enum matmul_isa best = MATMUL_ISA_PLAIN;
+
+        for (int isa = MATMUL_ISA_AVX2; isa < N_ISA; isa++)
+                if (matmul_isa_supported((enum matmul_isa)isa))
+                        best = (enum matmul_isa)isa;
+        return best;
 }
 
 static int matmul_valid(const struct matmul *m, uint32_t row_begin, uint32_t row_end) {
@@ -544,15 +651,14 @@ static int matmul_valid(const struct matmul *m, uint32_t row_begin, uint32_t row
 int matmul_rows(const struct matmul *m, uint32_t row_begin, uint32_t row_end) {
         if (!matmul_valid(m, row_begin, row_end))
                 return -EINVAL;
-        if (!matmul_isa_supported(m->isa))
+        if ((unsigned)m->isa >= N_ISA || !matmul_isa_supported(m->isa))
                 return -ENOTSUP;
         if (m->xq)
                 for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]); i++) {
                         if (kernels[i].type != m->t->id)
                                 continue;
-                        int avx2 = m->isa == MATMUL_ISA_AVX2 ||
-                                   (m->isa == MATMUL_ISA_BEST && matmul_isa_supported(MATMUL_ISA_AVX2));
-                        (avx2 && kernels[i].avx2 ? kernels[i].avx2 : kernels[i].plain)(m, row_begin, row_end);
+                        rows_fn *f = kernels[i].isa[m->isa == MATMUL_ISA_BEST ? matmul_isa_best() : m->isa];
+                        (f ? f : kernels[i].isa[MATMUL_ISA_PLAIN])(m, row_begin, row_end);
                         return 0;
                 }
         rows_exact(m, row_begin, row_end);

@@ -16,10 +16,10 @@
  *   Each weight block is read once for all B vectors, which is what makes a batch pay.
  *
  * Both paths are deterministic and give the same y[b][r] whatever the batch (B, which b) and the
- * row range: a row's result depends on the row and its vector alone. The fast path has two
- * implementations, plain C and AVX2 with F16C (chosen at run time when the CPU has them, or by
- * isa); they agree bit for bit, because the integer sums are exact and the f32 steps are the same
- * in both.
+ * row range: a row's result depends on the row and its vector alone. The fast path has three
+ * implementations, plain C, AVX2 with F16C, and that with AVX-512 VNNI (the best the CPU has,
+ * from kernels/cpu.h's detection made once at start, or the one isa names); they agree bit for
+ * bit, because the integer sums are exact and the f32 steps are the same in all.
  *
  * The fast path's error. Activation block k of x has scale d_k = max|x_j| / 127 over its 32
  * elements and codes q_j = round(x_j / d_k), so |x_j - q_j d_k| <= d_k / 2 (plus an f32 rounding of
@@ -48,9 +48,10 @@ struct matmul_q8 {
 };
 
 enum matmul_isa {
-        MATMUL_ISA_BEST = 0, /* AVX2 where the CPU has it, else plain */
+        MATMUL_ISA_BEST = 0, /* the last of these the CPU has */
         MATMUL_ISA_PLAIN,
-        MATMUL_ISA_AVX2,
+        MATMUL_ISA_AVX2,        /* AVX2 and F16C */
+        MATMUL_ISA_AVX512_VNNI, /* and AVX-512 VL + VNNI: vpdpbusd on 256-bit registers */
 };
 
 /* One product. The caller fills it once and hands it to every thread with a row range. */
@@ -75,6 +76,10 @@ size_t matmul_q8_count(uint32_t cols, uint32_t n_x);
  * products are then meaningless, but defined). -EINVAL when cols is not a multiple of 32 or
  * x_stride < cols; ret is untouched then. */
 int matmul_quantize(const float *x, size_t x_stride, uint32_t n_x, uint32_t cols, struct matmul_q8 *ret);
+/* matmul_quantize with the given implementation (plain C, or AVX2 for any x86 isa): the same bytes
+ * from each; -ENOTSUP when this CPU lacks isa. */
+int matmul_quantize_isa(enum matmul_isa isa, const float *x, size_t x_stride, uint32_t n_x, uint32_t cols,
+                        struct matmul_q8 *ret);
 
 /* Computes y[b][r] for b < n_x, row_begin <= r < row_end. -EINVAL for a product that is not as the
  * fields above say (no dot for t, cols not a multiple of its block, short strides, n_x 0, an

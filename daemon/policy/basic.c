@@ -137,6 +137,7 @@ static int window_select(void *state, const struct policy_step *step, const stru
 
 const struct policy_ops policy_window_ops = {
         .name = "window",
+        .reads = POLICY_READS_POS,
         .state_bytes = budgeted_bytes,
         .init = window_init,
         .limits = budgeted_limits,
@@ -167,6 +168,7 @@ static int streaming_select(void *state, const struct policy_step *step, const s
 
 const struct policy_ops policy_streaming_ops = {
         .name = "streaming",
+        .reads = POLICY_READS_POS, /* none, in fact: the least that can be said */
         .state_bytes = budgeted_bytes,
         .init = streaming_init,
         .limits = budgeted_limits,

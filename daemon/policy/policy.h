@@ -87,8 +87,22 @@ struct policy_limits {
                                       kvcd keeps that slot beside the policy's keep-set */
 };
 
+/* The side arrays of a layer view (struct policy_layer), as bits of policy_ops.reads. */
+enum {
+        POLICY_READS_POS = 1u << 0,
+        POLICY_READS_SUM = 1u << 1,
+        POLICY_READS_EMA = 1u << 2,
+        POLICY_READS_LAST = 1u << 3,
+        POLICY_READS_LOGW = 1u << 4,
+        POLICY_READS_ALL = (1u << 5) - 1,
+};
+
 struct policy_ops {
         const char *name;
+        /* The side arrays select() reads (POLICY_READS_*); 0 means all. kvcd copies only these out
+         * of the pool when it builds a plan (the copy, of lines the client's core wrote, was the
+         * largest cost of a plan: issue 29); the others are NULL in select's view. */
+        uint32_t reads;
         /* Bytes of state for this setup (arrays included); policy_new() zeroes them. */
         size_t (*state_bytes)(const struct policy_setup *setup);
         /* Reads the parameters into state. Unknown keys and bad values: -EINVAL with a reason. */

@@ -961,6 +961,52 @@ static void window_keeps_the_most_recent_positions(void **state) {
         policy_free(p);
 }
 
+/* A policy that declares the side arrays it reads (policy_ops.reads) selects the same keep-set from
+ * a view that has only those (kvcd then copies only those out of the pool: the others are NULL), in
+ * order and shuffled. */
+static void policies_read_only_the_arrays_they_declare(void **state) {
+        struct policy_setup s = setup_default();
+        (void)state;
+        rng_state = 0x3e;
+        for (const char *const *name = policy_names(); *name; name++) {
+                struct policy *p = NULL;
+                char why[160];
+                if (policy_new(*name, &s, NULL, 0, &p, why, sizeof(why)) < 0)
+                        continue;
+                if (!p->ops->reads || p->ops->reads == POLICY_READS_ALL) {
+                        policy_free(p);
+                        continue;
+                }
+                for (int shuffled = 0; shuffled < 2; shuffled++) {
+                        uint32_t n = 300, H = s.n_kv_heads;
+                        struct arrays a = arrays_new(H, n);
+                        for (uint32_t i = 0; shuffled && i < n; i++) {
+                                uint32_t j = rng_below(n);
+                                int32_t x = a.pos[i];
+                                a.pos[i] = a.pos[j];
+                                a.pos[j] = x;
+                        }
+                        for (size_t i = 0; i < (size_t)H * n; i++)
+                                a.sum[i] = a.ema[i] = a.last[i] = (float)rng_below(1000);
+                        struct policy_layer full = view_of(&a, 1), part = full;
+                        uint32_t r = p->ops->reads;
+                        part.pos = r & POLICY_READS_POS ? part.pos : NULL;
+                        part.sum = r & POLICY_READS_SUM ? part.sum : NULL;
+                        part.ema = r & POLICY_READS_EMA ? part.ema : NULL;
+                        part.last = r & POLICY_READS_LAST ? part.last : NULL;
+                        part.logw = r & POLICY_READS_LOGW ? part.logw : NULL;
+                        struct policy_target t = { .keep = 200 };
+                        struct selection x = select_layer(p, NULL, &full, t), y = select_layer(p, NULL, &part, t);
+                        assert_int_equal(x.r, y.r);
+                        assert_memory_equal(x.keep, y.keep, (size_t)x.sets * x.k * sizeof(uint32_t));
+                        selection_free(&x);
+                        selection_free(&y);
+                        arrays_free(&a);
+                }
+                policy_free(p);
+        }
+}
+
 /* B = 32, a block of 16: the plan at 48 tokens keeps the 4 sinks and the 28 newest. */
 static void streaming_keeps_its_sinks_and_the_newest_tokens(void **state) {
         struct policy_setup s = setup_of(2, 2, 4096, 16, 32, 0);
@@ -2757,6 +2803,7 @@ int main(void) {
                 cmocka_unit_test(window_states_its_limits),
                 cmocka_unit_test(window_plans_only_at_budget_plus_slack),
                 cmocka_unit_test(window_keeps_the_most_recent_positions),
+                cmocka_unit_test(policies_read_only_the_arrays_they_declare),
                 cmocka_unit_test(streaming_keeps_its_sinks_and_the_newest_tokens),
                 cmocka_unit_test(h2o_keeps_each_heads_heavy_hitter_and_the_recent_half),
                 cmocka_unit_test(tova_keeps_the_top_by_last_attention_averaged_over_heads),

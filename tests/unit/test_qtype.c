@@ -7,8 +7,8 @@
  * exact sum); the activation quantization's round trip (codes those of roundf, halves away from
  * zero); the fast product within the bound that 8-bit activations imply; the exact product equal
  * to dot; batches (whole, single, and of 4, 7, 5, 3 vectors: every chunk and tile of the AVX2
- * kernels), row ranges and the AVX2 kernels equal to single products, one full call and the plain
- * kernels, bit for bit; both fast kernels equal to a transcription of matmul.h's order, with
+ * kernels), row ranges and the AVX2 and AVX-512 VNNI kernels equal to single products, one full
+ * call and the plain kernels, bit for bit; every fast kernel equal to a transcription of matmul.h's order, with
  * subnormal and zero scales too; and the products matmul_rows refuses. The real tensors of
  * SmolLM2 are tests/engine/dequant.sh's.
  *
@@ -43,6 +43,7 @@
 
 #include "testutil.h"
 
+#include "cpu.h"
 #include "matmul.h"
 #include "qtype.h"
 
@@ -320,6 +321,37 @@ static void quantize_stays_within_half_a_step(void **state) {
         assert_int_equal(matmul_quantize(x, 16, 2, 32, q), -EINVAL);
 }
 
+/* The AVX2 quantization gives the plain one's bytes: scale, codes and sum, also for NaN, infinities,
+ * subnormals, signed zeros, halves and blocks of zeros. */
+static void quantize_implementations_agree_bit_for_bit(void **state) {
+        static const float odd[] = { NAN, -NAN, INFINITY, -INFINITY, 0x1p-149f, -0x1p-140f, -0.0f, 0.0f,
+                                     0.5f, -0.5f, 1.5f, FLT_MAX, -FLT_MAX, 126.5f, 0x1p-126f, 3.0f };
+        float x[8 * 32];
+        struct matmul_q8 a[8], b[8];
+
+        (void)state;
+        if (!matmul_isa_supported(MATMUL_ISA_AVX2)) {
+                assert_int_equal(matmul_quantize_isa(MATMUL_ISA_AVX2, x, 32, 1, 32, a), -ENOTSUP);
+                return;
+        }
+        rng_state = 0x58;
+        for (int rep = 0; rep < 2000; rep++) {
+                float mag = ldexpf(1.0f, (int)rng_below(120) - 60);
+                for (int i = 0; i < 8 * 32; i++)
+                        x[i] = rng_below(16) ? mag * rng_uniform(-1, 1) : odd[rng_below(16)];
+                if (rep % 7 == 0)
+                        memset(x + 32 * rng_below(8), 0, 32 * sizeof(float));
+                memset(a, 0x55, sizeof(a));
+                memset(b, 0xaa, sizeof(b));
+                assert_int_equal(matmul_quantize_isa(MATMUL_ISA_PLAIN, x, 64, 4, 64, a), 0);
+                assert_int_equal(matmul_quantize_isa(MATMUL_ISA_AVX2, x, 64, 4, 64, b), 0);
+                for (int k = 0; k < 8; k++)
+                        if (memcmp(&a[k].d, &b[k].d, sizeof(float)) || a[k].sum != b[k].sum ||
+                            memcmp(a[k].q, b[k].q, sizeof(a[k].q)))
+                                fail_msg("rep %d block %d: the AVX2 quantization differs from the plain one", rep, k);
+        }
+}
+
 /* A random product: rows x cols weights of type t, n_x vectors with outliers, quantized. */
 struct product {
         const struct qtype *t;
@@ -568,7 +600,8 @@ static void products_agree_bit_for_bit(const struct product *p, int fast, enum m
 }
 
 static void batches_row_ranges_and_kernels_agree_bit_for_bit(void **state) {
-        static const enum matmul_isa isas[] = { MATMUL_ISA_PLAIN, MATMUL_ISA_AVX2 };
+        static const enum matmul_isa isas[] = { MATMUL_ISA_PLAIN, MATMUL_ISA_AVX2,
+                                                MATMUL_ISA_AVX512_VNNI };
 
         (void)state;
         rng_state = 0x55;
@@ -581,7 +614,7 @@ static void batches_row_ranges_and_kernels_agree_bit_for_bit(void **state) {
                 assert_non_null(plain);
                 for (int fast = 0; fast < 2; fast++) {
                         assert_int_equal(run(&p, fast, MATMUL_ISA_PLAIN, 0, p.n_x, 0, p.rows, plain), 0);
-                        for (size_t ii = 0; ii < 2; ii++) {
+                        for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
                                 if (!matmul_isa_supported(isas[ii])) {
                                         assert_int_equal(run(&p, fast, isas[ii], 0, p.n_x, 0, p.rows, p.y),
                                                          -ENOTSUP);
@@ -648,7 +681,8 @@ static float fast_in_header_order(const struct product *p, uint32_t r, uint32_t 
  * and an activation block of zeros; rows of 13 blocks (a short last group). */
 static void fast_kernels_follow_the_header_order_with_any_scale(void **state) {
         static const uint32_t ids[] = { QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1 };
-        static const enum matmul_isa isas[] = { MATMUL_ISA_PLAIN, MATMUL_ISA_AVX2 };
+        static const enum matmul_isa isas[] = { MATMUL_ISA_PLAIN, MATMUL_ISA_AVX2,
+                                                MATMUL_ISA_AVX512_VNNI };
 
         (void)state;
         rng_state = 0x56;
@@ -668,7 +702,7 @@ static void fast_kernels_follow_the_header_order_with_any_scale(void **state) {
                                 }
                 memset(p.x + 32, 0, 32 * sizeof(float)); /* vector 0, block 1 */
                 assert_int_equal(matmul_quantize(p.x, p.cols, p.n_x, p.cols, p.xq), 0);
-                for (size_t ii = 0; ii < 2; ii++) {
+                for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
                         if (!matmul_isa_supported(isas[ii]))
                                 continue;
                         assert_int_equal(run(&p, 1, isas[ii], 0, p.n_x, 0, p.rows, p.y), 0);
@@ -684,6 +718,28 @@ static void fast_kernels_follow_the_header_order_with_any_scale(void **state) {
                 }
                 product_free(&p);
         }
+}
+
+/* The CPU is detected once, at start (kernels/cpu.h): products of every type and implementation,
+ * and the questions about them, read the answer and never run the detector again (its CPUID
+ * traps to the hypervisor on a virtual machine and cost 15% of decode when every product asked). */
+static void products_do_not_run_the_cpu_detector(void **state) {
+        static const enum matmul_isa isas[] = { MATMUL_ISA_BEST, MATMUL_ISA_PLAIN, MATMUL_ISA_AVX2,
+                                                MATMUL_ISA_AVX512_VNNI };
+
+        (void)state;
+        assert_int_equal(cpu_detect_count(), 1); /* the constructor ran it, before main */
+        rng_state = 0x57;
+        for (size_t ti = 0; ti < N_COMPUTING; ti++) {
+                struct product p;
+                product_new(&p, computing[ti], 5, qtype_of(computing[ti])->block == 256 ? 256 : 32 * 9, 3);
+                for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++)
+                        for (int fast = 0; fast < 2; fast++)
+                                if (matmul_isa_supported(isas[ii]))
+                                        assert_int_equal(run(&p, fast, isas[ii], 0, p.n_x, 0, p.rows, p.y), 0);
+                product_free(&p);
+        }
+        assert_int_equal(cpu_detect_count(), 1);
 }
 
 static void matmul_rejects_what_it_cannot_compute(void **state) {
@@ -744,12 +800,14 @@ int main(void) {
                 cmocka_unit_test(f16_and_bf16_convert_every_bit_pattern_exactly),
                 cmocka_unit_test(dot_is_the_lane_ordered_sum_of_dequantized_products),
                 cmocka_unit_test(quantize_stays_within_half_a_step),
+                cmocka_unit_test(quantize_implementations_agree_bit_for_bit),
                 cmocka_unit_test(exact_product_equals_dot_bit_for_bit),
                 cmocka_unit_test(fast_product_stays_within_the_activation_rounding_bound),
                 cmocka_unit_test(kquant_fast_product_stays_within_the_activation_rounding_bound),
                 cmocka_unit_test(batches_row_ranges_and_kernels_agree_bit_for_bit),
                 cmocka_unit_test(fast_kernels_follow_the_header_order_with_any_scale),
                 cmocka_unit_test(matmul_rejects_what_it_cannot_compute),
+                cmocka_unit_test(products_do_not_run_the_cpu_detector),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

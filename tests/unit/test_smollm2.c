@@ -44,6 +44,7 @@
 
 #include <cmocka.h>
 
+#include "cpu.h"
 #include "model.h"
 
 #define EXACT_TOL  1e-3f
@@ -344,8 +345,30 @@ static void a_prompt_chunk_and_a_batch_equal_their_tokens_one_by_one(void **stat
         free(b);
 }
 
+/* A decode step of the whole engine (products, attention, threads) reads kernels/cpu.h's answer,
+ * detected once at start, and never runs the detector (issue 29: CPUID on every product). */
+static void a_decode_step_does_not_run_the_cpu_detector(void **state) {
+        (void)state;
+        struct golden *g = golden_load("golden-chat-capital");
+        unsigned long before = cpu_detect_count();
+        assert_int_equal(before, 1);
+        for (int fast = 0; fast < 2; fast++) {
+                struct model *m = open_model(2, !fast);
+                struct plain_cache *pc;
+                float *logits;
+                assert_int_equal(plain_cache_new(model_get_config(m), 4, &pc), 0);
+                for (int pos = 0; pos < 3; pos++)
+                        assert_int_equal(model_forward(m, g->prompt[pos], pos, &plain_cache_ops, pc, &logits), 0);
+                plain_cache_free(pc);
+                model_free(m);
+        }
+        assert_int_equal(cpu_detect_count(), before);
+        free(g);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(a_decode_step_does_not_run_the_cpu_detector),
                 cmocka_unit_test(the_chat_capital_answer_is_paris),
                 cmocka_unit_test(logits_do_not_depend_on_the_thread_count),
                 cmocka_unit_test(a_prompt_chunk_and_a_batch_equal_their_tokens_one_by_one),
