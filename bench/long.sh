@@ -35,6 +35,8 @@
 #              their own budget B, which DECODE < B never reaches: B + decoded
 #   local-q8, local-q4, local-q3, local-q2   --local --dtype f16 --tier T (the precision ladder's
 #              in-process cache): M + decoded, everything; all but the newest 128 at tier T
+#   llama-q4   llama-bench as llama, with q4_0 keys and values and flash attention (-fa 1 -ctk q4_0
+#              -ctv q4_0: a quantized V cache needs it), the peer of local-q4
 #   llama      llama.cpp's llama-bench at the same depth (-d CONTEXT -p 0 -n DECODE -t 1, f16 cache,
 #              flash attention off: its fastest path here; --repack 0), when BUILD/peers has it
 #              (`make peers`): its rate is wall-clock only, so the table compares it with kvc-run's
@@ -97,7 +99,7 @@ declare -A cfg_args=(
 )
 declare -A tps wl held
 for cfg in $configs; do
-        [ "$cfg" = llama ] || [ -n "${cfg_args[$cfg]:-}" ] || die "unknown configuration $cfg (known: ${!cfg_args[*]} llama)"
+        [ "${cfg%-q4}" = llama ] || [ -n "${cfg_args[$cfg]:-}" ] || die "unknown configuration $cfg (known: ${!cfg_args[*]} llama llama-q4)"
 done
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvc-bench-long-XXXXXX")
@@ -158,14 +160,16 @@ for c in $contexts; do
         steps=$((n + decode))
         echo "context $c: $n prompt tokens ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
         for cfg in $configs; do
-                if [ "$cfg" = llama ]; then
-                        [ -x "$lb" ] || { echo "  llama: $lb is missing (make peers): skipped" >&2; continue; }
+                if [ "${cfg%-q4}" = llama ]; then
+                        [ -x "$lb" ] || { echo "  $cfg: $lb is missing (make peers): skipped" >&2; continue; }
                         d=$((c <= 16 ? 0 : n))
-                        wl[$c.llama]=$(LD_LIBRARY_PATH=$(dirname "$lb") timeout 1800 "$lb" -m "$model" --repack 0 \
-                                -fa 0 -r 1 -t 1 -p 0 -n "$decode" -d "$d" -o jsonl 2>"$tmp/lb.err" |
+                        kv=(-fa 0)
+                        [ "$cfg" = llama-q4 ] && kv=(-fa 1 -ctk q4_0 -ctv q4_0)
+                        wl[$c.$cfg]=$(LD_LIBRARY_PATH=$(dirname "$lb") timeout 1800 "$lb" -m "$model" --repack 0 \
+                                "${kv[@]}" -r 1 -t 1 -p 0 -n "$decode" -d "$d" -o jsonl 2>"$tmp/lb.err" |
                                 field avg_ts | awk '{ printf "%.1f", $1 }') || true
-                        [ -n "${wl[$c.llama]}" ] || { cat "$tmp/lb.err" >&2; die "llama-bench -d $d failed"; }
-                        echo "  llama: ${wl[$c.llama]} per wall second at depth $d ($(date -u +%T))" >&2
+                        [ -n "${wl[$c.$cfg]}" ] || { cat "$tmp/lb.err" >&2; die "llama-bench -d $d failed"; }
+                        echo "  $cfg: ${wl[$c.$cfg]} per wall second at depth $d ($(date -u +%T))" >&2
                         continue
                 fi
                 read -ra args <<<"${cfg_args[$cfg]}"
@@ -216,7 +220,7 @@ done
 echo "$hdr"
 echo "$sep"
 for cfg in $configs; do
-        [ "$cfg" = llama ] && continue
+        [ "${cfg%-q4}" = llama ] && continue
         row="| $cfg | \`${cfg_args[$cfg]}\` |"
         for c in $contexts; do
                 row+=" ${held[$c.$cfg]:--} | ${tps[$c.$cfg]:--} |"
@@ -235,5 +239,16 @@ if [[ " $configs " == *" llama "* ]]; then
                         -v w="${wl[$c.window]:--}" -v k="${wl[$c.conf]:--}" '
                         function ratio(x, y) { return (x !~ /^[0-9.]+$/ || y !~ /^[0-9.]+$/ || y + 0 == 0) ? "-" : sprintf("%.2f", x / y) }
                         BEGIN { printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", c, a, l, f, w, k, ratio(w, a), ratio(k, a) }'
+        done
+fi
+if [[ " $configs " == *" llama-q4 "* ]]; then
+        echo
+        echo "the precision ladder's q4 against llama.cpp's q4_0 cache (flash attention), wall-clock tokens/s in the same run:"
+        echo "| context (tokens) | llama.cpp q4_0 + FA | kvc-run --local --tier q4 | kvc-run --local (f32) | ladder q4 / llama.cpp q4_0 |"
+        echo "|---:|---:|---:|---:|---:|"
+        for c in $contexts; do
+                awk -v c="$c" -v a="${wl[$c.llama-q4]:--}" -v q="${wl[$c.local-q4]:--}" -v l="${wl[$c.local]:--}" '
+                        function ratio(x, y) { return (x !~ /^[0-9.]+$/ || y !~ /^[0-9.]+$/ || y + 0 == 0) ? "-" : sprintf("%.2f", x / y) }
+                        BEGIN { printf "| %s | %s | %s | %s | %s |\n", c, a, q, l, ratio(q, a) }'
         done
 fi
