@@ -125,6 +125,16 @@ static inline float *block_vscale(const struct block_layout *l, uint8_t *block, 
         return (float *)(block + l->vscale_offset) + (uint64_t)head * l->block_tokens + slot;
 }
 
+/* The five side arrays' offsets, in the order pos, sum, ema, last, logw. */
+#define BLOCK_SIDE_ARRAYS 5
+static inline void block_side_offsets(const struct block_layout *l, uint64_t off[BLOCK_SIDE_ARRAYS]) {
+        off[0] = l->pos_offset;
+        off[1] = l->sum_offset;
+        off[2] = l->ema_offset;
+        off[3] = l->last_offset;
+        off[4] = l->logw_offset;
+}
+
 /* The side array at offset `off` (pos, sum, ema, last, logw), element (head, slot). */
 static inline void *block_side(const struct block_layout *l, uint8_t *block, uint64_t off, uint32_t head,
                                uint32_t slot) {

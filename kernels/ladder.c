@@ -27,15 +27,7 @@
 #include "lloyd.h"
 #include "tier.h"
 
-enum { SIDE_ARRAYS = 5 };
-
-static void side_offsets(const struct block_layout *l, uint64_t off[SIDE_ARRAYS]) {
-        off[0] = l->pos_offset;
-        off[1] = l->sum_offset;
-        off[2] = l->ema_offset;
-        off[3] = l->last_offset;
-        off[4] = l->logw_offset;
-}
+enum { SIDE_ARRAYS = BLOCK_SIDE_ARRAYS };
 
 static uint32_t div_up(uint32_t a, uint32_t b) {
         return (uint32_t)(((uint64_t)a + b - 1) / b);
@@ -198,7 +190,7 @@ static void gather_one(const struct compaction *C, uint32_t h, uint32_t t, uint3
                         g->same[e] |= 2;
                 }
         }
-        side_offsets(lu, off);
+        block_side_offsets(lu, off);
         for (int a = 0; a < SIDE_ARRAYS; a++)
                 memcpy(&g->side[(uint64_t)e * SIDE_ARRAYS + a], block_side(lu, b, off[a], h, idx % T), 4);
 }
@@ -212,7 +204,7 @@ static void write_block(const struct compaction *C, uint32_t h, uint32_t t, uint
         uint64_t off[SIDE_ARRAYS], rb = l->row_bytes;
 
         (void)row->fill_head(l, db, h, g->keys, g->values, cnt); /* non-finite rows are stored as zeros */
-        side_offsets(l, off);
+        block_side_offsets(l, off);
         for (uint32_t e = 0; e < cnt; e++) {
                 if (g->same[e] & 1) {
                         memcpy(block_value(l, db, h, e), g->vraw + e * rb, rb);
@@ -262,7 +254,7 @@ static void move_run(const struct compaction *C, uint32_t h, uint32_t src, uint3
 
         memmove(block_key(l, db, h, ds), block_key(l, sb, h, ss), len * l->row_bytes);
         memmove(block_value(l, db, h, ds), block_value(l, sb, h, ss), len * l->row_bytes);
-        side_offsets(l, off);
+        block_side_offsets(l, off);
         for (int a = 0; a < SIDE_ARRAYS; a++)
                 memmove(block_side(l, db, off[a], h, ds), block_side(l, sb, off[a], h, ss), (size_t)len * 4u);
 }

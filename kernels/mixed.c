@@ -47,15 +47,7 @@
 #include "compact.h"
 #include "quant.h"
 
-enum { SIDE_ARRAYS = 5 };
-
-static void side_offsets(const struct block_layout *l, uint64_t off[SIDE_ARRAYS]) {
-        off[0] = l->pos_offset;
-        off[1] = l->sum_offset;
-        off[2] = l->ema_offset;
-        off[3] = l->last_offset;
-        off[4] = l->logw_offset;
-}
+enum { SIDE_ARRAYS = BLOCK_SIDE_ARRAYS };
 
 static uint32_t div_up(uint32_t a, uint32_t b) {
         return (uint32_t)(((uint64_t)a + b - 1) / b);
@@ -240,8 +232,8 @@ int compact_mixed(const struct mixed_layer *M, const uint32_t *keep, uint32_t ke
                 .new_len = new_len,
                 .g = gather_carve(M, scratch),
         };
-        side_offsets(M->q8, C.q8_side);
-        side_offsets(M->fp, C.fp_side);
+        block_side_offsets(M->q8, C.q8_side);
+        block_side_offsets(M->fp, C.fp_side);
         for (uint32_t h = 0; h < H; h++) {
                 C.keep = keep && per_head ? keep + (uint64_t)h * keep_count : keep;
                 for (uint32_t d = 0; d < div_up(new_q8, T); d++)
