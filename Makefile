@@ -162,7 +162,7 @@ $(BUILD)/tests/test_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ
 $(BUILD)/tests/test_stats: $(call obj,client/eval/stats.c)
 $(BUILD)/tests/test_cuda_backend: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_events: $(call obj,daemon/events_vllm.c daemon/events_ring.c)
-$(BUILD)/tests/test_budget $(BUILD)/tests/test_gather: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ)) \
+$(BUILD)/tests/test_budget $(BUILD)/tests/test_gather $(BUILD)/tests/test_prefix: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ)) \
 	$(call obj,tests/unit/sim.c)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)

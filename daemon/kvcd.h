@@ -70,6 +70,7 @@ struct kvcd_config {
         const char *events_replay_endpoint; /* a second endpoint for the replay ROUTER, or NULL */
         uint32_t events_replay_buffer;      /* messages kept for replay; 0: no replay socket */
         bool events_token_ids;              /* publish the prompts' token ids */
+        int share_scope;                    /* who attaches whose shared prefix (enum prefix_scope) */
         /* the numeric IPv4 or IPv6 address of the metrics endpoint; NULL: 127.0.0.1 */
         const char *metrics_address;
 };
@@ -268,6 +269,7 @@ struct kvcd {
         uint64_t next_session_id;
         struct budget budget;
         struct idmap prefixes;   /* published prompt blocks (prefix.c) */
+        uint64_t prefix_secret[2]; /* the per-boot SipHash key of their index (prefix.c) */
         uint32_t n_waiting;      /* sessions with a request waiting for memory */
         bool freed;              /* memory went back to the pool since the waits were last tried */
         char refusal[256];       /* why the last allocation was refused by a limit */
