@@ -168,6 +168,7 @@ static int tune(void *z, int hwm, int64_t max_in_bytes) {
                                zmq_setsockopt(z, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
                                zmq_setsockopt(z, ZMQ_HEARTBEAT_IVL, &ivl, sizeof(ivl)) < 0 ||
                                zmq_setsockopt(z, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout)) < 0 ||
+                               zmq_setsockopt(z, ZMQ_HANDSHAKE_IVL, &ivl, sizeof(ivl)) < 0 || /* fdguard.h */
                                zmq_setsockopt(z, ZMQ_MAXMSGSIZE, &max_in_bytes, sizeof(max_in_bytes)) < 0
                        ? -zmq_errno()
                        : 0;

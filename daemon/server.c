@@ -41,6 +41,7 @@
 #include "backend.h"
 #include "clock.h"
 #include "events.h"
+#include "fdguard.h"
 #include "handlers.h"
 #include "http.h"
 #include "kvcd.h"
@@ -199,13 +200,31 @@ static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode
             zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
             zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
             zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof(ivl)) < 0 ||
-            zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout)) < 0 || zmq_bind(s, ep) < 0) {
+            zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout)) < 0 ||
+            /* a connection that never greets gives its descriptor back within 2 s (fdguard.h) */
+            zmq_setsockopt(s, ZMQ_HANDSHAKE_IVL, &ivl, sizeof(ivl)) < 0 || zmq_bind(s, ep) < 0) {
                 int r = -zmq_errno();
                 zmq_close(s);
                 return r;
         }
         *ret = s;
         return act_fd < 0 && chmod(path, mode) < 0 ? -errno : 0;
+}
+
+/* ZeroMQ connections fdguard refused for want of descriptors: logged at most once a second. */
+static void log_fd_refusals(struct kvcd *d) {
+        static unsigned long seen;
+        static uint64_t last_usec;
+        unsigned long n = fdguard_refusals();
+        uint64_t now = now_usec();
+        if (n == seen || now - last_usec < 1000000)
+                return;
+        log_warning("ZeroMQ connections refused for want of descriptors: %lu so far (%u kept free, %u for "
+                    "operators)",
+                    n, KVCD_FD_RESERVE, KVCD_FD_RESERVE_ADMIN);
+        seen = n;
+        last_usec = now;
+        (void)d;
 }
 
 static int open_signals(struct kvcd *d) {
@@ -294,6 +313,7 @@ int server_start(struct kvcd *d) {
         d->zctx = zmq_ctx_new();
         if (!d->zctx)
                 return -ENOMEM;
+        fdguard_arm(d->admin_path); /* before any ZeroMQ listener exists */
         if ((r = listen_fd_channel(d)) < 0 ||
             (r = bind_router(d, &d->zclient, d->sock_path, 0660, d->act_client_fd, KVCD_CLIENT_HWM)) < 0 ||
             (r = bind_router(d, &d->zadmin, d->admin_path, 0600, d->act_admin_fd, KVCD_ADMIN_HWM)) < 0 ||
@@ -463,6 +483,7 @@ int server_run(struct kvcd *d) {
                 }
                 if (items[3].revents)
                         handle_signals(d);
+                log_fd_refusals(d);
                 for (uint32_t i = 0; i < n; i++) {
                         short ev = items[FIXED + i].revents;
                         /* what it wrote last (a BYE) is read before its hang-up is handled */

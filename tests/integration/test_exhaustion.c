@@ -27,6 +27,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -471,8 +472,87 @@ static void out_of_descriptors_kvcd_keeps_serving_and_does_not_spin(void **state
         admin_close(&a);
 }
 
+/* ---- ZeroMQ floods (issue 28, item 2) ---- */
+
+/* A stream connection to the ipc socket `name` of the runtime directory, which never says a byte:
+ * ZeroMQ's listener accepts it (a descriptor in kvcd) before any greeting. -1 when refused. */
+static int zmq_ipc_connect(const char *dir, const char *name) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/%s", dir, name);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EINPROGRESS) {
+                close(fd);
+                return -1;
+        }
+        return fd;
+}
+
+/* kvcd with few descriptors left takes ZMQ_FLOOD connections on each of its ZeroMQ sockets in
+ * turn (clients, admin, KV events, replay), and one side-channel flood before an operator
+ * connects: before the fix, libzmq 4.3.4's ipc listener asserted on EMFILE and kvcd aborted at the
+ * first flood. After each, kvcd is alive and answers the operator connected before; once the
+ * flood is gone, new ZeroMQ peers connect again on every socket. */
+#define ZMQ_FLOOD 120
+static void zeromq_floods_on_every_socket_leave_kvcd_serving(void **state) {
+        struct daemon *d = *state;
+        static const char *const sockets[] = { "kvcd.sock", "kvcd.admin.sock", "kvcd.events.sock",
+                                               "kvcd.events.replay.sock" };
+        struct admin a;
+        uint32_t clients, sessions;
+        assert_int_equal(admin_open(&a, d->dir), 0);
+        wait_clients(&a, 0);
+        struct rlimit old, low;
+        assert_int_equal(prlimit(d->pid, RLIMIT_NOFILE, NULL, &old), 0);
+        int used = harness_fd_count(d->pid, NULL, NULL);
+        assert_true(used > 0);
+        low = (struct rlimit){ .rlim_cur = (rlim_t)used + 40, .rlim_max = old.rlim_max };
+        assert_int_equal(prlimit(d->pid, RLIMIT_NOFILE, &low, NULL), 0);
+
+        int conns[ZMQ_FLOOD];
+        for (size_t k = 0; k <= sizeof(sockets) / sizeof(sockets[0]); k++) {
+                for (int i = 0; i < ZMQ_FLOOD; i++) /* the last round: the side channel */
+                        conns[i] = k < 4 ? zmq_ipc_connect(d->dir, sockets[k]) : fd_channel_connect(d->dir, true);
+                /* kvcd is alive and answers (the I/O thread met the limit by now, or never will) */
+                for (int i = 0; i < 20; i++)
+                        assert_int_equal(admin_status(&a, &clients, &sessions), 0);
+                int st;
+                assert_int_equal(waitpid(d->pid, &st, WNOHANG), 0);
+                if (k == 4) { /* an operator connects while the side channel holds the descriptors */
+                        struct admin b;
+                        assert_int_equal(admin_open(&b, d->dir), 0);
+                        for (int i = 0; i < 20; i++)
+                                assert_int_equal(admin_status(&a, &clients, &sessions), 0);
+                        assert_int_equal(waitpid(d->pid, &st, WNOHANG), 0);
+                        admin_close(&b);
+                }
+                for (int i = 0; i < ZMQ_FLOOD; i++)
+                        if (conns[i] >= 0)
+                                close(conns[i]);
+        }
+        assert_int_equal(prlimit(d->pid, RLIMIT_NOFILE, &old, NULL), 0);
+        char *log = harness_slurp(d->log, NULL); /* the guard was met, not avoided */
+        assert_non_null(log);
+        assert_non_null(strstr(log, "ZeroMQ connections refused for want of descriptors"));
+        free(log);
+        /* descriptors back: a new operator and a new client are served (the listeners resume) */
+        struct admin b;
+        assert_int_equal(admin_open(&b, d->dir), 0);
+        assert_int_equal(admin_status(&b, &clients, &sessions), 0);
+        admin_close(&b);
+        struct rawpeer q;
+        assert_int_equal(rawpeer_open(&q, d->dir, true), 0);
+        rawpeer_leave(&q);
+        wait_clients(&a, 0);
+        admin_close(&a);
+}
+
 static int setup(void **state) {
         return harness_group_start(state, NULL);
+}
+
+static int setup_replay(void **state) {
+        static const char *const extra[] = { "--events-replay-buffer", "100", NULL };
+        return harness_group_start(state, extra);
 }
 
 static int teardown(void **state) {
@@ -491,6 +571,8 @@ int main(void) {
                                                 teardown),
                 cmocka_unit_test_setup_teardown(out_of_descriptors_kvcd_keeps_serving_and_does_not_spin,
                                                 setup, teardown),
+                cmocka_unit_test_setup_teardown(zeromq_floods_on_every_socket_leave_kvcd_serving, setup_replay,
+                                                teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
