@@ -52,6 +52,9 @@ struct events;
 #define KVCD_HELLO_USEC          2000000u
 #define KVCD_MAX_PENDING_PER_UID 16u
 #define KVCD_ACCEPT_BACKOFF_USEC 250000u
+/* The main loop trims the heap when the allocator holds this much more free memory than after its
+ * last trim (server.c): kvcd's RSS comes back within about this of idle after a peak. */
+#define KVCD_TRIM_SLACK_BYTES (512u << 10)
 
 struct kvcd_config {
         const char *runtime_dir;

@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <malloc.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -225,6 +226,23 @@ static void log_fd_refusals(struct kvcd *d) {
         seen = n;
         last_usec = now;
         (void)d;
+}
+
+/* Gives freed heap back to the system (issue 28, item 13): called about once a second, it trims
+ * when the free memory the allocator holds (every arena's, ZeroMQ's I/O thread's included) grew by
+ * more than KVCD_TRIM_SLACK_BYTES since the last trim, so a transient peak (replies queued to a
+ * peer that left, a replay, a burst of sessions) does not stay in kvcd's RSS, and an idle kvcd
+ * does not trim again and again what fragmentation keeps. */
+static void trim_heap(void) {
+        static size_t kept; /* free bytes held after the last trim */
+        struct mallinfo2 mi = mallinfo2();
+        if (mi.fordblks <= kept + KVCD_TRIM_SLACK_BYTES) {
+                if (mi.fordblks < kept)
+                        kept = mi.fordblks;
+                return;
+        }
+        malloc_trim(0);
+        kept = mallinfo2().fordblks;
 }
 
 static int open_signals(struct kvcd *d) {
@@ -523,6 +541,7 @@ int server_run(struct kvcd *d) {
                         d->stopping = true;
                 }
                 if (now >= next_ping) {
+                        trim_heap();
                         notify_status(d);
                         next_ping = now + (d->watchdog_usec ? d->watchdog_usec / 2 : 1000000u);
                 }
