@@ -359,7 +359,9 @@ int server_start(struct kvcd *d) {
         log_notice("kvcd %s serving %s: backend %s, capacity %llu bytes in %llu-byte chunks", KVCD_VERSION,
                    dir, d->backend->name, (unsigned long long)d->cfg.capacity_bytes,
                    (unsigned long long)d->cfg.chunk_bytes);
-        sd_notifyf(0, "READY=1\nSTATUS=serving %s\nMAINPID=%d", dir, (int)getpid());
+        char ready[PATH_MAX + 64];
+        snprintf(ready, sizeof(ready), "READY=1\nSTATUS=serving %s\nMAINPID=%d", dir, (int)getpid());
+        notify_wait(ready); /* on the socket kvcd keeps: no descriptor comes and goes after it */
         return 0;
 }
 
