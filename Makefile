@@ -159,12 +159,12 @@ TEST_LIBS := $(LIB)/libkvc.a
 # the engine (client/engine/): every object, since a GGUF model pulls in the reader, types and threads
 $(BUILD)/tests/test_model $(BUILD)/tests/test_gguf $(BUILD)/tests/test_bpe $(BUILD)/tests/test_smollm2 \
 	$(BUILD)/tests/test_laddercache: $(MODEL_OBJ)
-$(BUILD)/tests/test_pool $(BUILD)/tests/test_notify: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
+$(BUILD)/tests/test_pool $(BUILD)/tests/test_notify $(BUILD)/tests/test_replay: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_stats: $(call obj,client/eval/stats.c)
 $(BUILD)/tests/test_cuda_backend: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_events: $(call obj,daemon/events_vllm.c daemon/events_ring.c)
-$(BUILD)/tests/test_budget $(BUILD)/tests/test_gather: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ)) \
+$(BUILD)/tests/test_budget $(BUILD)/tests/test_gather $(BUILD)/tests/test_prefix: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ)) \
 	$(call obj,tests/unit/sim.c)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)

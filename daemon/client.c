@@ -20,7 +20,9 @@
  * KVCD_MAX_PENDING_PER_UID connections that have not (a new one closes its oldest): connections
  * that never say Hello cannot take the client slots from others. When accept4 fails for want of
  * descriptors kvcd logs it once and stops polling the listener for KVCD_ACCEPT_BACKOFF_USEC at a
- * time; the connections wait in the backlog and the connected clients are served meanwhile.
+ * time; the connections wait in the backlog and the connected clients are served meanwhile. A
+ * connection that would leave fewer than KVCD_FD_RESERVE descriptors is closed the same way: the
+ * reserve is for ZeroMQ's peers, operators first (fdguard.h).
  * A client with sessions that leaves is followed by malloc_trim(), so kvcd's RSS goes back.
  *
  * On a device pool (the cuda backend) the WELCOME record says so and a DEVICE record with the
@@ -41,6 +43,7 @@
 
 #include "backend.h"
 #include "clock.h"
+#include "fdguard.h"
 #include "fdwire.h"
 #include "kvcd.h"
 #include "log.h"
@@ -118,6 +121,16 @@ int client_accept(struct kvcd *d) {
         }
         if (fd < 0)
                 return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+        if (!fdguard_room(fd, KVCD_FD_RESERVE)) {
+                /* the reserve is ZeroMQ's (fdguard.h): an operator can still connect */
+                close(fd);
+                if (!d->fds_exhausted)
+                        log_warning("refusing a client: fewer than %u descriptors left (%.2f s back-off)",
+                                    KVCD_FD_RESERVE, KVCD_ACCEPT_BACKOFF_USEC / 1e6);
+                d->fds_exhausted = true;
+                d->accept_paused_until_usec = now_usec() + KVCD_ACCEPT_BACKOFF_USEC;
+                return 0;
+        }
         if (d->fds_exhausted) {
                 log_notice("accepting clients again");
                 d->fds_exhausted = false;

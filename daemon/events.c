@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -33,6 +34,14 @@ struct events {
         const char *medium;
         void *zreplay; /* ROUTER, or NULL */
         struct events_ring *ring;
+        /* the connections answered, while they last: ZeroMQ's descriptor and its socket's inode
+         * (a descriptor number is reused, an inode is not while the socket is open) */
+        struct replay_peer {
+                int fd;
+                ino_t ino;
+        } peers[EVENTS_REPLAY_MAX_PEERS];
+        uint32_t n_peers;
+        uint64_t replay_refused; /* requests dropped: every peer slot taken */
         char replay_path[300];
         struct idmap held; /* per-node formats: block hash -> how many sessions hold it */
 };
@@ -168,6 +177,7 @@ static int tune(void *z, int hwm, int64_t max_in_bytes) {
                                zmq_setsockopt(z, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
                                zmq_setsockopt(z, ZMQ_HEARTBEAT_IVL, &ivl, sizeof(ivl)) < 0 ||
                                zmq_setsockopt(z, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout)) < 0 ||
+                               zmq_setsockopt(z, ZMQ_HANDSHAKE_IVL, &ivl, sizeof(ivl)) < 0 || /* fdguard.h */
                                zmq_setsockopt(z, ZMQ_MAXMSGSIZE, &max_in_bytes, sizeof(max_in_bytes)) < 0
                        ? -zmq_errno()
                        : 0;
@@ -183,8 +193,9 @@ static int open_replay(struct kvcd *d, struct events *es) {
         es->zreplay = zmq_socket(d->zctx, ZMQ_ROUTER);
         if (!es->zreplay)
                 return -zmq_errno();
-        /* one whole answer fits in a subscriber's pipe; a request is [empty, 8 bytes] */
-        if ((r = tune(es->zreplay, (int)d->cfg.events_replay_buffer + 16, 64)) < 0)
+        /* one window and its end marker fit in a subscriber's pipe whatever it has read (ZeroMQ
+         * learns what the reader took only every half high-water mark); a request is [empty, 8 bytes] */
+        if ((r = tune(es->zreplay, (int)EVENTS_REPLAY_HWM, 64)) < 0)
                 return r;
         if ((unlink(es->replay_path) < 0 && errno != ENOENT) || zmq_bind(es->zreplay, ep) < 0)
                 return -zmq_errno();
@@ -267,11 +278,14 @@ void *events_replay_socket(const struct kvcd *d) {
         return d->events ? d->events->zreplay : NULL;
 }
 
-/* Reads one request: 0 and the start seq, -EAGAIN when none waits, -EPROTO for a malformed one
- * (read to its end and dropped, as vLLM's publisher drops it). */
-static int replay_request(void *z, zmq_msg_t *rid, uint64_t *ret_from) {
+/* Reads one request: 0, the start seq and the descriptor of the connection it came on (ZeroMQ's,
+ * from its first frame after the routing id: the routing id frame is ZeroMQ's own and carries
+ * none), -EAGAIN when none waits, -EPROTO for a malformed one (read to its end and dropped, as
+ * vLLM's publisher drops it). */
+static int replay_request(void *z, zmq_msg_t *rid, uint64_t *ret_from, int *ret_fd) {
         zmq_msg_t part;
         int n = 0, r = 0;
+        *ret_fd = -1;
         uint64_t from = 0;
         if (zmq_msg_recv(rid, z, ZMQ_DONTWAIT) < 0)
                 return -EAGAIN;
@@ -282,6 +296,8 @@ static int replay_request(void *z, zmq_msg_t *rid, uint64_t *ret_from) {
                         return -EPROTO;
                 }
                 more = zmq_msg_more(&part);
+                if (n == 0)
+                        *ret_fd = zmq_msg_get(&part, ZMQ_SRCFD);
                 if ((n == 0 && zmq_msg_size(&part) != 0) || (n == 1 && zmq_msg_size(&part) != 8) || n > 1)
                         r = -EPROTO;
                 else if (n == 1)
@@ -293,6 +309,28 @@ static int replay_request(void *z, zmq_msg_t *rid, uint64_t *ret_from) {
                 r = -EPROTO;
         *ret_from = from;
         return r;
+}
+
+/* Whether the connection a request came on may be answered: one of the answered ones, or a new
+ * one while a slot is free (slots of closed connections are freed first). */
+static bool replay_admit(struct events *es, int fd) {
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) < 0)
+                return false;
+        for (uint32_t i = 0; i < es->n_peers; i++)
+                if (es->peers[i].fd == fd && es->peers[i].ino == st.st_ino)
+                        return true;
+        for (uint32_t i = 0; i < es->n_peers;) {
+                struct stat p;
+                if (fstat(es->peers[i].fd, &p) < 0 || p.st_ino != es->peers[i].ino)
+                        es->peers[i] = es->peers[--es->n_peers];
+                else
+                        i++;
+        }
+        if (es->n_peers >= EVENTS_REPLAY_MAX_PEERS)
+                return false;
+        es->peers[es->n_peers++] = (struct replay_peer){ .fd = fd, .ino = st.st_ino };
+        return true;
 }
 
 static int replay_send(void *z, zmq_msg_t *rid, const uint8_t sq[8], const void *buf, size_t len) {
@@ -316,8 +354,9 @@ void events_replay_run(struct kvcd *d) {
         for (int k = 0; k < EVENTS_REPLAYS_PER_ROUND; k++) {
                 zmq_msg_t rid;
                 uint64_t from;
+                int fd;
                 zmq_msg_init(&rid);
-                int r = replay_request(es->zreplay, &rid, &from);
+                int r = replay_request(es->zreplay, &rid, &from, &fd);
                 if (r == -EAGAIN) {
                         zmq_msg_close(&rid);
                         return;
@@ -327,11 +366,21 @@ void events_replay_run(struct kvcd *d) {
                         zmq_msg_close(&rid);
                         continue;
                 }
+                if (!replay_admit(es, fd)) {
+                        if (es->replay_refused++ == 0)
+                                log_warning("KV event replay: %u connections are being answered (the "
+                                            "limit); requests from others are dropped",
+                                            EVENTS_REPLAY_MAX_PEERS);
+                        zmq_msg_close(&rid);
+                        continue;
+                }
                 uint64_t seq;
                 const uint8_t *buf;
                 size_t len;
                 uint32_t sent = 0;
-                for (uint32_t i = 0; events_ring_get(es->ring, from, i, &seq, &buf, &len) == 0; i++) {
+                for (uint32_t i = 0; i < EVENTS_REPLAY_WINDOW && /* then it asks again from the next */
+                                     events_ring_get(es->ring, from, i, &seq, &buf, &len) == 0;
+                     i++) {
                         uint8_t sq[8];
                         for (int b = 0; b < 8; b++)
                                 sq[b] = (uint8_t)(seq >> (56 - 8 * b));
@@ -403,19 +452,21 @@ void events_session_progress(struct kvcd *d, struct session *s) {
         s->blocks_stored = upto;
         if (from == upto)
                 return; /* other sessions hold all of them: the node announced them already */
-        n = upto - from;
-        struct events_event ev = {
-                .kind = EVENTS_KIND_STORED,
-                .block_hashes = s->block_hashes + from,
-                .n_block_hashes = n,
-                .parent_block_hash = from ? s->block_hashes[from - 1] : 0,
-                .token_ids = s->prompt_ids + (size_t)from * EVENTS_BLOCK,
-                .n_token_ids = d->cfg.events_token_ids ? (size_t)n * EVENTS_BLOCK : 0,
-                .block_size = EVENTS_BLOCK,
-                .session_id = s->id,
-                .medium = es->medium,
-        };
-        publish(d, &ev);
+        for (; from < upto; from += n) { /* a message per EVENTS_MESSAGE_BLOCKS blocks */
+                n = upto - from < EVENTS_MESSAGE_BLOCKS ? upto - from : EVENTS_MESSAGE_BLOCKS;
+                struct events_event ev = {
+                        .kind = EVENTS_KIND_STORED,
+                        .block_hashes = s->block_hashes + from,
+                        .n_block_hashes = n,
+                        .parent_block_hash = from ? s->block_hashes[from - 1] : 0,
+                        .token_ids = s->prompt_ids + (size_t)from * EVENTS_BLOCK,
+                        .n_token_ids = d->cfg.events_token_ids ? (size_t)n * EVENTS_BLOCK : 0,
+                        .block_size = EVENTS_BLOCK,
+                        .session_id = s->id,
+                        .medium = es->medium,
+                };
+                publish(d, &ev);
+        }
 }
 
 static void removed(struct kvcd *d, struct session *s, uint32_t from) {
@@ -428,14 +479,17 @@ static void removed(struct kvcd *d, struct session *s, uint32_t from) {
                 from += unhold(es, s->block_hashes + from, upto - from);
         if (from == upto)
                 return; /* other sessions still hold them */
-        struct events_event ev = {
-                .kind = EVENTS_KIND_REMOVED,
-                .block_hashes = s->block_hashes + from,
-                .n_block_hashes = upto - from,
-                .session_id = s->id,
-                .medium = es->medium,
-        };
-        publish(d, &ev);
+        for (uint32_t n; from < upto; from += n) {
+                n = upto - from < EVENTS_MESSAGE_BLOCKS ? upto - from : EVENTS_MESSAGE_BLOCKS;
+                struct events_event ev = {
+                        .kind = EVENTS_KIND_REMOVED,
+                        .block_hashes = s->block_hashes + from,
+                        .n_block_hashes = n,
+                        .session_id = s->id,
+                        .medium = es->medium,
+                };
+                publish(d, &ev);
+        }
 }
 
 void events_session_evicted(struct kvcd *d, struct session *s, uint32_t intact) {

@@ -14,7 +14,19 @@
  * --events-replay-buffer N the last N messages are kept (events_ring, at most
  * EVENTS_REPLAY_MAX_BYTES of payload) and served on a ROUTER (kvcd.events.replay.sock, and
  * --events-replay-endpoint): a request [empty, 8-byte big-endian start seq] is answered with
- * [empty, seq, payload] for every kept message from start on, then [empty, -1 as 8 bytes, empty].
+ * [empty, seq, payload] for the kept messages from start on, at most EVENTS_REPLAY_WINDOW of
+ * them, then [empty, -1 as 8 bytes, empty]; a subscriber that needs more asks again from the next
+ * seq.
+ *
+ * What the replay socket can make kvcd hold (issue 28, item 3). A message is at most
+ * EVENTS_MESSAGE_MAX_BYTES: an event names at most EVENTS_MESSAGE_BLOCKS blocks (a longer prompt's
+ * blocks go out in several, each with its parent hash). A peer's pipe holds at most
+ * EVENTS_REPLAY_HWM messages (two windows and their end markers: ZeroMQ learns what a reader
+ * took only every half high-water mark), however often it asks without reading; answers go to at
+ * most EVENTS_REPLAY_MAX_PEERS connections at a time (the ones answered before, while they stay
+ * connected; a request from another is dropped). So what the replay queues in kvcd is at most
+ * EVENTS_REPLAY_MAX_PEERS x EVENTS_REPLAY_HWM x EVENTS_MESSAGE_MAX_BYTES (16 x 130 x 6 KiB:
+ * 12.2 MiB), beside the buffer itself.
  *
  * Token ids are published only with --events-token-ids (docs/security.md): without it every
  * BlockStored carries an empty token_ids list, and the hashes alone identify the blocks.
@@ -32,6 +44,13 @@ struct session;
 #define EVENTS_REPLAY_MAX       1000000u    /* --events-replay-buffer's largest N */
 #define EVENTS_REPLAY_MAX_BYTES (64u << 20) /* payload bytes the replay buffer keeps at most */
 #define EVENTS_REPLAY_PATH      "kvcd.events.replay.sock"
+#define EVENTS_REPLAY_WINDOW    64u /* messages of one replay answer at most */
+#define EVENTS_REPLAY_HWM       (2 * (EVENTS_REPLAY_WINDOW + 1)) /* a peer's pipe, in messages */
+#define EVENTS_REPLAY_MAX_PEERS 16u  /* connections answered at a time */
+/* blocks one event names at most, and so the largest message: 64 hashes and 1024 token ids as
+ * varints (10 and 5 bytes at most) and the rest, in either format */
+#define EVENTS_MESSAGE_BLOCKS    64u
+#define EVENTS_MESSAGE_MAX_BYTES (6u << 10)
 
 /* Whether --events-format NAME is one kvcd speaks ("kvcd", "vllm"). */
 bool events_format_known(const char *name);

@@ -13,6 +13,14 @@
  * HTTP_MAX_URL gets 414 and headers above HTTP_MAX_HEADER_BYTES get 431, as libmicrohttpd itself
  * answers what does not fit its buffer), no request body. Rejected: a thread of its own for MHD
  * (rendering would then need locks around kvcd's state).
+ *
+ * Slow peers (issue 28, item 8): libmicrohttpd's timeout is an idle timeout, so a peer that sends
+ * a byte every 2 s kept its connection, and HTTP_MAX_PER_IP of them (every local peer is
+ * 127.0.0.1) held the endpoint from every local scraper. kvcd keeps its own table of connections
+ * (MHD_OPTION_NOTIFY_CONNECTION): a connection must send a whole request within
+ * HTTP_REQUEST_DEADLINE_USEC of connecting or of its last answer, or it is shut down, and a new
+ * connection from an address that has HTTP_MAX_PER_IP connections waiting for a request shuts
+ * down the oldest of them instead of being refused: a scraper that asks at once always gets in.
  */
 #include "http.h"
 
@@ -22,10 +30,88 @@
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
+#include "clock.h"
 #include "kvcd.h"
 #include "log.h"
 #include "metrics.h"
+
+/* The connections libmicrohttpd holds, by slot: the socket, the peer's address, and since when
+ * it owes a whole request (0: it is being answered). */
+static struct http_conn {
+        struct MHD_Connection *conn; /* NULL: a free slot */
+        int fd;
+        struct sockaddr_storage addr;
+        uint64_t since_usec;
+} conns[HTTP_MAX_CONNECTIONS + 1];
+
+static bool same_address(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+        if (a->ss_family != b->ss_family)
+                return false;
+        if (a->ss_family == AF_INET)
+                return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+                       ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+        return a->ss_family == AF_INET6 && memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                                                  &((const struct sockaddr_in6 *)b)->sin6_addr,
+                                                  sizeof(struct in6_addr)) == 0;
+}
+
+/* libmicrohttpd sees the hang-up on its next run and closes the connection. */
+static void shut(struct http_conn *c) {
+        shutdown(c->fd, SHUT_RDWR);
+        c->since_usec = 0; /* counted as waiting no more */
+}
+
+static void notify_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                              enum MHD_ConnectionNotificationCode code) {
+        (void)cls;
+        if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+                struct http_conn *c = *socket_context;
+                if (c)
+                        c->conn = NULL;
+                return;
+        }
+        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD),
+                                       *ad = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        struct http_conn *c = NULL, *oldest = NULL;
+        unsigned waiting = 0;
+        for (size_t i = 0; i < sizeof(conns) / sizeof(conns[0]); i++)
+                if (!conns[i].conn && !c)
+                        c = &conns[i];
+        if (!c || !fd || !ad || !ad->client_addr)
+                return; /* not tracked: libmicrohttpd's own limits still hold */
+        *c = (struct http_conn){ .conn = conn, .fd = fd->connect_fd, .since_usec = now_usec() };
+        memcpy(&c->addr, ad->client_addr,
+               ad->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
+        *socket_context = c;
+        for (size_t i = 0; i < sizeof(conns) / sizeof(conns[0]); i++) {
+                struct http_conn *o = &conns[i];
+                if (o == c || !o->conn || !o->since_usec || !same_address(&o->addr, &c->addr))
+                        continue;
+                waiting++;
+                if (!oldest || o->since_usec < oldest->since_usec)
+                        oldest = o;
+        }
+        if (waiting >= HTTP_MAX_PER_IP)
+                shut(oldest);
+}
+
+static struct http_conn *conn_of(struct MHD_Connection *conn) {
+        for (size_t i = 0; i < sizeof(conns) / sizeof(conns[0]); i++)
+                if (conns[i].conn == conn)
+                        return &conns[i];
+        return NULL;
+}
+
+/* A request answered: the connection owes the next one from now. */
+static void request_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                              enum MHD_RequestTerminationCode code) {
+        (void)cls, (void)con_cls, (void)code;
+        struct http_conn *c = conn_of(conn);
+        if (c)
+                c->since_usec = now_usec();
+}
 
 static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key,
                                         const char *value) {
@@ -51,6 +137,9 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char
                               const char *version, const char *upload, size_t *upload_size, void **con_cls) {
         struct kvcd *d = cls;
         (void)version, (void)upload, (void)con_cls;
+        struct http_conn *c = conn_of(conn);
+        if (c)
+                c->since_usec = 0; /* its request is in: no deadline while it is answered */
         if (*upload_size)
                 return MHD_NO; /* a body: nothing here takes one */
         size_t header_bytes = 0;
@@ -115,8 +204,8 @@ int http_start(struct kvcd *d) {
         d->http = MHD_start_daemon(
                 MHD_USE_EPOLL | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0), port, NULL, NULL, answer, d,
                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT,
-                (unsigned)HTTP_MAX_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)HTTP_MAX_PER_IP,
-                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_TIMEOUT_SEC, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                (unsigned)HTTP_MAX_CONNECTIONS, MHD_OPTION_NOTIFY_CONNECTION, notify_connection, NULL,
+                MHD_OPTION_NOTIFY_COMPLETED, request_completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_TIMEOUT_SEC, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                 (size_t)HTTP_MEMORY_LIMIT, MHD_OPTION_END);
         if (!d->http)
                 return -EADDRNOTAVAIL;
@@ -131,16 +220,37 @@ int http_fd(const struct kvcd *d) {
         return i ? i->epoll_fd : -1;
 }
 
+/* The first deadline of a connection that owes a request, or UINT64_MAX. */
+static uint64_t next_deadline(void) {
+        uint64_t due = UINT64_MAX;
+        for (size_t i = 0; i < sizeof(conns) / sizeof(conns[0]); i++)
+                if (conns[i].conn && conns[i].since_usec && conns[i].since_usec + HTTP_REQUEST_DEADLINE_USEC < due)
+                        due = conns[i].since_usec + HTTP_REQUEST_DEADLINE_USEC;
+        return due;
+}
+
 long http_timeout_ms(const struct kvcd *d) {
         MHD_UNSIGNED_LONG_LONG ms;
-        if (!d->http || MHD_get_timeout(d->http, &ms) != MHD_YES)
+        if (!d->http)
                 return -1;
-        return ms > 3600000 ? 3600000 : (long)ms;
+        long t = MHD_get_timeout(d->http, &ms) == MHD_YES ? (ms > 3600000 ? 3600000 : (long)ms) : -1;
+        uint64_t due = next_deadline(), now = now_usec();
+        if (due != UINT64_MAX) {
+                long left = due <= now ? 0 : (long)((due - now) / 1000) + 1;
+                if (t < 0 || left < t)
+                        t = left;
+        }
+        return t;
 }
 
 void http_run(struct kvcd *d) {
-        if (d->http)
-                MHD_run(d->http);
+        if (!d->http)
+                return;
+        uint64_t now = now_usec();
+        for (size_t i = 0; i < sizeof(conns) / sizeof(conns[0]); i++)
+                if (conns[i].conn && conns[i].since_usec && now >= conns[i].since_usec + HTTP_REQUEST_DEADLINE_USEC)
+                        shut(&conns[i]);
+        MHD_run(d->http);
 }
 
 void http_stop(struct kvcd *d) {

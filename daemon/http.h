@@ -12,6 +12,8 @@ struct kvcd;
 #define HTTP_MAX_CONNECTIONS  64u
 #define HTTP_MAX_PER_IP       8u
 #define HTTP_TIMEOUT_SEC      5u           /* an idle connection is closed after this */
+/* a whole request must come within this of connecting (or of the last answer), trickled or not */
+#define HTTP_REQUEST_DEADLINE_USEC 2000000u
 #define HTTP_MEMORY_LIMIT     (16u * 1024) /* per connection: request line and headers */
 #define HTTP_MAX_URL          1024u        /* longer: 414 */
 #define HTTP_MAX_HEADER_BYTES (8u * 1024)  /* more: 431 */

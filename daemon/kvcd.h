@@ -52,6 +52,9 @@ struct events;
 #define KVCD_HELLO_USEC          2000000u
 #define KVCD_MAX_PENDING_PER_UID 16u
 #define KVCD_ACCEPT_BACKOFF_USEC 250000u
+/* The main loop trims the heap when the allocator holds this much more free memory than after its
+ * last trim (server.c): kvcd's RSS comes back within about this of idle after a peak. */
+#define KVCD_TRIM_SLACK_BYTES (512u << 10)
 
 struct kvcd_config {
         const char *runtime_dir;
@@ -70,6 +73,7 @@ struct kvcd_config {
         const char *events_replay_endpoint; /* a second endpoint for the replay ROUTER, or NULL */
         uint32_t events_replay_buffer;      /* messages kept for replay; 0: no replay socket */
         bool events_token_ids;              /* publish the prompts' token ids */
+        int share_scope;                    /* who attaches whose shared prefix (enum prefix_scope) */
         /* the numeric IPv4 or IPv6 address of the metrics endpoint; NULL: 127.0.0.1 */
         const char *metrics_address;
 };
@@ -268,6 +272,7 @@ struct kvcd {
         uint64_t next_session_id;
         struct budget budget;
         struct idmap prefixes;   /* published prompt blocks (prefix.c) */
+        uint64_t prefix_secret[2]; /* the per-boot SipHash key of their index (prefix.c) */
         uint32_t n_waiting;      /* sessions with a request waiting for memory */
         bool freed;              /* memory went back to the pool since the waits were last tried */
         char refusal[256];       /* why the last allocation was refused by a limit */

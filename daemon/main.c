@@ -12,6 +12,7 @@
 #include "http.h"
 #include "kvcd.h"
 #include "log.h"
+#include "prefix.h"
 #include "pool.h"
 
 static void usage(FILE *f) {
@@ -58,6 +59,8 @@ static void usage(FILE *f) {
                 "  --events-replay-endpoint EP  also serve replay requests on EP (tcp://ADDR:PORT)\n"
                 "  --events-token-ids   put the prompts' token ids in the KV events (default: empty lists;\n"
                 "                       see docs/security.md)\n"
+                "  --share-scope SCOPE  who may attach a shared prompt prefix: uid (sessions of clients with\n"
+                "                       the publisher's uid; default) or tenant (sessions of its tenant)\n"
                 "  -h, --help           this text\n"
                 "  -V, --version        the version\n"
                 "Exit status: 0 stopped cleanly, 1 failed, 2 bad usage, 69 the backend cannot run here (no\n"
@@ -87,6 +90,7 @@ int main(int argc, char **argv) {
                 { "events-replay-buffer", required_argument, NULL, 'R' },
                 { "events-replay-endpoint", required_argument, NULL, 'P' },
                 { "events-token-ids", no_argument, NULL, 'T' },
+                { "share-scope", required_argument, NULL, 'S' },
                 {},
         };
         struct kvcd d = { .cfg = { .backend = "host",
@@ -189,6 +193,13 @@ int main(int argc, char **argv) {
                         break;
                 }
                 case 'T': d.cfg.events_token_ids = true; break;
+                case 'S':
+                        if ((r = prefix_scope_parse(optarg)) < 0) {
+                                fprintf(stderr, "kvcd: unknown share scope %s (uid or tenant)\n", optarg);
+                                return 2;
+                        }
+                        d.cfg.share_scope = r;
+                        break;
                 case 'h': usage(stdout); return 0;
                 case 'V': printf("kvcd %s\n", KVCD_VERSION); return 0;
                 default: usage(stderr); return 2;

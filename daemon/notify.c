@@ -1,8 +1,11 @@
-/* notify.c: notify.h. One datagram socket, opened at the first periodic message and kept. */
+/* notify.c: notify.h. One datagram socket, opened with READY=1 and kept: kvcd's descriptors are
+ * all there when the manager (or a test) reads READY=1 (issue 28, item 7). */
 #define _GNU_SOURCE
 #include "notify.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +31,7 @@ static int notify_open(const char *where) {
         return notify_fd < 0 ? -errno : 0;
 }
 
-int notify_nowait(const char *msg) {
+static int send_msg(const char *msg, bool wait) {
         const char *where = getenv("NOTIFY_SOCKET");
         if (!where || !*where)
                 return 0;
@@ -37,10 +40,24 @@ int notify_nowait(const char *msg) {
         int r = notify_fd < 0 ? notify_open(where) : 0;
         if (r < 0)
                 return r;
-        if (sendto(notify_fd, msg, strlen(msg), MSG_DONTWAIT | MSG_NOSIGNAL, (struct sockaddr *)&notify_addr,
-                   notify_len) < 0)
-                return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+        while (sendto(notify_fd, msg, strlen(msg), MSG_DONTWAIT | MSG_NOSIGNAL, (struct sockaddr *)&notify_addr,
+                      notify_len) < 0) {
+                if (errno != EWOULDBLOCK && errno != EINTR)
+                        return -errno;
+                if (!wait)
+                        return -EAGAIN;
+                struct pollfd p = { .fd = notify_fd, .events = POLLOUT };
+                poll(&p, 1, -1); /* as sd_notify would block: the manager reads its queue */
+        }
         return 0;
+}
+
+int notify_nowait(const char *msg) {
+        return send_msg(msg, false);
+}
+
+int notify_wait(const char *msg) {
+        return send_msg(msg, true);
 }
 
 void notify_close(void) {

@@ -4,26 +4,78 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "kvcd.h"
 #include "log.h"
 #include "pool.h"
 #include "prefix.h"
 
-static uint64_t mix(uint64_t x) { /* splitmix64's finalizer */
-        x ^= x >> 30;
-        x *= 0xbf58476d1ce4e5b9ull;
-        x ^= x >> 27;
-        x *= 0x94d049bb133111ebull;
-        return x ^ (x >> 31);
+/* SipHash-2-4 (Aumasson and Bernstein) of len bytes under the key k. */
+#define ROTL(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                             \
+        do {                                                                                                 \
+                v0 += v1, v1 = ROTL(v1, 13), v1 ^= v0, v0 = ROTL(v0, 32);                                    \
+                v2 += v3, v3 = ROTL(v3, 16), v3 ^= v2;                                                       \
+                v0 += v3, v3 = ROTL(v3, 21), v3 ^= v0;                                                       \
+                v2 += v1, v1 = ROTL(v1, 17), v1 ^= v2, v2 = ROTL(v2, 32);                                    \
+        } while (0)
+static uint64_t siphash(const uint64_t k[2], const uint8_t *in, size_t len) {
+        uint64_t v0 = k[0] ^ 0x736f6d6570736575ull, v1 = k[1] ^ 0x646f72616e646f6dull,
+                 v2 = k[0] ^ 0x6c7967656e657261ull, v3 = k[1] ^ 0x7465646279746573ull;
+        uint64_t b = (uint64_t)len << 56, m;
+        size_t i = 0;
+        for (; i + 8 <= len; i += 8) {
+                memcpy(&m, in + i, 8); /* little-endian hosts only, as the pool's layout */
+                v3 ^= m;
+                SIPROUND;
+                SIPROUND;
+                v0 ^= m;
+        }
+        for (size_t j = 0; i + j < len; j++)
+                b |= (uint64_t)in[i + j] << (8 * j);
+        v3 ^= b;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= b;
+        v2 ^= 0xff;
+        SIPROUND;
+        SIPROUND;
+        SIPROUND;
+        SIPROUND;
+        return v0 ^ v1 ^ v2 ^ v3;
 }
 
-static uint64_t key_of(uint64_t model, uint64_t chain) {
-        uint64_t k = mix(model ^ mix(chain));
+/* Who may attach s's blocks: its uid, or its tenant (the name, keyed: tenants come and go). */
+static uint64_t scope_of(const struct kvcd *d, const struct session *s) {
+        if (d->cfg.share_scope == PREFIX_SCOPE_TENANT)
+                return siphash(d->prefix_secret, (const uint8_t *)s->tenant, strlen(s->tenant)) | 1ull << 63;
+        return (uint64_t)s->owner->uid;
+}
+
+/* The index key of block i of s's prompt, after the key of block i - 1 (0 for the first). */
+static uint64_t prefix_key(const struct kvcd *d, const struct session *s, uint64_t scope, uint32_t i,
+                           uint64_t prev) {
+        uint8_t buf[3 * sizeof(uint64_t) + PREFIX_BLOCK_TOKENS * sizeof(uint32_t)];
+        memcpy(buf, &prev, 8);
+        memcpy(buf + 8, &s->model_key, 8);
+        memcpy(buf + 16, &scope, 8);
+        memcpy(buf + 24, s->prompt_ids + (size_t)i * PREFIX_BLOCK_TOKENS, PREFIX_BLOCK_TOKENS * sizeof(uint32_t));
+        uint64_t k = siphash(d->prefix_secret, buf, sizeof(buf));
         return k ? k : 1;
 }
 
+int prefix_scope_parse(const char *name) {
+        if (strcmp(name, "uid") == 0)
+                return PREFIX_SCOPE_UID;
+        if (strcmp(name, "tenant") == 0)
+                return PREFIX_SCOPE_TENANT;
+        return -EINVAL;
+}
+
 int prefix_init(struct kvcd *d) {
+        if (getrandom(d->prefix_secret, sizeof(d->prefix_secret), 0) != (ssize_t)sizeof(d->prefix_secret))
+                return -EIO;
         return idmap_init(&d->prefixes, 64);
 }
 
@@ -49,11 +101,15 @@ uint64_t prefix_model_key(const char *model_id, uint32_t n_layers, uint32_t n_kv
         return h ? h : 1;
 }
 
-/* The published block i of s's prompt, if it is there. */
-static struct prefix_block *lookup(const struct kvcd *d, const struct session *s, uint32_t i) {
-        struct prefix_block *b = idmap_get(&d->prefixes, key_of(s->model_key, s->block_hashes[i]));
-        if (!b || b->model != s->model_key || b->chain != s->block_hashes[i] || b->index != i ||
-            b->n_layers != s->n_layers || b->unit_bytes != s->layout.block_bytes)
+/* The published block i of s's prompt under the key, if it is there: the same ids after the same
+ * block, in the same scope, of the same model and shape. The key only finds it. */
+static struct prefix_block *lookup(const struct kvcd *d, const struct session *s, uint64_t scope, uint32_t i,
+                                   uint64_t key) {
+        struct prefix_block *b = idmap_get(&d->prefixes, key);
+        if (!b || b->key != key || b->model != s->model_key || b->scope != scope || b->index != i ||
+            b->parent != (i ? s->shared[i - 1] : NULL) || b->n_layers != s->n_layers ||
+            b->unit_bytes != s->layout.block_bytes ||
+            memcmp(b->ids, s->prompt_ids + (size_t)i * PREFIX_BLOCK_TOKENS, sizeof(b->ids)) != 0)
                 return NULL;
         return b;
 }
@@ -65,7 +121,7 @@ static void domain_gc(struct kvcd *d, uint64_t domain) {
 }
 
 uint32_t prefix_attach(struct kvcd *d, struct session *s) {
-        if (!s->model_key || !s->share_blocks || !s->block_hashes)
+        if (!s->model_key || !s->share_blocks || !s->prompt_ids || s->share_blocks > s->prompt_blocks)
                 return 0;
         d->n.prefix_lookups++;
         uint32_t n = 0, T = s->layout.block_tokens;
@@ -73,8 +129,10 @@ uint32_t prefix_attach(struct kvcd *d, struct session *s) {
         uint8_t *sent = calloc((pool_n_chunks(d->pool) + 7) / 8, 1); /* each chunk once */
         if (!sent)
                 return 0;
+        uint64_t scope = scope_of(d, s), key = 0;
         for (uint32_t i = 0; i < s->share_blocks; i++) {
-                struct prefix_block *b = lookup(d, s, i);
+                key = prefix_key(d, s, scope, i, key);
+                struct prefix_block *b = lookup(d, s, scope, i, key);
                 if (!b)
                         break;
                 int r = 0;
@@ -110,7 +168,8 @@ uint32_t prefix_attach(struct kvcd *d, struct session *s) {
 
 uint32_t prefix_publish(struct kvcd *d, struct session *s) {
         uint32_t T = s->layout.block_tokens;
-        if (!s->model_key || s->publish_tried || s->n_shared_blocks >= s->share_blocks || s->pending_plan_id)
+        if (!s->model_key || s->publish_tried || s->n_shared_blocks >= s->share_blocks || s->pending_plan_id ||
+            !s->prompt_ids || s->share_blocks > s->prompt_blocks)
                 return 0;
         for (uint32_t l = 0; l < s->n_layers; l++)
                 if (s->layers[l].n_tokens < s->share_blocks * T || s->layers[l].fp.n < s->share_blocks)
@@ -118,13 +177,14 @@ uint32_t prefix_publish(struct kvcd *d, struct session *s) {
         s->publish_tried = true;
         /* only the prompt's leading blocks no plan has touched hold what the chain says */
         uint32_t upto = s->prompt_alive < s->share_blocks ? s->prompt_alive : s->share_blocks, n = 0;
-        uint64_t chunk = pool_chunk_bytes(d->pool);
+        uint64_t chunk = pool_chunk_bytes(d->pool), scope = scope_of(d, s);
+        uint64_t key = s->n_shared_blocks ? s->shared[s->n_shared_blocks - 1]->key : 0;
         for (uint32_t i = s->n_shared_blocks; i < upto; i++) {
                 bool own = true;
                 for (uint32_t l = 0; l < s->n_layers && own; l++)
                         own = pool_chunk_owner(d->pool, s->layers[l].fp.blocks[i] / chunk) ==
                               s->prefix_domain;
-                uint64_t key = key_of(s->model_key, s->block_hashes[i]);
+                key = prefix_key(d, s, scope, i, key);
                 if (!own || idmap_get(&d->prefixes, key))
                         break; /* someone published it first: the shared part stays contiguous */
                 struct prefix_block *b = calloc(1, sizeof(*b) + s->n_layers * sizeof(uint64_t));
@@ -133,7 +193,10 @@ uint32_t prefix_publish(struct kvcd *d, struct session *s) {
                         break;
                 }
                 b->model = s->model_key;
-                b->chain = s->block_hashes[i];
+                b->key = key;
+                b->scope = scope;
+                b->parent = i ? s->shared[i - 1] : NULL;
+                memcpy(b->ids, s->prompt_ids + (size_t)i * PREFIX_BLOCK_TOKENS, sizeof(b->ids));
                 b->index = i;
                 b->refs = 1;
                 b->domain = s->prefix_domain;
@@ -165,7 +228,7 @@ static void unref(struct kvcd *d, struct prefix_block *b) {
                 if (pool_release(d->pool, b->domain, b->offs[l], b->unit_bytes, 1) < 0)
                         log_error("shared block at %llu: not its domain's in the pool",
                                   (unsigned long long)b->offs[l]);
-        idmap_del(&d->prefixes, key_of(b->model, b->chain));
+        idmap_del(&d->prefixes, b->key);
         d->freed = true;
         uint64_t domain = b->domain;
         budget_charge_shared(d, b->ten, -(int64_t)b->bytes);

@@ -15,9 +15,23 @@
  * gone gives its chunks back, scrubbed and retired.
  *
  * Shared blocks count once against the capacity, charged to the publisher's tenant until the last
- * reference goes. A client can only find blocks of a prompt it has (the chain hashes its own
- * tokens) for the same model (the key includes model_id and the geometry), so sharing crosses
- * tenants without showing anyone anything they could not compute. */
+ * reference goes.
+ *
+ * Who attaches what (issue 28, item 1). The public chain hash (events.c's FNV-1a, on the KV events
+ * and the replay socket) is linear enough that anyone who reads it can forge a prompt with the same
+ * chain, so attaching never rests on it:
+ *   - the index is keyed by a chain of SipHash-2-4 under a per-boot secret over the scope, the
+ *     model's key and the block's token ids (prefix_key), so a forged key needs the secret;
+ *   - a hit is then checked exactly: every published block keeps its 16 token ids and the block it
+ *     was published after (its parent), and a session attaches block i only when its ids are the
+ *     session's and its parent is the block the session attached at i - 1, so the whole prefix is
+ *     compared id for id, whatever any hash says;
+ *   - blocks are shared only inside a scope (--share-scope): by default the publisher's uid (the
+ *     side channel's SO_PEERCRED), or the session's tenant. Another scope's blocks are not found,
+ *     and its publications never stop this scope's own.
+ * Rejected: hashing the ids with a stronger public hash only (still a hash alone, and the events
+ * must keep the hash routers compute); sharing across uids by default (one user's prompt is
+ * another's secret: a match would tell an attacker that some session used the prompt). */
 #pragma once
 
 #include <stdint.h>
@@ -28,10 +42,20 @@ struct tenant;
 
 #define PREFIX_DOMAIN (1ull << 62)
 
+#define PREFIX_BLOCK_TOKENS 16 /* sharing needs 16-token blocks: those the prompt's ids are kept in */
+
+enum prefix_scope {
+        PREFIX_SCOPE_UID,    /* sessions of clients with the publisher's uid (the default) */
+        PREFIX_SCOPE_TENANT, /* sessions of the publisher's tenant */
+};
+
 struct prefix_block {
-        uint64_t model;  /* the model's key */
-        uint64_t chain;  /* the hash chain of the prompt up to and with this block */
-        uint32_t index;  /* the block's place in the prompt */
+        uint64_t model; /* the model's key */
+        uint64_t key;   /* its key in the index: the keyed chain of its scope, model and ids */
+        uint64_t scope; /* who may attach it (prefix_scope_of) */
+        struct prefix_block *parent; /* the block before it (NULL for the first); outlives it */
+        uint32_t ids[PREFIX_BLOCK_TOKENS];
+        uint32_t index; /* the block's place in the prompt */
         uint32_t refs;   /* sessions whose tables hold it */
         uint64_t domain; /* whose chunks it lives in */
         struct tenant *ten;
@@ -41,7 +65,10 @@ struct prefix_block {
         uint64_t offs[]; /* per layer */
 };
 
+/* Draws the per-boot secret of the index keys. */
 int prefix_init(struct kvcd *d);
+/* "uid" or "tenant": the scope, or -EINVAL. */
+int prefix_scope_parse(const char *name);
 void prefix_done(struct kvcd *d);
 
 /* The key of a model: its id and everything that shapes its blocks. 0 when model_id is empty. */

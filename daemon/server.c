@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <malloc.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -41,6 +42,7 @@
 #include "backend.h"
 #include "clock.h"
 #include "events.h"
+#include "fdguard.h"
 #include "handlers.h"
 #include "http.h"
 #include "kvcd.h"
@@ -199,13 +201,48 @@ static int bind_router(struct kvcd *d, void **ret, const char *path, mode_t mode
             zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
             zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
             zmq_setsockopt(s, ZMQ_HEARTBEAT_IVL, &ivl, sizeof(ivl)) < 0 ||
-            zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout)) < 0 || zmq_bind(s, ep) < 0) {
+            zmq_setsockopt(s, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof(timeout)) < 0 ||
+            /* a connection that never greets gives its descriptor back within 2 s (fdguard.h) */
+            zmq_setsockopt(s, ZMQ_HANDSHAKE_IVL, &ivl, sizeof(ivl)) < 0 || zmq_bind(s, ep) < 0) {
                 int r = -zmq_errno();
                 zmq_close(s);
                 return r;
         }
         *ret = s;
         return act_fd < 0 && chmod(path, mode) < 0 ? -errno : 0;
+}
+
+/* ZeroMQ connections fdguard refused for want of descriptors: logged at most once a second. */
+static void log_fd_refusals(struct kvcd *d) {
+        static unsigned long seen;
+        static uint64_t last_usec;
+        unsigned long n = fdguard_refusals();
+        uint64_t now = now_usec();
+        if (n == seen || now - last_usec < 1000000)
+                return;
+        log_warning("ZeroMQ connections refused for want of descriptors: %lu so far (%u kept free, %u for "
+                    "operators)",
+                    n, KVCD_FD_RESERVE, KVCD_FD_RESERVE_ADMIN);
+        seen = n;
+        last_usec = now;
+        (void)d;
+}
+
+/* Gives freed heap back to the system (issue 28, item 13): called about once a second, it trims
+ * when the free memory the allocator holds (every arena's, ZeroMQ's I/O thread's included) grew by
+ * more than KVCD_TRIM_SLACK_BYTES since the last trim, so a transient peak (replies queued to a
+ * peer that left, a replay, a burst of sessions) does not stay in kvcd's RSS, and an idle kvcd
+ * does not trim again and again what fragmentation keeps. */
+static void trim_heap(void) {
+        static size_t kept; /* free bytes held after the last trim */
+        struct mallinfo2 mi = mallinfo2();
+        if (mi.fordblks <= kept + KVCD_TRIM_SLACK_BYTES) {
+                if (mi.fordblks < kept)
+                        kept = mi.fordblks;
+                return;
+        }
+        malloc_trim(0);
+        kept = mallinfo2().fordblks;
 }
 
 static int open_signals(struct kvcd *d) {
@@ -294,6 +331,7 @@ int server_start(struct kvcd *d) {
         d->zctx = zmq_ctx_new();
         if (!d->zctx)
                 return -ENOMEM;
+        fdguard_arm(d->admin_path); /* before any ZeroMQ listener exists */
         if ((r = listen_fd_channel(d)) < 0 ||
             (r = bind_router(d, &d->zclient, d->sock_path, 0660, d->act_client_fd, KVCD_CLIENT_HWM)) < 0 ||
             (r = bind_router(d, &d->zadmin, d->admin_path, 0600, d->act_admin_fd, KVCD_ADMIN_HWM)) < 0 ||
@@ -321,7 +359,9 @@ int server_start(struct kvcd *d) {
         log_notice("kvcd %s serving %s: backend %s, capacity %llu bytes in %llu-byte chunks", KVCD_VERSION,
                    dir, d->backend->name, (unsigned long long)d->cfg.capacity_bytes,
                    (unsigned long long)d->cfg.chunk_bytes);
-        sd_notifyf(0, "READY=1\nSTATUS=serving %s\nMAINPID=%d", dir, (int)getpid());
+        char ready[PATH_MAX + 64];
+        snprintf(ready, sizeof(ready), "READY=1\nSTATUS=serving %s\nMAINPID=%d", dir, (int)getpid());
+        notify_wait(ready); /* on the socket kvcd keeps: no descriptor comes and goes after it */
         return 0;
 }
 
@@ -463,6 +503,7 @@ int server_run(struct kvcd *d) {
                 }
                 if (items[3].revents)
                         handle_signals(d);
+                log_fd_refusals(d);
                 for (uint32_t i = 0; i < n; i++) {
                         short ev = items[FIXED + i].revents;
                         /* what it wrote last (a BYE) is read before its hang-up is handled */
@@ -502,6 +543,7 @@ int server_run(struct kvcd *d) {
                         d->stopping = true;
                 }
                 if (now >= next_ping) {
+                        trim_heap();
                         notify_status(d);
                         next_ping = now + (d->watchdog_usec ? d->watchdog_usec / 2 : 1000000u);
                 }

@@ -306,7 +306,7 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
         }
         uint32_t T = s->layout.block_tokens;
         /* a shared prefix: the prompt's whole blocks but the last token's, for the same model */
-        if (m->share_prefix && m->n_prompt_token_ids > T)
+        if (m->share_prefix && m->n_prompt_token_ids > T && T == PREFIX_BLOCK_TOKENS)
                 s->model_key = prefix_model_key(m->model_id, g->n_layers, g->n_kv_heads, g->head_dim,
                                                 (int)g->dtype, T);
         if (s->model_key && m->handoff) {

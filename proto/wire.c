@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -566,43 +567,47 @@ int wire_open_session_decode(struct wire_arena *a, const void *data, size_t len,
         return r;
 }
 
-/* One row per message kind: its name for logs and its validator. */
+/* One row per message kind: its name for logs, its validator, and whether kvcd takes it as a
+ * request (the rest are its replies and plans: wire_decode_request refuses them before their
+ * fields are looked at). */
+#define REQ true
 static const struct {
         Kvc__Envelope__BodyCase body;
         const char *name;
         int (*validate)(const Kvc__Envelope *env, char *why, size_t why_len);
+        bool request;
 } kinds[] = {
-        { KVC__ENVELOPE__BODY_HELLO, "hello", v_hello },
+        { KVC__ENVELOPE__BODY_HELLO, "hello", v_hello, REQ },
         { KVC__ENVELOPE__BODY_WELCOME, "welcome", v_welcome },
-        { KVC__ENVELOPE__BODY_OPEN_SESSION, "open_session", v_open_session },
+        { KVC__ENVELOPE__BODY_OPEN_SESSION, "open_session", v_open_session, REQ },
         { KVC__ENVELOPE__BODY_SESSION_OPENED, "session_opened", v_session_opened },
-        { KVC__ENVELOPE__BODY_RESERVE, "reserve", v_reserve },
+        { KVC__ENVELOPE__BODY_RESERVE, "reserve", v_reserve, REQ },
         { KVC__ENVELOPE__BODY_GRANT, "grant", v_grant },
-        { KVC__ENVELOPE__BODY_STEP_BATCH, "step_batch", v_step_batch },
+        { KVC__ENVELOPE__BODY_STEP_BATCH, "step_batch", v_step_batch, REQ },
         { KVC__ENVELOPE__BODY_PLAN_BATCH, "plan_batch", v_plan_batch },
-        { KVC__ENVELOPE__BODY_PLAN_APPLIED, "plan_applied", v_plan_applied },
-        { KVC__ENVELOPE__BODY_CLOSE_SESSION, "close_session", v_close_session },
+        { KVC__ENVELOPE__BODY_PLAN_APPLIED, "plan_applied", v_plan_applied, REQ },
+        { KVC__ENVELOPE__BODY_CLOSE_SESSION, "close_session", v_close_session, REQ },
         { KVC__ENVELOPE__BODY_SESSION_CLOSED, "session_closed", v_session_closed },
         { KVC__ENVELOPE__BODY_ERROR, "error", v_error },
-        { KVC__ENVELOPE__BODY_STATUS_REQUEST, "status_request", v_empty },
+        { KVC__ENVELOPE__BODY_STATUS_REQUEST, "status_request", v_empty, REQ },
         { KVC__ENVELOPE__BODY_STATUS, "status", v_status },
-        { KVC__ENVELOPE__BODY_LIST_SESSIONS, "list_sessions", v_empty },
+        { KVC__ENVELOPE__BODY_LIST_SESSIONS, "list_sessions", v_empty, REQ },
         { KVC__ENVELOPE__BODY_SESSION_LIST, "session_list", v_session_list },
-        { KVC__ENVELOPE__BODY_EVICT, "evict", v_evict },
-        { KVC__ENVELOPE__BODY_DRAIN, "drain", v_empty },
+        { KVC__ENVELOPE__BODY_EVICT, "evict", v_evict, REQ },
+        { KVC__ENVELOPE__BODY_DRAIN, "drain", v_empty, REQ },
         { KVC__ENVELOPE__BODY_DRAINED, "drained", v_empty },
-        { KVC__ENVELOPE__BODY_AUDIT_REQUEST, "audit_request", v_empty },
+        { KVC__ENVELOPE__BODY_AUDIT_REQUEST, "audit_request", v_empty, REQ },
         { KVC__ENVELOPE__BODY_AUDIT, "audit", v_text_reply },
-        { KVC__ENVELOPE__BODY_METRICS_REQUEST, "metrics_request", v_empty },
+        { KVC__ENVELOPE__BODY_METRICS_REQUEST, "metrics_request", v_empty, REQ },
         { KVC__ENVELOPE__BODY_METRICS, "metrics", v_text_reply },
-        { KVC__ENVELOPE__BODY_BUDGET_REQUEST, "budget_request", v_empty },
-        { KVC__ENVELOPE__BODY_BUDGET_SET, "budget_set", v_budget_set },
+        { KVC__ENVELOPE__BODY_BUDGET_REQUEST, "budget_request", v_empty, REQ },
+        { KVC__ENVELOPE__BODY_BUDGET_SET, "budget_set", v_budget_set, REQ },
         { KVC__ENVELOPE__BODY_BUDGETS, "budgets", v_budgets },
-        { KVC__ENVELOPE__BODY_RESUME, "resume", v_resume },
+        { KVC__ENVELOPE__BODY_RESUME, "resume", v_resume, REQ },
         { KVC__ENVELOPE__BODY_RESUMED, "resumed", v_resumed },
-        { KVC__ENVELOPE__BODY_HANDOFF_EXPORT, "handoff_export", v_handoff_export },
+        { KVC__ENVELOPE__BODY_HANDOFF_EXPORT, "handoff_export", v_handoff_export, REQ },
         { KVC__ENVELOPE__BODY_HANDOFF_TICKET, "handoff_ticket", v_handoff_ticket },
-        { KVC__ENVELOPE__BODY_HANDOFF_IMPORT, "handoff_import", v_handoff_import },
+        { KVC__ENVELOPE__BODY_HANDOFF_IMPORT, "handoff_import", v_handoff_import, REQ },
         { KVC__ENVELOPE__BODY_HANDOFF_IMPORTED, "handoff_imported", v_handoff_imported },
 };
 
@@ -629,8 +634,8 @@ int wire_validate(const Kvc__Envelope *env, char *why, size_t why_len) {
         return fail(-EPROTO, why, why_len, "unknown message kind %d", (int)env->body_case);
 }
 
-int wire_decode_request(struct wire_arena *a, const void *data, size_t len, size_t max_bytes,
-                        Kvc__Envelope **ret, uint64_t *ret_request_id, char *why, size_t why_len) {
+static int decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes, bool request,
+                  Kvc__Envelope **ret, uint64_t *ret_request_id, char *why, size_t why_len) {
         if (len > max_bytes)
                 return fail(-EMSGSIZE, why, why_len, "frame of %zu bytes exceeds %zu", len, max_bytes);
         wire_arena_reset(a);
@@ -641,7 +646,13 @@ int wire_decode_request(struct wire_arena *a, const void *data, size_t len, size
                                     a->cap);
                 return fail(-EPROTO, why, why_len, "not a kvc envelope (%zu bytes)", len);
         }
-        int r = wire_validate(env, why, why_len);
+        int r = 0;
+        if (request) /* a reply sent back at kvcd: refused as one, whatever its fields say */
+                for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]) && r == 0; i++)
+                        if (kinds[i].body == env->body_case && !kinds[i].request)
+                                r = fail(-EPROTO, why, why_len, "%s is a reply, not a request", kinds[i].name);
+        if (r == 0)
+                r = wire_validate(env, why, why_len);
         if (r < 0) {
                 *ret_request_id = env->request_id;
                 return r;
@@ -650,10 +661,15 @@ int wire_decode_request(struct wire_arena *a, const void *data, size_t len, size
         return 0;
 }
 
+int wire_decode_request(struct wire_arena *a, const void *data, size_t len, size_t max_bytes,
+                        Kvc__Envelope **ret, uint64_t *ret_request_id, char *why, size_t why_len) {
+        return decode(a, data, len, max_bytes, true, ret, ret_request_id, why, why_len);
+}
+
 int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes, Kvc__Envelope **ret,
                 char *why, size_t why_len) {
         uint64_t ignored;
-        return wire_decode_request(a, data, len, max_bytes, ret, &ignored, why, why_len);
+        return decode(a, data, len, max_bytes, false, ret, &ignored, why, why_len);
 }
 
 size_t wire_event_packed_size(const Kvc__KvEventBatch *b) {

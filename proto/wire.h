@@ -57,7 +57,8 @@ char *wire_arena_strdup(struct wire_arena *a, const char *s);
 int wire_decode(struct wire_arena *a, const void *data, size_t len, size_t max_bytes, Kvc__Envelope **ret,
                 char *why, size_t why_len);
 
-/* wire_decode for kvcd's requests: when the frame unpacked but its fields did not validate,
+/* wire_decode for kvcd's requests: a kind kvcd only sends (a reply, a plan, an error) is refused
+ * with -EPROTO before its fields are validated. When the frame unpacked but did not validate,
  * *ret_request_id is also set to its request id, so that the refusal answers the request it
  * refuses (its sender's wait ends at once); otherwise *ret_request_id is left untouched. */
 int wire_decode_request(struct wire_arena *a, const void *data, size_t len, size_t max_bytes,

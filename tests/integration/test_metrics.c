@@ -342,6 +342,58 @@ static void endpoint_answers_again_within_its_timeout_after_a_flood_of_idle_conn
         free(st);
 }
 
+/* Slow peers (issue 28, item 8): 8 local connections that trickle a request a byte at a time,
+ * well within the idle timeout. A scraper that connects meanwhile is answered at once (before, the
+ * 8 took the per-address limit for as long as they trickled), and each slow one is closed within
+ * the request deadline (2 s) although it never idles. */
+#define SLOW 8
+static void slow_peers_neither_hold_the_endpoint_nor_outstay_the_request_deadline(void **state) {
+        (void)state;
+        int slow[SLOW];
+        static const char head[] = "GET /metrics HTTP/1.1\r\nX-Slow: ";
+        for (int i = 0; i < SLOW; i++) {
+                assert_true((slow[i] = dial()) >= 0);
+                assert_int_equal(send(slow[i], head, sizeof(head) - 1, MSG_NOSIGNAL), (ssize_t)sizeof(head) - 1);
+        }
+        int64_t t0 = now_ms();
+        char *m = NULL;
+        assert_int_equal(get("/metrics", 2000, &m), 200);
+        free(m);
+        /* a byte each every 500 ms (the clock: polling the slow connections themselves); kvcd closes
+         * them all within the deadline plus a margin for a loaded machine */
+        int open_ = SLOW, bytes = 0;
+        int64_t end = t0 + 6000, next = t0;
+        while (open_ > 0 && now_ms() < end) {
+                struct pollfd p[SLOW];
+                for (int i = 0; i < SLOW; i++)
+                        p[i] = (struct pollfd){ .fd = slow[i], .events = POLLIN };
+                int left = (int)(next - now_ms());
+                poll(p, SLOW, left > 0 ? left : 0);
+                for (int i = 0; i < SLOW; i++) {
+                        char c;
+                        if (slow[i] >= 0 && (p[i].revents & (POLLIN | POLLHUP | POLLERR)) &&
+                            recv(slow[i], &c, 1, MSG_DONTWAIT) <= 0) {
+                                close(slow[i]);
+                                slow[i] = -1;
+                                open_--;
+                        }
+                }
+                if (now_ms() >= next) {
+                        for (int i = 0; i < SLOW; i++)
+                                if (slow[i] >= 0 && send(slow[i], "a", 1, MSG_NOSIGNAL) == 1)
+                                        bytes++;
+                        next += 500;
+                }
+        }
+        int64_t closed_after = now_ms() - t0;
+        print_message("%d slow peers (%d bytes trickled): closed after %lld ms\n", SLOW, bytes,
+                      (long long)closed_after);
+        for (int i = 0; i < SLOW; i++)
+                if (slow[i] >= 0)
+                        close(slow[i]);
+        assert_int_equal(open_, 0);
+}
+
 static void endpoint_answers_oversized_urls_with_414_and_headers_with_431(void **state) {
         (void)state;
         size_t big = 64 * 1024;
@@ -496,6 +548,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(endpoint_and_kvcctl_metrics_pass_promtool_and_hold_the_series),
                 cmocka_unit_test(endpoint_answers_again_within_its_timeout_after_a_flood_of_idle_connections),
+                cmocka_unit_test(slow_peers_neither_hold_the_endpoint_nor_outstay_the_request_deadline),
                 cmocka_unit_test(endpoint_answers_oversized_urls_with_414_and_headers_with_431),
                 cmocka_unit_test(model_label_keeps_sixteen_values_and_counts_the_rest_as_other),
                 cmocka_unit_test(every_tenant_kvcd_can_hold_fits_the_text_and_names_are_escaped),

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "pool.h"
+#include "prefix.h"
 #include "sim.h"
 
 struct sim *sim_new(uint64_t capacity) {
@@ -23,6 +24,7 @@ struct sim *sim_new(uint64_t capacity) {
         assert_int_equal(backend_find("host", &d->backend), 0);
         assert_int_equal(pool_new(d->backend, capacity, CHUNK, &d->pool), 0);
         assert_int_equal(idmap_init(&d->sessions, 64), 0);
+        assert_int_equal(prefix_init(d), 0);
         assert_int_equal(wire_arena_new(WIRE_REQUEST_MAX_BYTES, &d->in), 0);
         assert_int_equal(wire_arena_new(WIRE_REPLY_MAX_BYTES, &d->out), 0);
         d->events_fd = d->fd_listen = d->act_client_fd = d->act_admin_fd = d->sig_fd = d->lock_fd = -1;
@@ -95,6 +97,7 @@ void sim_free(struct sim *m) {
         while (d->n_clients)
                 sim_client_die(m, d->clients[0]);
         idmap_done(&d->sessions);
+        prefix_done(d);
         pool_free(d->pool);
         plan_scratch_done(&d->scratch);
         wire_arena_free(d->in);
@@ -121,6 +124,10 @@ int sim_open_session(struct sim *m, struct client *c, const struct open_args *a,
         o.min_bytes = a->min;
         o.max_bytes = a->max;
         o.priority = a->priority;
+        o.prompt_token_ids = (uint32_t *)a->prompt;
+        o.n_prompt_token_ids = a->n_prompt;
+        o.model_id = (char *)(a->model_id ? a->model_id : "");
+        o.share_prefix = a->share;
         Kvc__Param param = KVC__PARAM__INIT, *params[1] = { &param };
         if (a->param) {
                 param.key = (char *)a->param;

@@ -31,6 +31,11 @@ struct open_args {
         uint32_t kv_heads, head_dim; /* default 1 x 16: 2.5 KiB blocks; 2 x 128: 32 KiB */
         const char *param;           /* one numeric policy parameter, or NULL */
         double value;
+        /* a shared prefix (prefix.c): the prompt's ids, the model's id and share_prefix */
+        const uint32_t *prompt;
+        size_t n_prompt;
+        const char *model_id;
+        bool share;
 };
 
 struct sim *sim_new(uint64_t capacity);

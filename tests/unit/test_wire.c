@@ -495,6 +495,45 @@ static void wire_round_trips_welcome(void **state) {
         assert_string_equal(m->daemon_version, "kvcd 0.1.0");
 }
 
+/* A kind kvcd only sends, sent to it as a request, is refused as one (EPROTO), not for its fields:
+ * a Welcome with chunk_bytes 0 was answered EINVAL "chunk size 0 invalid" (issue 28, item 12). */
+static void wire_refuses_a_reply_kind_as_a_request(void **state) {
+        struct welcome_fx f;
+        struct error_fx e;
+        struct plans_fx p;
+        (void)state;
+        welcome_fx_init(&f);
+        f.m.chunk_bytes = 0;
+        error_fx_init(&e);
+        plans_fx_init(&p);
+        const Kvc__Envelope *replies[] = { &f.env, &e.env, &p.env };
+        for (size_t i = 0; i < sizeof(replies) / sizeof(replies[0]); i++) {
+                Kvc__Envelope env = *replies[i];
+                size_t len;
+                uint8_t *buf = pack_env(&env, &len);
+                char why[WIRE_MAX_MESSAGE] = "";
+                Kvc__Envelope *out = NULL;
+                uint64_t rid = 0;
+                int r = wire_decode_request(arena, buf, len, WIRE_REQUEST_MAX_BYTES, &out, &rid, why, sizeof(why));
+                free(buf);
+                if (r != -EPROTO || !strstr(why, "not a request"))
+                        fail_msg("%s as a request: %d (%s)", wire_body_name(env.body_case), r, why);
+                assert_null(out);
+                assert_int_equal(rid, env.request_id); /* answered under its own id */
+        }
+        /* a request still passes, and a reply still decodes as a reply */
+        struct hello_fx h;
+        hello_fx_init(&h);
+        size_t len;
+        uint8_t *buf = pack_env(&h.env, &len);
+        Kvc__Envelope *out = NULL;
+        uint64_t rid = 0;
+        assert_int_equal(wire_decode_request(arena, buf, len, WIRE_REQUEST_MAX_BYTES, &out, &rid, NULL, 0), 0);
+        free(buf);
+        welcome_fx_init(&f);
+        round_trip(&f.env);
+}
+
 static void wire_round_trips_open_session(void **state) {
         struct open_fx f;
         (void)state;
@@ -1387,6 +1426,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(wire_round_trips_hello),
                 cmocka_unit_test(wire_round_trips_welcome),
+                cmocka_unit_test(wire_refuses_a_reply_kind_as_a_request),
                 cmocka_unit_test(wire_round_trips_open_session),
                 cmocka_unit_test(wire_round_trips_session_opened),
                 cmocka_unit_test(wire_round_trips_reserve),
