@@ -70,6 +70,7 @@ $(FUZZ_DIR)/replay-%: $(FUZZ_REPLAY_MAIN)
 PROTOBUF_C_SRC ?= $(FUZZ_DIR)/src/protobuf-c-1.4.1/protobuf-c/protobuf-c.c
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS := -std=gnu11 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter \
+	-Wno-missing-field-initializers \
 	$(INCLUDES) $(FUZZ_SAN) -fsanitize=fuzzer-no-link -MMD -MP
 fuzz_obj = $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(1))
 FUZZ_GEN_OBJ := $(FUZZ_DIR)/obj/gen/kvc.pb-c.o
