@@ -494,10 +494,7 @@ ATTN_AVX2 static void fast_tile_avx2(struct fast *F, const struct tile *t, const
 }
 
 static bool fast_cpu_has_avx2(void) {
-        static int have = -1;
-        if (have < 0)
-                have = cpu_has_avx2_f16c();
-        return have;
+        return cpu_has_avx2_f16c(); /* detected once, at start (cpu.c) */
 }
 #else
 static void fast_tile_avx2(struct fast *F, const struct tile *t, const float *q) {

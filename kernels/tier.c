@@ -33,19 +33,23 @@ static void fp_load_value(const struct block_layout *l, uint8_t *block, uint32_t
         block_load_row(l->dtype, block_value(l, block, head, slot), dst, l->head_dim);
 }
 
+/* dots[r * cnt + t] = scale * q_r . row for the group's query rows (double accumulation). */
+static void row_dots(const float *q, const float *row, uint32_t group, uint32_t D, double scale, uint32_t t,
+                     uint32_t cnt, double *dots) {
+        for (uint32_t r = 0; r < group; r++) {
+                const float *qh = q + (uint64_t)r * D;
+                double dot = 0.0;
+                for (uint32_t c = 0; c < D; c++)
+                        dot += (double)qh[c] * row[c];
+                dots[(uint64_t)r * cnt + t] = dot * scale;
+        }
+}
+
 static void fp_dots(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t cnt, const float *q,
                     uint32_t group, float *scratch, double *dots) {
-        uint32_t D = l->head_dim;
-        float *row = scratch;
         for (uint32_t t = 0; t < cnt; t++) {
-                block_load_row(l->dtype, block_key(l, block, head, t), row, D);
-                for (uint32_t r = 0; r < group; r++) {
-                        const float *qh = q + (uint64_t)r * D;
-                        double dot = 0.0;
-                        for (uint32_t c = 0; c < D; c++)
-                                dot += (double)qh[c] * row[c];
-                        dots[(uint64_t)r * cnt + t] = dot;
-                }
+                block_load_row(l->dtype, block_key(l, block, head, t), scratch, l->head_dim);
+                row_dots(q, scratch, group, l->head_dim, 1.0, t, cnt, dots);
         }
 }
 
@@ -144,31 +148,17 @@ static void lm_load_value(const struct block_layout *l, uint8_t *block, uint32_t
 static void lm_dots(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t cnt, const float *q,
                     uint32_t group, float *scratch, double *dots) {
         uint32_t D = l->head_dim, bits = block_dtype_bits(l->dtype);
-        const float *cb = lloyd_codebook(bits);
-        float *row = scratch;
         for (uint32_t t = 0; t < cnt; t++) {
-                const uint8_t *codes = block_key(l, block, head, t);
-                double ks = *block_kscale_row(l, block, head, t);
-                for (uint32_t c = 0; c < D; c++)
-                        row[c] = cb[lloyd_code(codes, c, bits)];
-                for (uint32_t r = 0; r < group; r++) {
-                        const float *qh = q + (uint64_t)r * D;
-                        double dot = 0.0;
-                        for (uint32_t c = 0; c < D; c++)
-                                dot += (double)qh[c] * row[c];
-                        dots[(uint64_t)r * cnt + t] = dot * ks;
-                }
+                lloyd_decode_row(block_key(l, block, head, t), 1.0f, D, bits, scratch);
+                row_dots(q, scratch, group, D, *block_kscale_row(l, block, head, t), t, cnt, dots);
         }
 }
 
 static void lm_accumulate(const struct block_layout *l, uint8_t *block, uint32_t head, uint32_t cnt,
                           const float *w, uint32_t w_stride, uint32_t group, float *row, float *acc) {
         uint32_t D = l->head_dim, bits = block_dtype_bits(l->dtype);
-        const float *cb = lloyd_codebook(bits);
         for (uint32_t t = 0; t < cnt; t++) {
-                const uint8_t *codes = block_value(l, block, head, t);
-                for (uint32_t c = 0; c < D; c++)
-                        row[c] = cb[lloyd_code(codes, c, bits)];
+                lloyd_decode_row(block_value(l, block, head, t), 1.0f, D, bits, row);
                 accumulate_row(row, w, w_stride, t, group, *block_vscale(l, block, head, t), 1, D, acc);
         }
 }

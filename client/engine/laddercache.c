@@ -28,7 +28,6 @@ struct ladder_cache {
         uint32_t *keep; /* [max_tokens]: the identity, for demotions */
         uint8_t *tier;  /* [max_tokens] */
         float *scratch; /* attention's and compaction's */
-        float *row;     /* [2][D] */
         uint64_t bytes, peak;
 };
 
@@ -71,7 +70,6 @@ struct ladder_cache *ladder_cache_free(struct ladder_cache *c) {
         free(c->keep);
         free(c->tier);
         free(c->scratch);
-        free(c->row);
         free(c);
         return NULL;
 }
@@ -106,8 +104,7 @@ int ladder_cache_new(const struct model_config *cfg, int max_tokens, const struc
         c->layers = calloc(c->n_layers, sizeof(*c->layers));
         c->keep = malloc(c->max_tokens * sizeof(*c->keep));
         c->tier = malloc(c->max_tokens);
-        c->row = malloc(2 * (size_t)c->D * sizeof(float));
-        if (!c->layers || !c->keep || !c->tier || !c->row)
+        if (!c->layers || !c->keep || !c->tier)
                 return ladder_cache_free(c), -ENOMEM;
         for (uint32_t i = 0; i < c->max_tokens; i++)
                 c->keep[i] = i;

@@ -164,7 +164,6 @@ static void write_report(struct niah *n, FILE *md, FILE *jsonl, const struct doc
         for (uint32_t c = 0; c < TIERS_CONFIGS && a && b && w; c++) {
                 double bytes = 0, full = 0, peak = 0, peak_full = 0;
                 for (uint32_t d = 0; d < docs; d++) {
-                        a[d] = ds[d].nll[c];
                         b[d] = ds[d].nll[0];
                         w[d] = ds[d].n;
                         bytes += ds[d].bytes[c] / docs;
@@ -235,8 +234,7 @@ static void write_report(struct niah *n, FILE *md, FILE *jsonl, const struct doc
                 stats_bootstrap_mean(dx, N, 2000, 70 + c, &d);
                 fprintf(md, "| %s | %.0f%% [%.0f%%, %.0f%%] | %+.0f%% [%+.0f%%, %+.0f%%] | %s |\n",
                         tier_labels[c], 100 * m.mean, 100 * m.lo, 100 * m.hi, 100 * d.mean, 100 * d.lo,
-                        100 * d.hi,
-                        c ? stats_compare(&d, false) : "-");
+                        100 * d.hi, c ? stats_compare(&d, false) : "-");
                 fprintf(jsonl,
                         "{\"task\":\"tiers\",\"part\":\"needle\",\"cache\":\"%s\",\"cases\":%u,\"exact\":%."
                         "5f,"

@@ -31,6 +31,7 @@
 #include <cmocka.h>
 
 #include "testutil.h"
+#include "testblocks.h"
 
 #include "attention.h"
 #include "block.h"
@@ -63,38 +64,12 @@ struct tlad {
         uint32_t H, D, T;
 };
 
-static uint8_t **blocks_alloc(uint32_t n, uint64_t bytes) {
-        uint8_t **b = calloc(n ? n : 1, sizeof(*b));
-        assert_non_null(b);
-        for (uint32_t i = 0; i < n; i++) {
-                b[i] = aligned_alloc(64, bytes);
-                assert_non_null(b[i]);
-                for (uint64_t j = 0; j < bytes; j++)
-                        b[i][j] = (uint8_t)rng_next();
-        }
-        for (uint32_t i = n; i > 1; i--) {
-                uint32_t j = rng_below(i);
-                uint8_t *x = b[i - 1];
-                b[i - 1] = b[j];
-                b[j] = x;
-        }
-        return b;
-}
-
-static void side_offsets(const struct block_layout *l, uint64_t off[5]) {
-        off[0] = l->pos_offset;
-        off[1] = l->sum_offset;
-        off[2] = l->ema_offset;
-        off[3] = l->last_offset;
-        off[4] = l->logw_offset;
-}
-
 static uint32_t *side_word(const struct ladder_layer *M, int a, uint32_t h, uint32_t s) {
         uint32_t t, idx;
         ladder_locate(M, s, &t, &idx);
         const struct block_layout *l = M->layout[t];
         uint64_t off[5];
-        side_offsets(l, off);
+        block_side_offsets(l, off);
         return block_side(l, M->blocks[t][idx / l->block_tokens], off[a], h, idx % l->block_tokens);
 }
 

@@ -33,6 +33,7 @@
 #include <cmocka.h>
 
 #include "testutil.h"
+#include "testblocks.h"
 
 #include "attention.h"
 #include "block.h"
@@ -61,24 +62,6 @@ struct tmix {
         uint32_t n_fp, n_q8b;
         float *K0, *V0; /* [H][n][D]: the values before storage (rounding, quantization) */
 };
-
-static uint8_t **blocks_alloc(uint32_t n, uint64_t bytes) {
-        uint8_t **b = calloc(n ? n : 1, sizeof(*b));
-        assert_non_null(b);
-        for (uint32_t i = 0; i < n; i++) {
-                b[i] = aligned_alloc(64, bytes);
-                assert_non_null(b[i]);
-                for (uint64_t j = 0; j < bytes; j++)
-                        b[i][j] = (uint8_t)rng_next();
-        }
-        for (uint32_t i = n; i > 1; i--) {
-                uint32_t j = rng_below(i);
-                uint8_t *x = b[i - 1];
-                b[i - 1] = b[j];
-                b[j] = x;
-        }
-        return b;
-}
 
 static void blocks_free(uint8_t **b, uint32_t n) {
         for (uint32_t i = 0; i < n; i++)
