@@ -32,8 +32,8 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
                         bad++;
                 for (uint32_t l = 0; l < s->n_layers; l++) {
                         const struct session_layer *L = &s->layers[l];
-                        for (int q = 0; q < 2; q++) {
-                                const struct block_table *t = q ? &L->q8 : &L->fp;
+                        for (uint32_t q = 0; q < s->n_tiers; q++) {
+                                const struct block_table *t = &L->t[q];
                                 uint32_t unit = session_unit_bytes(s, q);
                                 /* shared blocks are the prefix index's (below); prompt blocks it did not
                                  * get to share are in its prefix domain */
@@ -47,7 +47,8 @@ int kvcd_audit(struct kvcd *d, char *report, size_t cap, uint64_t *ret_used, uin
                                 bytes += (uint64_t)(t->n - first) * unit;
                                 blocks += t->n - first;
                         }
-                        if (L->n_tokens > L->n_q8 + L->fp.n * s->layout.block_tokens && len + 128 < cap)
+                        if (L->n_tokens > session_low_tokens(s, L, false) + L->t[0].n * s->layout.block_tokens &&
+                            len + 128 < cap)
                                 len += (size_t)snprintf(
                                         report + len, cap - len,
                                         "session %llu layer %u: %u tokens beyond its blocks\n",
@@ -246,7 +247,8 @@ int admin_evict(struct kvcd *d, uint64_t id, Kvc__Envelope *reply, char *why, si
         kvc__session_closed__init(c);
         kvc__session_stats__init(st);
         c->session_id = s->id;
-        session_fill_stats(s, st);
+        if (session_fill_stats(d->out, s, st) < 0)
+                return -ENOMEM;
         c->stats = st;
 
         Kvc__Error e = KVC__ERROR__INIT;

@@ -86,7 +86,22 @@ static Kvc__SessionOpened *opened_reply(struct kvcd *d, struct session *s) {
         o->max_layer_tokens = s->max_layer_tokens;
         o->policy = s->policy_name;
         o->budget_tokens = s->budget_tokens;
-        o->q8_block_bytes = s->int8 ? s->q8_layout.block_bytes : 0;
+        o->q8_block_bytes = s->n_tiers == 2 && s->tiers[1].dtype == BLOCK_DTYPE_Q8 ? s->tiers[1].block_bytes : 0;
+        if (s->n_tiers > 1) {
+                char **names = wire_arena_alloc(d->out, (s->n_tiers - 1) * sizeof(*names));
+                uint64_t *bytes = wire_arena_alloc(d->out, (s->n_tiers - 1) * sizeof(*bytes));
+                if (!names || !bytes)
+                        return NULL;
+                for (uint32_t t = 1; t < s->n_tiers; t++) {
+                        names[t - 1] = (char *)session_tier_name(s, t);
+                        bytes[t - 1] = s->tiers[t].block_bytes;
+                }
+                o->tiers = names;
+                o->n_tiers = s->n_tiers - 1;
+                o->tier_block_bytes = bytes;
+                o->n_tier_block_bytes = s->n_tiers - 1;
+        }
+        o->rotation_seed = s->rotation_seed;
         o->min_bytes = s->min_bytes;
         o->max_bytes = budget_max(d, s);
         o->priority = s->priority;
@@ -101,7 +116,7 @@ static Kvc__SessionOpened *opened_reply(struct kvcd *d, struct session *s) {
                         kvc__layer_blocks__init(lb[l]);
                         lb[l]->layer = l;
                         lb[l]->n_blocks = s->n_shared_blocks;
-                        lb[l]->blocks = s->layers[l].fp.blocks;
+                        lb[l]->blocks = s->layers[l].t[0].blocks;
                 }
                 o->attached = lb;
                 o->n_attached = s->n_layers;
@@ -277,8 +292,11 @@ static int handle_plan_applied(struct request *rq) {
         if (r == 0)
                 r = session_plan_applied(rq->d, s, m, rq->why, sizeof(rq->why));
         rq->no_reply = r == 0;
-        if (r == 0) /* blocks left to move out of a chunk being drained: the next plan of moves */
+        if (r == 0) { /* the next link of a demotion, or blocks left to move out of a chunk being
+                         drained: the next plan of moves */
+                plan_follow(rq->d, s);
                 relocate_kick(rq->d, s);
+        }
         return r;
 }
 
@@ -295,7 +313,8 @@ static int handle_close_session(struct request *rq) {
         kvc__session_closed__init(c);
         kvc__session_stats__init(st);
         c->session_id = s->id;
-        session_fill_stats(s, st);
+        if (session_fill_stats(d->out, s, st) < 0)
+                return -ENOMEM;
         c->stats = st;
         log_info("session %llu closed: %llu steps, %llu plans, peak %u tokens per layer",
                  (unsigned long long)s->id, (unsigned long long)s->stats.steps,
@@ -331,10 +350,13 @@ static int handle_status(struct request *rq) {
         s->client_deaths = d->n.client_deaths;
         s->errors_total = d->n.errors;
         s->draining = d->draining;
-        for (uint32_t c = 0; c < d->n_clients; c++)
-                for (const struct session *x = d->clients[c]->sessions; x; x = x->next)
-                        for (uint32_t l = 0; l < x->n_layers; l++)
-                                s->int8_bytes += (uint64_t)x->layers[l].q8.n * x->q8_layout.block_bytes;
+        uint64_t by_dtype[SESSION_DTYPES] = { 0 };
+        const struct session *x;
+        for (uint32_t it = 0; (x = idmap_next(&d->sessions, &it));)
+                session_add_tier_bytes(x, by_dtype);
+        s->int8_bytes = by_dtype[BLOCK_DTYPE_Q8];
+        if (session_tier_list(d->out, by_dtype, &s->tier_bytes, &s->n_tier_bytes) < 0)
+                return -ENOMEM;
         prefix_totals(d, &s->shared_blocks, &s->shared_bytes);
         s->step_batches_total = d->n.step_batches;
         int r = admin_status_extras(d, s);
@@ -388,8 +410,12 @@ static int handle_list_sessions(struct request *rq) {
                 i->priority = s->priority;
                 uint64_t last = s->stepped && s->last_step_usec ? s->last_step_usec : s->opened_usec;
                 i->idle_usec = now > last ? now - last : 0;
-                for (uint32_t layer = 0; layer < s->n_layers; layer++)
-                        i->int8_bytes += (uint64_t)s->layers[layer].q8.n * s->q8_layout.block_bytes;
+                uint64_t by_dtype[SESSION_DTYPES] = { 0 };
+                session_add_tier_bytes(s, by_dtype);
+                i->int8_bytes = by_dtype[BLOCK_DTYPE_Q8];
+                i->bits_per_value = session_bits_per_value(s);
+                if (session_tier_list(d->out, by_dtype, &i->tier_bytes, &i->n_tier_bytes) < 0)
+                        return -ENOMEM;
                 l->sessions[l->n_sessions++] = i;
         }
         qsort(l->sessions, l->n_sessions, sizeof(*l->sessions), by_session_id);
@@ -456,14 +482,8 @@ static int handle_handoff_import(struct request *rq) {
         g->max_tokens = s->max_tokens;
         m->geometry = g;
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                const struct session_layer *L = &s->layers[l];
-                kvc__resume_layer__init(&layers[l]);
-                layers[l].n_tokens = L->n_tokens;
-                layers[l].n_q8 = L->n_q8;
-                layers[l].n_fp_blocks = L->fp.n;
-                layers[l].fp_blocks = L->fp.blocks;
-                layers[l].n_q8_blocks = L->q8.n;
-                layers[l].q8_blocks = L->q8.blocks;
+                if (session_resume_layer(d->out, s, l, &layers[l]) < 0)
+                        return -ENOMEM;
                 lp[l] = &layers[l];
         }
         m->n_layers = s->n_layers;

@@ -52,7 +52,8 @@ int handoff_export(struct kvcd *d, struct client *c, const Kvc__HandoffExport *m
         uint32_t T = s->layout.block_tokens;
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 const struct session_layer *L = &s->layers[l];
-                if (m->layer_tokens[l] > L->n_q8 + L->fp.n * T || m->layer_tokens[l] < L->n_q8) {
+                uint32_t low = session_low_tokens(s, L, false);
+                if (m->layer_tokens[l] > low + L->t[0].n * T || m->layer_tokens[l] < low) {
                         snprintf(why, why_len, "layer %u: %u tokens do not fit the blocks granted", l,
                                  m->layer_tokens[l]);
                         return -EPROTO;

@@ -24,6 +24,7 @@
 #include <sys/types.h>
 
 #include "block.h"
+#include "ladder.h"
 #include "budget.h"
 #include "idmap.h"
 #include "metrics.h"
@@ -127,27 +128,29 @@ struct exit_hold {
         int pidfd; /* readable once the process has exited */
 };
 
-/* One block table: the blocks of one class (full precision or INT8) of one layer, in slot order. */
+/* One block table: the blocks of one tier of one layer, in slot order. */
 struct block_table {
         uint64_t *blocks; /* pool offsets; room for cap, grown with use up to max_layer_blocks */
         uint32_t n;
         uint32_t cap;
 };
 
-/* A layer: slots [0, n_q8) in the INT8 table, slots [n_q8, n_tokens) in the full-precision one. */
+/* A layer: one block table per tier of the session (kernels/ladder.h's layout: the lowest tier's
+ * slots first, tier 0's last). low[t] (t >= 1) is tier t's count; tier 0 holds the rest. */
 struct session_layer {
-        struct block_table fp;
-        struct block_table q8;
-        uint32_t n_tokens;   /* as the client last reported */
-        uint32_t n_q8;       /* INT8 slots, as of the last plan applied */
-        uint32_t planned_q8; /* INT8 slots the outstanding plan leaves */
+        struct block_table t[LADDER_TIERS];
+        uint32_t n_tokens;               /* as the client last reported */
+        uint32_t low[LADDER_TIERS];      /* tokens in tiers 1.., as of the last plan applied */
+        uint32_t planned[LADDER_TIERS];  /* the same after the outstanding plan */
+        uint32_t wanted[LADDER_TIERS];   /* a demotion cut into links: kept tokens at tier >= t it
+                                            aims for (cumulative, like plan.c's), 0: none pending */
 };
 
 /* A block that changes place (relocate.c): entry index of a layer's table goes from `from` to
  * `to` when the client applies the plan; `to` is allocated from the pool meanwhile. */
 struct block_move {
         uint32_t layer;
-        bool q8;
+        uint32_t tier;
         uint32_t index;
         uint64_t from, to;
 };
@@ -168,9 +171,11 @@ struct session {
 
         uint32_t n_layers, n_heads, n_kv_heads, head_dim, max_tokens;
         Kvc__Dtype dtype;
-        struct block_layout layout;    /* full-precision blocks */
-        struct block_layout q8_layout; /* INT8 blocks, when int8 */
-        bool int8;                     /* the client stores INT8 and the policy may ask for it */
+        struct block_layout layout;                /* tier 0: the dtype's blocks */
+        uint32_t n_tiers;                          /* 1 + the tiers below the dtype */
+        struct block_layout tiers[LADDER_TIERS];   /* tiers[0] is layout */
+        uint64_t rotation_seed;                    /* of the rotated tiers (OpenSession) */
+        uint32_t tier_window;                      /* the tier_window parameter: 0, none */
         char tenant[WIRE_MAX_NAME + 1];
         char policy_name[WIRE_MAX_NAME + 1];
         struct policy *policy;
@@ -356,8 +361,26 @@ uint32_t client_held_chunks(const struct kvcd *d);
  * hand-off: SESSION_DOMAIN | id). */
 #define SESSION_DOMAIN (1ull << 63)
 uint64_t session_pool_owner(const struct session *s);
-/* The pool unit of one block: full precision, or INT8 with q8. */
-uint32_t session_unit_bytes(const struct session *s, bool q8);
+/* The pool unit of one block of tier t. */
+uint32_t session_unit_bytes(const struct session *s, uint32_t t);
+/* Tokens of layer L in tiers 1.. (after the last plan applied, or the outstanding one's with planned). */
+uint32_t session_low_tokens(const struct session *s, const struct session_layer *L, bool planned);
+/* The name of tier t ("f16", "q8", ...). */
+const char *session_tier_name(const struct session *s, uint32_t t);
+/* Bytes by block class: blocks of every table the session holds (shared prefix blocks aside), added
+ * into by_dtype[enum block_dtype]. */
+#define SESSION_DTYPES 8u
+void session_add_tier_bytes(const struct session *s, uint64_t by_dtype[SESSION_DTYPES]);
+/* The nonzero entries of by_dtype as TierBytes (arena memory). -ENOMEM when the arena is full. */
+int session_tier_list(struct wire_arena *a, const uint64_t by_dtype[SESSION_DTYPES], Kvc__TierBytes ***ret,
+                      size_t *ret_n);
+/* Bits of its blocks per key or value element it holds (0 when it holds none). */
+float session_bits_per_value(const struct session *s);
+/* Layer l's tokens and tables as a ResumeLayer (HandoffImported): the tier fields, and the INT8
+ * ones too when the session's only lower tier is q8. Arena memory; -ENOMEM when it is full. */
+int session_resume_layer(struct wire_arena *a, const struct session *s, uint32_t l, Kvc__ResumeLayer *out);
+/* Gives back the last n_blocks blocks of tier t's table of layer l (a grant undone). */
+void session_shrink_table(struct kvcd *d, struct session *s, uint32_t l, uint32_t tier, uint32_t n_blocks);
 /* Admits and opens a session. 1: opened, but it waits for its plan buffer (session.wait) while
  * the arbiter reclaims memory: the reply comes when session_retry_open() succeeds. */
 int session_open(struct kvcd *d, struct client *c, const Kvc__OpenSession *m, struct session **ret, char *why,
@@ -389,12 +412,12 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
 uint64_t session_bytes(const struct session *s);
 uint32_t session_tokens(const struct session *s);
 uint32_t session_blocks(const struct session *s);
-void session_fill_stats(const struct session *s, Kvc__SessionStats *ret);
+int session_fill_stats(struct wire_arena *a, const struct session *s, Kvc__SessionStats *ret);
 /* Slots of every layer that hold its shared prefix (the first n_shared_blocks blocks). */
 uint32_t session_shared_tokens(const struct session *s);
-/* A grant's entry for one table of layer l (q8: the INT8 one), room for max_blocks blocks, added
- * to g (arena memory); NULL when the arena is full. */
-Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, bool q8,
+/* A grant's entry for tier t's table of layer l, room for max_blocks blocks, added to g (arena
+ * memory); NULL when the arena is full. */
+Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, uint32_t t,
                                       uint32_t max_blocks);
 /* Makes room in table t of s for n entries (its heap grows, within the client's allowance):
  * -ENOSPC past max_layer_blocks or the allowance (the reason in d->refusal). */
@@ -402,7 +425,7 @@ int session_table_reserve(struct kvcd *d, struct session *s, struct block_table 
 /* Grows one table of layer l to n_blocks blocks from the pool (under the budget), recording the
  * new ones in out (arena memory). All or nothing: a failure gives back the blocks it took, and
  * leaves the table and out as they were. */
-int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, uint32_t n_blocks,
+int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, uint32_t t, uint32_t n_blocks,
                        Kvc__LayerBlocks *out);
 
 /* restart.c: the fd store (chunks and the state record) across a restart */

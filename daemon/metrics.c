@@ -204,19 +204,25 @@ int metrics_render(const struct kvcd *d, char *buf, size_t cap) {
         struct out o = { .buf = buf, .cap = cap };
         struct pool_stats ps;
         struct tally policies = { 0 }, models = { 0 };
-        uint64_t q8 = 0;
+        uint64_t by_dtype[SESSION_DTYPES] = { 0 }, low = 0;
         pool_get_stats(d->pool, &ps);
         for (uint32_t c = 0; c < d->n_clients; c++) {
                 for (const struct session *s = d->clients[c]->sessions; s; s = s->next) {
-                        for (uint32_t l = 0; l < s->n_layers; l++)
-                                q8 += (uint64_t)s->layers[l].q8.n * s->q8_layout.block_bytes;
+                        session_add_tier_bytes(s, by_dtype);
                         tally_add(&policies, s->policy_name, s->bytes);
                         tally_add(&models, s->model_id[0] ? s->model_id : "none", s->bytes);
                 }
         }
-        /* every used byte that is not an INT8 block is the model's precision: full-precision blocks,
+        /* every used byte that is not in a lower tier's block is the model's precision: its blocks,
          * plan buffers, shared prefix blocks */
-        uint64_t used = ps.used_bytes, fp = used > q8 ? used - q8 : 0;
+        static const struct {
+                enum block_dtype dtype;
+                const char *label;
+        } lower[] = { { BLOCK_DTYPE_Q8, "int8" }, { BLOCK_DTYPE_Q4, "q4" }, { BLOCK_DTYPE_Q3, "q3" },
+                      { BLOCK_DTYPE_Q2, "q2" } };
+        for (size_t i = 0; i < sizeof(lower) / sizeof(lower[0]); i++)
+                low += by_dtype[lower[i].dtype];
+        uint64_t used = ps.used_bytes, fp = used > low ? used - low : 0;
         uint64_t free_bytes = ps.capacity_bytes > used ? ps.capacity_bytes - used : 0;
         uint32_t prefix_blocks = 0;
         uint64_t prefix_bytes = 0;
@@ -240,7 +246,9 @@ int metrics_render(const struct kvcd *d, char *buf, size_t cap) {
                "Pool bytes, used by precision and free: the series add up to the capacity (to what is in "
                "use, when that is more).");
         put(&o, "kvcd_pool_bytes{state=\"used\",precision=\"fp\"} %llu\n", (unsigned long long)fp);
-        put(&o, "kvcd_pool_bytes{state=\"used\",precision=\"int8\"} %llu\n", (unsigned long long)q8);
+        for (size_t i = 0; i < sizeof(lower) / sizeof(lower[0]); i++)
+                put(&o, "kvcd_pool_bytes{state=\"used\",precision=\"%s\"} %llu\n", lower[i].label,
+                    (unsigned long long)by_dtype[lower[i].dtype]);
         put(&o, "kvcd_pool_bytes{state=\"free\"} %llu\n", (unsigned long long)free_bytes);
         gauge(&o, "kvcd_pool_usage_ratio",
               "Pool bytes in use over the capacity, 0 to 1 (vLLM's kv_cache_usage_perc); above 1 after "

@@ -6,10 +6,20 @@
  * ema, last, logw) are gathered from the pool into the scratch, the policy selects a keep-set (a
  * policy that cannot shrink when the arbiter's cap forces it keeps the newest tokens), the summary
  * slot goes in, and the keep-set is checked (compact_check_keep) before anything of it is written:
- * a layer without a valid keep-set is left out of the plan. Then the layer's INT8 boundary is set
- * (its new INT8 blocks granted with the plan, through session.c), the policy's log-weight
+ * a layer without a valid keep-set is left out of the plan. Then the layer's tiers are set
+ * (plan_tiers: their new blocks granted with the plan, through session.c), the policy's log-weight
  * increments are added in the pool, the keep-set is written at the layer's offset, and the layer
  * joins the Plan, which becomes the session's outstanding one (session.c takes its PlanApplied).
+ *
+ * Tiers (the precision ladder): a layer's tokens go down when the policy asks (policy_target.low:
+ * the oldest kept ones to tier 1) or when the session's tier_window says (every kept token but the
+ * newest tier_window at the lowest tier, a block's worth at a time); a layer with nothing to
+ * evict may still be planned, to demote only. No token goes up. A plan grows each lower tier of
+ * a layer by at most one block: the blocks a demotion needs are granted before the ones it frees
+ * come back, so a larger demotion would raise the session's charge by all of them at once (the
+ * 41% peak of conf+INT8 at a 29% average, issue 26). The rest of such a demotion waits in
+ * session_layer.wanted and goes in links: plan_follow() builds the next one as soon as the client
+ * acknowledges the last (Plan.more tells it to wait), until the layer reaches what was wanted.
  *
  * The plan buffer: n_layers keep-sets of keep_cap entries (per KV head when the policy plans per
  * head), 4 bytes each; then, 8-byte aligned at mask_offset, per layer and KV head the mask of the
@@ -40,6 +50,7 @@
 #include "plan.h"
 #include "policy/policy.h"
 #include "pool.h"
+#include "handlers.h"
 #include "summarize.h"
 
 void plan_scratch_done(struct plan_scratch *sc) {
@@ -90,18 +101,18 @@ uint64_t plan_buffer_units(struct session *s) {
         return (bytes + s->layout.block_bytes - 1) / s->layout.block_bytes;
 }
 
-/* Where slot i of layer L lives: its block (a pool offset), its layout and its slot there. */
+/* Where slot i of layer L lives: its block (a pool offset), its layout, its slot there and (ret_end,
+ * optional) the end of its tier's slots. The lowest tier's slots come first (kernels/ladder.h). */
 static uint64_t slot_block(const struct session *s, const struct session_layer *L, uint32_t i,
-                           const struct block_layout **lay, uint32_t *in_block) {
-        uint32_t T = s->layout.block_tokens;
-        if (i < L->n_q8) {
-                *lay = &s->q8_layout;
-                *in_block = i % T;
-                return L->q8.blocks[i / T];
-        }
-        *lay = &s->layout;
-        *in_block = (i - L->n_q8) % T;
-        return L->fp.blocks[(i - L->n_q8) / T];
+                           const struct block_layout **lay, uint32_t *in_block, uint32_t *ret_end) {
+        uint32_t T = s->layout.block_tokens, first = 0, t = s->n_tiers - 1;
+        for (; t > 0 && i >= first + L->low[t]; t--)
+                first += L->low[t];
+        *lay = &s->tiers[t];
+        *in_block = (i - first) % T;
+        if (ret_end)
+                *ret_end = t ? first + L->low[t] : UINT32_MAX;
+        return L->t[t].blocks[(i - first) / T];
 }
 
 static bool is_masked(const uint8_t *mask, uint32_t j) {
@@ -165,11 +176,11 @@ void plan_gather_some(struct kvcd *d, const struct session *s, uint32_t l, uint3
 
         for (uint32_t i = 0; i < n;) {
                 const struct block_layout *lay;
-                uint32_t at;
-                uint64_t blk = slot_block(s, L, i, &lay, &at);
+                uint32_t at, end;
+                uint64_t blk = slot_block(s, L, i, &lay, &at, &end);
                 uint32_t cnt = T - at < n - i ? T - at : n - i;
-                if (i < L->n_q8 && cnt > L->n_q8 - i)
-                        cnt = L->n_q8 - i; /* the INT8 part ends inside this block */
+                if (cnt > end - i)
+                        cnt = end - i; /* the tier ends inside this block */
                 if (d->backend->device && gather_block(d, s, lay, blk, at, cnt, i, n)) {
                         i += cnt; /* one copy off the GPU per block, not 5 per KV head */
                         continue;
@@ -203,7 +214,7 @@ void plan_gather_some(struct kvcd *d, const struct session *s, uint32_t l, uint3
         *out = (struct policy_layer){ .layer = l,
                                       .n_tokens = w,
                                       .n_kv_heads = s->n_kv_heads,
-                                      .n_q8 = L->n_q8,
+                                      .n_low = session_low_tokens(s, L, false),
                                       .pos = reads & POLICY_READS_POS ? sc->pos : NULL,
                                       .sum = reads & POLICY_READS_SUM ? sc->sum : NULL,
                                       .ema = reads & POLICY_READS_EMA ? sc->ema : NULL,
@@ -238,11 +249,11 @@ static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const 
                         }
                         const struct block_layout *lay, *lay_j;
                         uint32_t first, at;
-                        uint64_t blk = slot_block(s, L, kh[i], &lay, &first), last_i = i;
-                        for (uint32_t j = i + 1; j < k && slot_block(s, L, kh[j], &lay_j, &at) == blk; j++)
+                        uint64_t blk = slot_block(s, L, kh[i], &lay, &first, NULL), last_i = i;
+                        for (uint32_t j = i + 1; j < k && slot_block(s, L, kh[j], &lay_j, &at, NULL) == blk; j++)
                                 if (adds_logw(&dh[j], kh[j], S))
                                         last_i = j;
-                        slot_block(s, L, kh[last_i], &lay_j, &at);
+                        slot_block(s, L, kh[last_i], &lay_j, &at, NULL);
                         uint32_t len = at - first + 1;
                         uint64_t where =
                                 blk + lay->logw_offset + ((uint64_t)h * lay->block_tokens + first) * 4u;
@@ -257,18 +268,97 @@ static void add_logw(struct kvcd *d, const struct session *s, uint32_t l, const 
         }
 }
 
-/* The INT8 slots a plan leaves: what the policy asked (only if the session keeps INT8), never
- * fewer than the INT8 tokens the keep-set retains (INT8 tokens never return to full precision). */
-static uint32_t plan_q8(const struct session *s, const struct session_layer *L, const uint32_t *keep,
-                        uint32_t k, uint32_t asked) {
-        uint32_t q8 = s->int8 ? (asked < k ? asked : k) : 0;
-        for (uint32_t h = 0; h < (s->per_head ? s->n_kv_heads : 1u); h++) {
-                uint32_t kept = 0;
-                while (kept < k && keep[(size_t)h * k + kept] < L->n_q8)
-                        kept++;
-                q8 = kept > q8 ? kept : q8;
+/* The tiers a plan leaves in a layer that keeps k tokens per head (keep, per head when the session
+ * plans per head): ret_n[t] kept tokens in tier t >= 1, the oldest kept ones in the lowest tier.
+ * wanted[t] is how many kept tokens should be at tier t or lower (cumulative, so falling with t).
+ * The answer never takes a token up (the kept tokens now at tier >= t stay at >= t), never gives a
+ * tier more than one new block (the cap of a link), and never holds more than k. true when the
+ * cap cut it short of what was wanted (the rest goes in the next link). */
+static bool plan_tiers(const struct session *s, const struct session_layer *L, const uint32_t *keep, uint32_t k,
+                       const uint32_t wanted[LADDER_TIERS], uint32_t ret_n[LADDER_TIERS]) {
+        uint32_t T = s->layout.block_tokens, C = 0; /* C: kept tokens at the tiers below t */
+        bool capped = false;
+        memset(ret_n, 0, LADDER_TIERS * sizeof(uint32_t));
+        uint32_t floor[LADDER_TIERS] = { 0 }, now = 0;
+        for (uint32_t t = s->n_tiers - 1; t >= 1; t--) { /* kept tokens at tier >= t now, most of any head */
+                now += L->low[t];
+                for (uint32_t h = 0; h < (s->per_head ? s->n_kv_heads : 1u); h++) {
+                        uint32_t kept = 0;
+                        while (kept < k && keep[(size_t)h * k + kept] < now)
+                                kept++;
+                        floor[t] = kept > floor[t] ? kept : floor[t];
+                }
         }
-        return q8;
+        for (uint32_t t = s->n_tiers - 1; t >= 1; t--) {
+                uint32_t want = wanted[t] > C ? wanted[t] : C;
+                want = floor[t] > want ? floor[t] : want;
+                want = want < k ? want : k;
+                uint64_t cap = (uint64_t)C + ((uint64_t)L->t[t].n + 1) * T;
+                if (want > cap) {
+                        want = (uint32_t)cap;
+                        capped = true;
+                }
+                ret_n[t] = want - C;
+                C = want;
+        }
+        return capped;
+}
+
+/* What layer l wants of its tiers after keeping k of its n tokens (cumulative, as plan_tiers takes
+ * them): the policy's low (tier 1), the tier_window (the lowest tier: every kept token but the
+ * newest window, once a block's worth is due), and what an earlier link did not reach. */
+static void plan_wanted(const struct session *s, const struct session_layer *L, uint32_t k, uint32_t low,
+                        uint32_t ret[LADDER_TIERS]) {
+        uint32_t T = s->layout.block_tokens, last = s->n_tiers - 1;
+        memset(ret, 0, LADDER_TIERS * sizeof(uint32_t));
+        if (last == 0)
+                return;
+        ret[1] = low;
+        if (s->tier_window && k > s->tier_window) {
+                uint32_t at_last = L->low[last] < k ? L->low[last] : k;
+                if (k - s->tier_window >= at_last + T)
+                        ret[last] = k - s->tier_window;
+        }
+        for (uint32_t t = 1; t <= last; t++)
+                if (L->wanted[t] > ret[t])
+                        ret[t] = L->wanted[t] < k ? L->wanted[t] : k;
+        for (uint32_t t = last; t > 1; t--) /* cumulative: falling with t */
+                if (ret[t] > ret[t - 1])
+                        ret[t - 1] = ret[t];
+}
+
+/* Whether the tiers after a plan differ from the layer's now. */
+static bool tiers_change(const struct session *s, const struct session_layer *L, const uint32_t n[LADDER_TIERS]) {
+        for (uint32_t t = 1; t < s->n_tiers; t++)
+                if (n[t] != L->low[t])
+                        return true;
+        return false;
+}
+
+/* Grants into g the blocks the lower tiers of layer l need for n[t] tokens each. All or nothing:
+ * -ENOSPC (or -ENOMEM) gives back what this call took. */
+static int grant_tiers(struct kvcd *d, struct session *s, uint32_t l, const uint32_t n[LADDER_TIERS],
+                       Kvc__Grant *g) {
+        struct session_layer *L = &s->layers[l];
+        uint32_t T = s->layout.block_tokens;
+        size_t first = g->n_layers;
+        for (uint32_t t = 1; t < s->n_tiers; t++) {
+                uint32_t need = (n[t] + T - 1) / T;
+                if (need <= L->t[t].n)
+                        continue;
+                Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, t, need - L->t[t].n);
+                int r = lb ? session_grow_table(d, s, l, t, need, lb) : -ENOMEM;
+                if (r < 0) { /* the failed tier took nothing; the ones before it give theirs back */
+                        if (lb)
+                                g->n_layers--;
+                        while (g->n_layers > first) {
+                                const Kvc__LayerBlocks *done = g->layers[--g->n_layers];
+                                session_shrink_table(d, s, l, done->tier, (uint32_t)done->n_blocks);
+                        }
+                        return r;
+                }
+        }
+        return 0;
 }
 
 /* Puts the summary slot into a keep-set of k - 1 slots (ascending, of n): the slot already marked
@@ -346,80 +436,124 @@ static uint32_t keep_with_prefix(struct kvcd *d, const struct session *s, uint32
         return k2;
 }
 
-/* Builds the plan for the layers with a target below their length; NULL when none has. INT8
- * blocks the plan needs are granted into g. */
-Kvc__Plan *plan_build(struct kvcd *d, struct session *s, const struct policy_step *ps, Kvc__Grant *g) {
+/* The keep-set of layer l (k per head) into the scratch, chosen by the policy: the keep-set's
+ * address and its count (the summary slot and a shared prefix included), or NULL to leave the layer
+ * out (no valid keep-set, or a shared prefix's plan that would change nothing). *ret_deltas: the
+ * policy's log-weight increments are still to be added. */
+static uint32_t *plan_select(struct kvcd *d, struct session *s, const struct policy_step *ps, uint32_t l,
+                             uint32_t *ret_k, uint32_t *ret_summary, bool *ret_deltas) {
+        struct policy_target *targets = d->scratch.targets;
+        uint32_t heads = s->per_head ? s->n_kv_heads : 1, S = session_shared_tokens(s);
+        uint32_t n = s->layers[l].n_tokens, live = plan_live_tokens(s, l), k = targets[l].keep;
+        struct policy_layer view;
+        uint32_t reads = s->policy->ops->reads ? s->policy->ops->reads : POLICY_READS_ALL;
+        plan_gather_some(d, s, l, reads | (s->summarize ? POLICY_READS_POS : 0), &view);
+        uint32_t *keep = d->scratch.keep, summary = UINT32_MAX;
+        struct policy_target t = targets[l];
+        if (s->summarize && k >= 2)
+                t.keep = k - 1; /* one slot for the summary */
+        int r = s->policy->ops->select(s->policy->state, ps, &view, &t, keep, d->scratch.logw_delta,
+                                       d->scratch.work);
+        if (r < 0 && d->scratch.forced[l]) { /* a policy that cannot shrink on demand: the newest stay */
+                for (uint32_t h = 0; h < heads; h++)
+                        for (uint32_t i = 0; i < t.keep; i++)
+                                keep[(size_t)h * t.keep + i] = live - t.keep + i;
+                r = 0;
+        }
+        bool deltas = r == 1;
+        if (r >= 0 && s->summarize && k >= 2)
+                k = keep_summary(&view, keep, t.keep, &summary);
+        for (uint32_t h = 0; r >= 0 && h < heads; h++)
+                r = compact_check_keep(keep + (size_t)h * k, k, live);
+        if (r < 0) {
+                log_error("session %llu: policy %s gave no valid keep-set for layer %u", (unsigned long long)s->id,
+                          s->policy_name, l);
+                return NULL;
+        }
+        if (S) {              /* a shared prefix: slots kept in place, the evicted ones masked */
+                if (deltas) { /* the increments go with the policy's own keep-set, as slots */
+                        for (size_t i = 0; i < (size_t)k * heads; i++)
+                                d->scratch.keep2[i] = d->scratch.slot_of[keep[i]];
+                        add_logw(d, s, l, d->scratch.keep2, k, d->scratch.logw_delta);
+                        deltas = false;
+                }
+                uint8_t *mask = s->mask_next + (size_t)l * s->mask_stride;
+                k = keep_with_prefix(d, s, n, S, heads, keep, k, mask, d->scratch.keep2);
+                keep = d->scratch.keep2;
+                /* all private slots kept: a plan that only masks (the compaction moves nothing) */
+                if (k > s->keep_cap ||
+                    (k >= n && memcmp(mask, s->mask + (size_t)l * s->mask_stride, s->mask_stride) == 0))
+                        return NULL;
+                for (uint32_t h = 0; h < s->n_kv_heads; h++)
+                        pool_write(d->pool,
+                                   s->plan_offset + s->mask_offset +
+                                           ((uint64_t)l * s->n_kv_heads + h) * s->mask_stride,
+                                   mask, s->mask_stride);
+        }
+        *ret_k = k;
+        *ret_summary = summary;
+        *ret_deltas = deltas;
+        return keep;
+}
+
+/* Builds the plan for the layers with a target below their length, or tiers to lower; NULL when
+ * none has. The lower tiers' blocks the plan needs are granted into g. With ps NULL: a link of a
+ * demotion (plan_follow), the policy not asked. */
+static Kvc__Plan *build(struct kvcd *d, struct session *s, const struct policy_step *ps, uint64_t base_step,
+                        Kvc__Grant *g, struct wire_arena *a) {
         struct policy_target *targets = d->scratch.targets;
         uint32_t heads = s->per_head ? s->n_kv_heads : 1, S = session_shared_tokens(s);
         uint64_t per_layer = (uint64_t)s->keep_cap * heads;
         Kvc__Plan *p = NULL;
+        bool more = false;
         s->plan_intact = s->prompt_alive;
         if (s->mask)
                 memcpy(s->mask_next, s->mask, (size_t)s->n_layers * s->mask_stride);
 
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                uint32_t n = s->layers[l].n_tokens, live = plan_live_tokens(s, l), k = targets[l].keep;
-                if (k == POLICY_NO_PLAN || k >= live || k > s->max_keep)
-                        continue;
-                struct policy_layer view;
-                uint32_t reads = s->policy->ops->reads ? s->policy->ops->reads : POLICY_READS_ALL;
-                plan_gather_some(d, s, l, reads | (s->summarize ? POLICY_READS_POS : 0), &view);
-                uint32_t *keep = d->scratch.keep, summary = UINT32_MAX;
-                struct policy_target t = targets[l];
-                if (s->summarize && k >= 2)
-                        t.keep = k - 1; /* one slot for the summary */
-                int r = s->policy->ops->select(s->policy->state, ps, &view, &t, keep, d->scratch.logw_delta,
-                                               d->scratch.work);
-                if (r < 0 &&
-                    d->scratch.forced[l]) { /* a policy that cannot shrink on demand: the newest stay */
-                        for (uint32_t h = 0; h < heads; h++)
-                                for (uint32_t i = 0; i < t.keep; i++)
-                                        keep[(size_t)h * t.keep + i] = live - t.keep + i;
-                        r = 0;
-                }
-                bool deltas = r == 1;
-                if (r >= 0 && s->summarize && k >= 2)
-                        k = keep_summary(&view, keep, t.keep, &summary);
-                for (uint32_t h = 0; r >= 0 && h < heads; h++)
-                        r = compact_check_keep(keep + (size_t)h * k, k, live);
-                if (r < 0) {
-                        log_error("session %llu: policy %s gave no valid keep-set for layer %u",
-                                  (unsigned long long)s->id, s->policy_name, l);
-                        continue;
-                }
-                if (S) {              /* a shared prefix: slots kept in place, the evicted ones masked */
-                        if (deltas) { /* the increments go with the policy's own keep-set, as slots */
-                                for (size_t i = 0; i < (size_t)k * heads; i++)
-                                        d->scratch.keep2[i] = d->scratch.slot_of[keep[i]];
-                                add_logw(d, s, l, d->scratch.keep2, k, d->scratch.logw_delta);
-                                deltas = false;
-                        }
-                        uint8_t *mask = s->mask_next + (size_t)l * s->mask_stride;
-                        k = keep_with_prefix(d, s, n, S, heads, keep, k, mask, d->scratch.keep2);
-                        keep = d->scratch.keep2;
-                        /* all private slots kept: a plan that only masks (the compaction moves nothing) */
-                        if (k > s->keep_cap || (k >= n && memcmp(mask, s->mask + (size_t)l * s->mask_stride,
-                                                                 s->mask_stride) == 0))
-                                continue;
-                        for (uint32_t h = 0; h < s->n_kv_heads; h++)
-                                pool_write(d->pool,
-                                           s->plan_offset + s->mask_offset +
-                                                   ((uint64_t)l * s->n_kv_heads + h) * s->mask_stride,
-                                           mask, s->mask_stride);
-                }
                 struct session_layer *L = &s->layers[l];
-                uint32_t q8 = plan_q8(s, L, keep, k, targets[l].q8), T = s->layout.block_tokens;
-                if ((q8 + T - 1) / T > L->q8.n) {
-                        Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, true, (q8 + T - 1) / T - L->q8.n);
-                        if (!lb || session_grow_table(d, s, l, true, (q8 + T - 1) / T, lb) < 0) {
-                                if (lb) /* no room for INT8 blocks now: quantize nothing new */
-                                        g->n_layers--;
-                                q8 = plan_q8(s, L, keep, k, 0);
-                                if ((q8 + T - 1) / T > L->q8.n)
-                                        continue;
-                        }
+                uint32_t n = L->n_tokens, live = plan_live_tokens(s, l), k = ps ? targets[l].keep : POLICY_NO_PLAN;
+                bool evicts = k != POLICY_NO_PLAN && k < live && k <= s->max_keep;
+                uint32_t wanted[LADDER_TIERS], tiers[LADDER_TIERS];
+                plan_wanted(s, L, evicts ? k : n, ps ? targets[l].low : 0, wanted);
+                bool demotes = false; /* some tier >= t is to hold more than it does */
+                for (uint32_t t = s->n_tiers - 1, now = 0; t >= 1; t--) {
+                        now += L->low[t];
+                        demotes |= wanted[t] > now;
                 }
-                L->planned_q8 = q8;
+                if (!evicts && !demotes)
+                        continue;
+                uint32_t *keep = d->scratch.keep, summary = UINT32_MAX;
+                bool deltas = false;
+                if (evicts) {
+                        keep = plan_select(d, s, ps, l, &k, &summary, &deltas);
+                        if (!keep)
+                                continue;
+                } else { /* a demotion alone: every token kept (no shared prefix: tiers exclude it) */
+                        k = n;
+                        for (uint32_t h = 0; h < heads; h++)
+                                for (uint32_t i = 0; i < n; i++)
+                                        keep[(size_t)h * n + i] = i;
+                }
+                bool capped = plan_tiers(s, L, keep, k, wanted, tiers);
+                if (!evicts && !tiers_change(s, L, tiers)) {
+                        memset(L->wanted, 0, sizeof(L->wanted));
+                        continue;
+                }
+                if (grant_tiers(d, s, l, tiers, g) < 0) { /* no room below: demote nothing new */
+                        uint32_t none[LADDER_TIERS] = { 0 };
+                        capped = false;
+                        plan_tiers(s, L, keep, k, none, tiers);
+                        if (!evicts || grant_tiers(d, s, l, tiers, g) < 0)
+                                continue;
+                }
+                if (capped) {
+                        memcpy(L->wanted, wanted, sizeof(L->wanted));
+                        more = true;
+                } else {
+                        memset(L->wanted, 0, sizeof(L->wanted));
+                }
+                memcpy(L->planned, tiers, sizeof(L->planned));
                 for (uint32_t h = 0; h < heads && s->prompt_alive; h++) { /* prompt blocks left whole */
                         uint32_t same = 0;
                         while (same < k && keep[(size_t)h * k + same] == same)
@@ -429,19 +563,19 @@ Kvc__Plan *plan_build(struct kvcd *d, struct session *s, const struct policy_ste
                 }
                 if (deltas)
                         add_logw(d, s, l, keep, k, d->scratch.logw_delta);
-                pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep,
-                           (size_t)k * heads * sizeof(uint32_t));
+                pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep, (size_t)k * heads * sizeof(uint32_t));
 
                 if (!p) {
-                        p = wire_arena_alloc(d->out, sizeof(*p));
-                        Kvc__LayerPlan **layers = wire_arena_alloc(d->out, s->n_layers * sizeof(*layers));
+                        p = wire_arena_alloc(a, sizeof(*p));
+                        Kvc__LayerPlan **layers = wire_arena_alloc(a, s->n_layers * sizeof(*layers));
                         if (!p || !layers)
                                 return NULL;
                         kvc__plan__init(p);
                         p->layers = layers;
                 }
-                Kvc__LayerPlan *lp = wire_arena_alloc(d->out, sizeof(*lp));
-                if (!lp)
+                Kvc__LayerPlan *lp = wire_arena_alloc(a, sizeof(*lp));
+                uint32_t *tt = s->n_tiers > 1 ? wire_arena_alloc(a, (s->n_tiers - 1) * sizeof(uint32_t)) : NULL;
+                if (!lp || (s->n_tiers > 1 && !tt))
                         return NULL;
                 kvc__layer_plan__init(lp);
                 lp->layer = l;
@@ -449,7 +583,13 @@ Kvc__Plan *plan_build(struct kvcd *d, struct session *s, const struct policy_ste
                 lp->keep_offset = (uint32_t)(l * per_layer);
                 lp->keep_count = k;
                 lp->per_head = s->per_head;
-                lp->q8_tokens = q8;
+                if (s->n_tiers > 1) {
+                        memcpy(tt, tiers + 1, (s->n_tiers - 1) * sizeof(uint32_t));
+                        lp->tier_tokens = tt;
+                        lp->n_tier_tokens = s->n_tiers - 1;
+                }
+                /* clients before the ladder: their only tier is INT8 */
+                lp->q8_tokens = s->n_tiers == 2 && s->tiers[1].dtype == BLOCK_DTYPE_Q8 ? tiers[1] : 0;
                 lp->summary_slot = summary == UINT32_MAX ? 0 : summary + 1;
                 lp->shared_tokens = S;
                 p->layers[p->n_layers++] = lp;
@@ -457,11 +597,78 @@ Kvc__Plan *plan_build(struct kvcd *d, struct session *s, const struct policy_ste
         if (p) {
                 p->session_id = s->id;
                 p->plan_id = ++s->next_plan_id;
-                p->base_step = ps->step;
+                p->base_step = base_step;
+                p->more = more;
                 s->pending_plan_id = p->plan_id;
                 s->pending_since_usec = now_usec();
                 s->stats.plans++;
                 d->n.plans++;
         }
         return p;
+}
+
+Kvc__Plan *plan_build(struct kvcd *d, struct session *s, const struct policy_step *ps, Kvc__Grant *g) {
+        return build(d, s, ps, ps->step, g, d->out);
+}
+
+/* Whether a layer of s has a demotion cut into links still to go. */
+static bool links_pending(const struct session *s) {
+        for (uint32_t l = 0; l < s->n_layers; l++)
+                for (uint32_t t = 1; t < s->n_tiers; t++)
+                        if (s->layers[l].wanted[t])
+                                return true;
+        return false;
+}
+
+void plan_follow(struct kvcd *d, struct session *s) {
+        if (s->pending_plan_id || !s->owner->bound || !links_pending(s))
+                return;
+        /* its own arena, as relocate_kick's: it may come in the middle of a request */
+        struct wire_arena *a = d->notes ? d->notes : d->out;
+        if (d->notes)
+                wire_arena_reset(d->notes);
+        Kvc__Grant *g = wire_arena_alloc(a, sizeof(*g));
+        Kvc__LayerBlocks **lbs = wire_arena_alloc(a, LADDER_TIERS * s->n_layers * sizeof(*lbs));
+        Kvc__Plan **plans = wire_arena_alloc(a, sizeof(*plans));
+        Kvc__Grant **grants = wire_arena_alloc(a, sizeof(*grants));
+        Kvc__PlanBatch *pb = wire_arena_alloc(a, sizeof(*pb));
+        if (!g || !lbs || !plans || !grants || !pb)
+                return;
+        kvc__grant__init(g);
+        g->session_id = s->id;
+        g->layers = lbs;
+        struct wire_arena *saved = d->out; /* session_grant_layer allocates in d->out */
+        d->out = a;
+        Kvc__Plan *p = build(d, s, NULL, s->last_step, g, a);
+        d->out = saved;
+        if (!p) { /* the chain ends here (no room, or nothing left): the client hears so */
+                for (uint32_t l = 0; l < s->n_layers; l++)
+                        memset(s->layers[l].wanted, 0, sizeof(s->layers[l].wanted));
+                p = wire_arena_alloc(a, sizeof(*p));
+                if (!p)
+                        return;
+                kvc__plan__init(p);
+                p->session_id = s->id;
+                p->plan_id = ++s->next_plan_id;
+                p->base_step = s->last_step;
+                s->pending_plan_id = p->plan_id;
+                s->pending_since_usec = now_usec();
+        }
+        kvc__plan_batch__init(pb);
+        plans[0] = p;
+        pb->plans = plans;
+        pb->n_plans = 1;
+        if (g->n_layers) {
+                grants[0] = g;
+                pb->grants = grants;
+                pb->n_grants = 1;
+        }
+        Kvc__Envelope env = KVC__ENVELOPE__INIT;
+        env.version = WIRE_VERSION;
+        env.request_id = 0; /* unasked */
+        env.body_case = KVC__ENVELOPE__BODY_PLAN_BATCH;
+        env.plan_batch = pb;
+        if (send_envelope(d, d->zclient, s->owner->rid, s->owner->rid_len, &env) < 0)
+                log_warning("session %llu: cannot send the next link of its demotion (its client is gone?)",
+                            (unsigned long long)s->id);
 }

@@ -46,3 +46,7 @@ void plan_gather_some(struct kvcd *d, const struct session *s, uint32_t l, uint3
  * their keep-sets (and masks, and log-weight increments) into the pool; NULL when no layer has
  * one. INT8 blocks the plan needs are granted into g. The plan becomes s's outstanding one. */
 Kvc__Plan *plan_build(struct kvcd *d, struct session *s, const struct policy_step *ps, Kvc__Grant *g);
+/* After a PlanApplied: when a demotion of s was cut into links (plan.c's header), builds the next
+ * link and sends it unasked with its grant; when it cannot (no room), an empty plan that ends the
+ * chain. Nothing when no link is due or a plan is outstanding. */
+void plan_follow(struct kvcd *d, struct session *s);

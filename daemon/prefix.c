@@ -148,8 +148,8 @@ uint32_t prefix_attach(struct kvcd *d, struct session *s) {
                 b->refs++;
                 s->shared[i] = b;
                 for (uint32_t l = 0; l < s->n_layers; l++) {
-                        s->layers[l].fp.blocks[i] = b->offs[l];
-                        s->layers[l].fp.n = i + 1;
+                        s->layers[l].t[0].blocks[i] = b->offs[l];
+                        s->layers[l].t[0].n = i + 1;
                 }
                 n++;
         }
@@ -172,7 +172,7 @@ uint32_t prefix_publish(struct kvcd *d, struct session *s) {
             !s->prompt_ids || s->share_blocks > s->prompt_blocks)
                 return 0;
         for (uint32_t l = 0; l < s->n_layers; l++)
-                if (s->layers[l].n_tokens < s->share_blocks * T || s->layers[l].fp.n < s->share_blocks)
+                if (s->layers[l].n_tokens < s->share_blocks * T || s->layers[l].t[0].n < s->share_blocks)
                         return 0; /* the prefill has not passed them yet */
         s->publish_tried = true;
         /* only the prompt's leading blocks no plan has touched hold what the chain says */
@@ -182,7 +182,7 @@ uint32_t prefix_publish(struct kvcd *d, struct session *s) {
         for (uint32_t i = s->n_shared_blocks; i < upto; i++) {
                 bool own = true;
                 for (uint32_t l = 0; l < s->n_layers && own; l++)
-                        own = pool_chunk_owner(d->pool, s->layers[l].fp.blocks[i] / chunk) ==
+                        own = pool_chunk_owner(d->pool, s->layers[l].t[0].blocks[i] / chunk) ==
                               s->prefix_domain;
                 key = prefix_key(d, s, scope, i, key);
                 if (!own || idmap_get(&d->prefixes, key))
@@ -205,7 +205,7 @@ uint32_t prefix_publish(struct kvcd *d, struct session *s) {
                 b->unit_bytes = (uint32_t)s->layout.block_bytes;
                 b->bytes = (uint64_t)s->n_layers * s->layout.block_bytes;
                 for (uint32_t l = 0; l < s->n_layers; l++)
-                        b->offs[l] = s->layers[l].fp.blocks[i];
+                        b->offs[l] = s->layers[l].t[0].blocks[i];
                 /* the tenant keeps paying for it, as the prefix's now, not the session's */
                 budget_charge(d, s, -(int64_t)b->bytes);
                 budget_charge_shared(d, b->ten, (int64_t)b->bytes);

@@ -35,9 +35,9 @@ static uint32_t chunk_of(const struct kvcd *d, uint64_t off) {
         return (uint32_t)(off / pool_chunk_bytes(d->pool));
 }
 
-/* Blocks of layer l's table q (the shared prefix's blocks are the prefix index's, and never move). */
-static uint32_t first_own_block(const struct session *s, bool q8) {
-        return q8 ? 0 : s->n_shared_blocks;
+/* Blocks of a layer's tier-t table (the shared prefix's blocks are the prefix index's, and never move). */
+static uint32_t first_own_block(const struct session *s, uint32_t t) {
+        return t ? 0 : s->n_shared_blocks;
 }
 
 /* For client c, per chunk: how many units are blocks of its sessions (count), and whether
@@ -51,8 +51,8 @@ static void survey(const struct kvcd *d, const struct client *c, uint32_t *count
                 for (uint32_t i = 0; i < s->n_moves; i++)
                         blocked[chunk_of(d, s->moves[i].from)] = blocked[chunk_of(d, s->moves[i].to)] = true;
                 for (uint32_t l = 0; l < s->n_layers; l++) {
-                        for (int q = 0; q < 2; q++) {
-                                const struct block_table *t = q ? &s->layers[l].q8 : &s->layers[l].fp;
+                        for (uint32_t q = 0; q < s->n_tiers; q++) {
+                                const struct block_table *t = &s->layers[l].t[q];
                                 for (uint32_t b = first_own_block(s, q); b < t->n; b++)
                                         count[chunk_of(d, t->blocks[b])]++;
                         }
@@ -117,8 +117,8 @@ static Kvc__Plan *moves_plan(struct kvcd *d, struct session *s, struct wire_aren
         if (!s->moves && !(s->moves = malloc(WIRE_MAX_MOVES * sizeof(*s->moves))))
                 return NULL;
         for (uint32_t l = 0; l < s->n_layers && n < WIRE_MAX_MOVES; l++) {
-                for (int q = 0; q < 2 && n < WIRE_MAX_MOVES; q++) {
-                        const struct block_table *t = q ? &s->layers[l].q8 : &s->layers[l].fp;
+                for (uint32_t q = 0; q < s->n_tiers && n < WIRE_MAX_MOVES; q++) {
+                        const struct block_table *t = &s->layers[l].t[q];
                         for (uint32_t b = first_own_block(s, q); b < t->n && n < WIRE_MAX_MOVES; b++) {
                                 uint64_t to;
                                 if (chunk_of(d, t->blocks[b]) != idx)
@@ -126,7 +126,7 @@ static Kvc__Plan *moves_plan(struct kvcd *d, struct session *s, struct wire_aren
                                 if (pool_alloc_owned(d->pool, owner, session_unit_bytes(s, q), 1, &to) < 0)
                                         goto built; /* no room after all: the deadline calls it off */
                                 s->moves[n++] = (struct block_move){
-                                        .layer = l, .q8 = q, .index = b, .from = t->blocks[b], .to = to
+                                        .layer = l, .tier = q, .index = b, .from = t->blocks[b], .to = to
                                 };
                         }
                 }
@@ -150,15 +150,16 @@ built:
         for (uint32_t i = 0; i < n; i++) {
                 kvc__block_move__init(&mv[i]);
                 mv[i].layer = s->moves[i].layer;
-                mv[i].q8 = s->moves[i].q8;
+                mv[i].tier = s->moves[i].tier;
+                mv[i].q8 = s->moves[i].tier == 1; /* clients before the ladder */
                 mv[i].index = s->moves[i].index;
                 mv[i].from = s->moves[i].from;
                 mv[i].to = s->moves[i].to;
                 mp[i] = &mv[i];
         }
-        /* nothing else changes: no tokens evicted, no INT8 boundary moved, no mask */
+        /* nothing else changes: no tokens evicted, no tier changed, no mask */
         for (uint32_t l = 0; l < s->n_layers; l++)
-                s->layers[l].planned_q8 = s->layers[l].n_q8;
+                memcpy(s->layers[l].planned, s->layers[l].low, sizeof(s->layers[l].low));
         if (s->mask)
                 memcpy(s->mask_next, s->mask, (size_t)s->n_layers * s->mask_stride);
         s->plan_intact = s->prompt_alive;
@@ -172,8 +173,8 @@ bool relocate_wanted(const struct kvcd *d, const struct session *s) {
             session_pool_owner(s) != s->owner->id)
                 return false;
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                for (int q = 0; q < 2; q++) {
-                        const struct block_table *t = q ? &s->layers[l].q8 : &s->layers[l].fp;
+                for (uint32_t q = 0; q < s->n_tiers; q++) {
+                        const struct block_table *t = &s->layers[l].t[q];
                         for (uint32_t b = first_own_block(s, q); b < t->n; b++)
                                 if (chunk_of(d, t->blocks[b]) == d->relocate.chunk)
                                         return true;
@@ -221,7 +222,7 @@ void relocate_kick(struct kvcd *d, struct session *s) {
 void relocate_swap(struct session *s, bool forward) {
         for (uint32_t i = 0; i < s->n_moves; i++) {
                 const struct block_move *m = &s->moves[i];
-                struct block_table *t = m->q8 ? &s->layers[m->layer].q8 : &s->layers[m->layer].fp;
+                struct block_table *t = &s->layers[m->layer].t[m->tier];
                 t->blocks[m->index] = forward ? m->to : m->from;
         }
 }
@@ -229,7 +230,7 @@ void relocate_swap(struct session *s, bool forward) {
 void relocate_commit(struct kvcd *d, struct session *s) {
         for (uint32_t i = 0; i < s->n_moves; i++) {
                 const struct block_move *m = &s->moves[i];
-                int r = pool_release(d->pool, s->owner->id, m->from, session_unit_bytes(s, m->q8), 1);
+                int r = pool_release(d->pool, s->owner->id, m->from, session_unit_bytes(s, m->tier), 1);
                 if (r < 0) /* a bookkeeping bug of ours: say so loudly, keep serving */
                         log_error("session %llu: freeing moved block %llu failed: %s",
                                   (unsigned long long)s->id, (unsigned long long)m->from, strerror(-r));
@@ -241,7 +242,7 @@ void relocate_commit(struct kvcd *d, struct session *s) {
 
 void relocate_undo(struct kvcd *d, struct session *s) {
         for (uint32_t i = 0; i < s->n_moves; i++)
-                pool_release(d->pool, s->owner->id, s->moves[i].to, session_unit_bytes(s, s->moves[i].q8), 1);
+                pool_release(d->pool, s->owner->id, s->moves[i].to, session_unit_bytes(s, s->moves[i].tier), 1);
         s->n_moves = 0;
 }
 
@@ -261,7 +262,7 @@ void relocate_refused(struct kvcd *d, struct session *s, int status) {
 uint64_t relocate_bytes(const struct session *s) {
         uint64_t n = 0;
         for (uint32_t i = 0; i < s->n_moves; i++)
-                n += session_unit_bytes(s, s->moves[i].q8);
+                n += session_unit_bytes(s, s->moves[i].tier);
         return n;
 }
 

@@ -406,10 +406,10 @@ void restart_tick(struct kvcd *d, uint64_t now) {
 }
 
 /* Claims the blocks of one table for the session; on failure releases what it claimed. */
-static int claim_table(struct kvcd *d, struct session *s, struct block_table *t, bool q8,
+static int claim_table(struct kvcd *d, struct session *s, struct block_table *t, uint32_t tier,
                        const uint64_t *blocks, size_t n) {
-        uint32_t unit = session_unit_bytes(s, q8);
-        if (n > s->max_layer_blocks || (q8 && n && !s->int8))
+        uint32_t unit = session_unit_bytes(s, tier);
+        if (n > s->max_layer_blocks)
                 return -EPROTO;
         int r = session_table_reserve(d, s, t, (uint32_t)n);
         if (r < 0)
@@ -453,7 +453,17 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
         uint32_t T = s->layout.block_tokens;
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 const Kvc__ResumeLayer *L = m->layers[l];
-                if (L->n_tokens - L->n_q8 > L->n_fp_blocks * T || L->n_q8 > L->n_q8_blocks * T) {
+                uint64_t low = 0;
+                bool ok = L->n_tier_tokens <= s->n_tiers - 1 && (s->n_tiers > 1 || L->n_q8_blocks == 0);
+                for (uint32_t t = 1; t < LADDER_TIERS && ok; t++) {
+                        uint32_t n;
+                        const uint64_t *b;
+                        size_t nb;
+                        wire_resume_tier(L, t, &n, &b, &nb);
+                        ok = t < s->n_tiers ? n <= nb * T : nb == 0;
+                        low += n;
+                }
+                if (!ok || low > L->n_tokens || L->n_tokens - low > L->n_fp_blocks * T) {
                         snprintf(why, why_len, "layer %u: %u tokens do not fit the blocks listed", l,
                                  L->n_tokens);
                         return -EPROTO;
@@ -473,21 +483,30 @@ int restart_resume(struct kvcd *d, struct client *c, const Kvc__Resume *m, char 
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 const Kvc__ResumeLayer *L = m->layers[l];
                 struct session_layer *SL = &s->layers[l];
-                int r = claim_table(d, s, &SL->fp, false, L->fp_blocks, L->n_fp_blocks);
-                if (r == 0 && (r = claim_table(d, s, &SL->q8, true, L->q8_blocks, L->n_q8_blocks)) < 0)
-                        while (SL->fp.n) {
-                                pool_release(d->pool, c->id, SL->fp.blocks[--SL->fp.n],
-                                             (uint32_t)s->layout.block_bytes, 1);
-                                budget_charge(d, s, -(int64_t)s->layout.block_bytes);
-                        }
-                if (r < 0) {
+                int r = claim_table(d, s, &SL->t[0], 0, L->fp_blocks, L->n_fp_blocks);
+                for (uint32_t t = 1; r == 0 && t < s->n_tiers; t++) {
+                        uint32_t n;
+                        const uint64_t *b;
+                        size_t nb;
+                        wire_resume_tier(L, t, &n, &b, &nb);
+                        r = claim_table(d, s, &SL->t[t], t, b, nb);
+                        SL->low[t] = SL->planned[t] = n;
+                }
+                if (r < 0) { /* the tables it claimed whole go back (the failed one took nothing) */
+                        for (uint32_t t = 0; t < s->n_tiers; t++)
+                                while (SL->t[t].n) {
+                                        pool_release(d->pool, c->id, SL->t[t].blocks[--SL->t[t].n],
+                                                     session_unit_bytes(s, t), 1);
+                                        budget_charge(d, s, -(int64_t)session_unit_bytes(s, t));
+                                }
+                        memset(SL->low, 0, sizeof(SL->low));
+                        memset(SL->planned, 0, sizeof(SL->planned));
                         snprintf(why, why_len,
                                  "layer %u: a block is not one of the old connection's free units", l);
                         session_close(d, s); /* what it claimed so far goes with it */
                         return -EPROTO;
                 }
                 SL->n_tokens = L->n_tokens;
-                SL->n_q8 = SL->planned_q8 = L->n_q8;
                 if (L->n_tokens > s->stats.peak_tokens)
                         s->stats.peak_tokens = L->n_tokens;
         }

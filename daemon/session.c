@@ -8,10 +8,13 @@
  * those blocks free in the pool. At most one plan is outstanding per session, so a plan is
  * always built on the layout the client has.
  *
- * Mixed precision: a layer has two block tables, INT8 blocks for its oldest slots [0, n_q8) and
- * full-precision blocks for the rest. A plan may move the boundary up (LayerPlan.q8_tokens); the
- * INT8 blocks it needs are granted with the plan, and the client releases what it no longer
- * needs of either table with PlanApplied.
+ * The precision ladder: a layer has one block table per tier of the session (the dtype's, then
+ * OpenSession.tiers: q8, q4, q3, q2), laid out as kernels/ladder.h says, the lowest tier's slots
+ * first. A plan may move tokens down (LayerPlan.tier_tokens); the blocks it needs in the lower
+ * tiers are granted with the plan, at most one per tier and layer (plan.c cuts a larger demotion
+ * into links, each sent as soon as the last one is acknowledged), and the client releases what it
+ * no longer needs of every table with PlanApplied. So a session's charged bytes never exceed what
+ * it held before a demotion by more than one block per tier and layer.
  *
  * Memory limits (budget.c): every block granted is first allowed by the budget (the session's
  * cap, its tenant's quota, the others' guaranteed minimums). Each step the policy's wish becomes
@@ -46,6 +49,7 @@
 #include "policy/policy.h"
 #include "pool.h"
 #include "prefix.h"
+#include "tier.h"
 
 uint64_t session_pool_owner(const struct session *s) {
         return s->domain ? s->domain : s->owner->id;
@@ -66,7 +70,8 @@ uint32_t session_tokens(const struct session *s) {
 uint32_t session_blocks(const struct session *s) {
         uint32_t n = 0;
         for (uint32_t l = 0; l < s->n_layers; l++)
-                n += s->layers[l].fp.n + s->layers[l].q8.n;
+                for (uint32_t t = 0; t < s->n_tiers; t++)
+                        n += s->layers[l].t[t].n;
         return n;
 }
 
@@ -74,26 +79,81 @@ uint32_t session_shared_tokens(const struct session *s) {
         return s->n_shared_blocks * s->layout.block_tokens;
 }
 
-void session_fill_stats(const struct session *s, Kvc__SessionStats *ret) {
+void session_add_tier_bytes(const struct session *s, uint64_t by_dtype[SESSION_DTYPES]) {
+        for (uint32_t t = 0; t < s->n_tiers; t++) {
+                uint64_t blocks = 0;
+                for (uint32_t l = 0; l < s->n_layers; l++) /* shared prefix blocks: counted once, elsewhere */
+                        blocks += s->layers[l].t[t].n - (t == 0 ? s->n_shared_blocks : 0);
+                by_dtype[s->tiers[t].dtype % SESSION_DTYPES] += blocks * s->tiers[t].block_bytes;
+        }
+}
+
+int session_tier_list(struct wire_arena *a, const uint64_t by_dtype[SESSION_DTYPES], Kvc__TierBytes ***ret,
+                      size_t *ret_n) {
+        Kvc__TierBytes **v = wire_arena_alloc(a, SESSION_DTYPES * sizeof(*v));
+        if (!v)
+                return -ENOMEM;
+        size_t n = 0;
+        for (uint32_t k = 0; k < SESSION_DTYPES; k++) {
+                const struct tier_row *row = tier_row((enum block_dtype)k);
+                if (!row || !by_dtype[k])
+                        continue;
+                if (!(v[n] = wire_arena_alloc(a, sizeof(**v))))
+                        return -ENOMEM;
+                kvc__tier_bytes__init(v[n]);
+                v[n]->tier = (char *)row->name;
+                v[n]->bytes = by_dtype[k];
+                n++;
+        }
+        *ret = v;
+        *ret_n = n;
+        return 0;
+}
+
+float session_bits_per_value(const struct session *s) {
+        uint64_t values = 0, by_dtype[SESSION_DTYPES] = { 0 }, bytes = 0;
+        for (uint32_t l = 0; l < s->n_layers; l++)
+                values += (uint64_t)s->layers[l].n_tokens * s->n_kv_heads * s->head_dim * 2;
+        session_add_tier_bytes(s, by_dtype);
+        for (uint32_t k = 0; k < SESSION_DTYPES; k++)
+                bytes += by_dtype[k];
+        return values ? (float)((double)bytes * 8.0 / (double)values) : 0.0f;
+}
+
+int session_fill_stats(struct wire_arena *a, const struct session *s, Kvc__SessionStats *ret) {
         ret->steps = s->stats.steps;
         ret->plans = s->stats.plans;
         ret->peak_tokens = s->stats.peak_tokens;
         ret->peak_layer_blocks = s->stats.peak_layer_blocks;
         ret->peak_bytes = s->stats.peak_bytes;
         ret->bytes = session_bytes(s);
+        uint64_t by_dtype[SESSION_DTYPES] = { 0 };
+        session_add_tier_bytes(s, by_dtype);
+        return session_tier_list(a, by_dtype, &ret->tier_bytes, &ret->n_tier_bytes);
 }
 
-uint32_t session_unit_bytes(const struct session *s, bool q8) {
-        return (uint32_t)(q8 ? s->q8_layout.block_bytes : s->layout.block_bytes);
+uint32_t session_unit_bytes(const struct session *s, uint32_t t) {
+        return (uint32_t)s->tiers[t].block_bytes;
+}
+
+uint32_t session_low_tokens(const struct session *s, const struct session_layer *L, bool planned) {
+        uint32_t n = 0;
+        for (uint32_t t = 1; t < s->n_tiers; t++)
+                n += planned ? L->planned[t] : L->low[t];
+        return n;
+}
+
+const char *session_tier_name(const struct session *s, uint32_t t) {
+        return tier_row(s->tiers[t].dtype)->name;
 }
 
 /* Allocates n units of one class for the session, in owner's chunks (its client's, its own for a
  * hand-off, its prefix domain for the prompt blocks it may share); a chunk new to the client has
  * its fd sent first. */
-static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, bool q8, uint32_t n,
+static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, uint32_t tier, uint32_t n,
                           uint64_t *ret_off) {
         int64_t new_chunk;
-        uint32_t unit = session_unit_bytes(s, q8);
+        uint32_t unit = session_unit_bytes(s, tier);
         d->refusal[0] = '\0';
         d->refusal_own = false;
         d->refusal_reason = REFUSAL_CAPACITY; /* unless a budget limit says otherwise */
@@ -120,12 +180,12 @@ static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, boo
         return 0;
 }
 
-static int alloc_units(struct kvcd *d, struct session *s, bool q8, uint32_t n, uint64_t *ret_off) {
-        return alloc_units_in(d, s, session_pool_owner(s), q8, n, ret_off);
+static int alloc_units(struct kvcd *d, struct session *s, uint32_t tier, uint32_t n, uint64_t *ret_off) {
+        return alloc_units_in(d, s, session_pool_owner(s), tier, n, ret_off);
 }
 
-static void free_units(struct kvcd *d, struct session *s, bool q8, uint64_t off, uint32_t n) {
-        uint32_t unit = session_unit_bytes(s, q8);
+static void free_units(struct kvcd *d, struct session *s, uint32_t tier, uint64_t off, uint32_t n) {
+        uint32_t unit = session_unit_bytes(s, tier);
         /* its client's chunks, or (prompt blocks it did not get to share) its prefix domain's */
         uint64_t owner = pool_chunk_owner(d->pool, (uint32_t)(off / pool_chunk_bytes(d->pool)));
         if (owner != s->prefix_domain || !owner)
@@ -222,14 +282,49 @@ static struct session *session_free(struct session *s) {
         free(s->mask_next);
         free(s->moves);
         if (s->layers)
-                for (uint32_t l = 0; l < s->n_layers; l++) {
-                        free(s->layers[l].fp.blocks);
-                        free(s->layers[l].q8.blocks);
-                }
+                for (uint32_t l = 0; l < s->n_layers; l++)
+                        for (uint32_t t = 0; t < LADDER_TIERS; t++)
+                                free(s->layers[l].t[t].blocks);
         free(s->layers);
         policy_free(s->policy);
         free(s);
         return NULL;
+}
+
+/* The session's tiers from OpenSession: tier 0 its layout, then the tiers named, each with fewer
+ * bits than the one before and a layout this geometry allows, or q8 when the client can store INT8
+ * (int8) and int8_used (its policy keeps tokens below the dtype). -EINVAL with a reason. */
+static int session_tiers(struct session *s, const Kvc__OpenSession *m, bool int8_used, char *why,
+                         size_t why_len) {
+        s->tiers[0] = s->layout;
+        s->n_tiers = 1;
+        s->rotation_seed = m->rotation_seed;
+        if (m->int8 && m->n_tiers && !(m->n_tiers == 1 && strcmp(m->tiers[0], "q8") == 0)) {
+                snprintf(why, why_len, "int8 is tiers [q8]; it cannot go with other tiers");
+                return -EINVAL;
+        }
+        size_t n = m->n_tiers ? m->n_tiers : m->int8 && int8_used ? 1 : 0;
+        for (size_t i = 0; i < n; i++) {
+                const char *name = m->n_tiers ? m->tiers[i] : "q8";
+                const struct tier_row *row = tier_by_name(name);
+                if (!row || !row->quantized) {
+                        snprintf(why, why_len, "tier %s unknown (q8, q4, q3, q2)", name);
+                        return -EINVAL;
+                }
+                if (block_dtype_bits(row->dtype) >= block_dtype_bits(s->tiers[s->n_tiers - 1].dtype)) {
+                        snprintf(why, why_len, "tier %s does not have fewer bits than %s", name,
+                                 session_tier_name(s, s->n_tiers - 1));
+                        return -EINVAL;
+                }
+                if (block_layout_init(&s->tiers[s->n_tiers], s->layout.block_tokens, s->n_kv_heads, s->head_dim,
+                                      row->dtype) < 0) {
+                        snprintf(why, why_len, "tier %s needs a head_dim that is a power of 2 >= 8 (%u)", name,
+                                 s->head_dim);
+                        return -EINVAL;
+                }
+                s->n_tiers++;
+        }
+        return 0;
 }
 
 /* A session of client c from its parameters: geometry, layout, policy, tables. No id, no memory
@@ -282,33 +377,62 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
                 .session_id = d->next_session_id + 1,
         };
         struct policy_param params[WIRE_MAX_PARAMS];
+        size_t n_params = 0;
         for (size_t i = 0; i < m->n_params; i++) {
                 const Kvc__Param *p = m->params[i];
-                params[i] = (struct policy_param){
+                if (strcmp(p->key, "tier_window") == 0) { /* the session's, not the policy's */
+                        if (p->value_case != KVC__PARAM__VALUE_NUMBER || !(p->number >= 1) ||
+                            p->number > WIRE_MAX_TOKENS || p->number != (uint32_t)p->number) {
+                                snprintf(why, why_len, "tier_window must be a whole number of tokens >= 1");
+                                session_free(s);
+                                return -EINVAL;
+                        }
+                        s->tier_window = (uint32_t)p->number;
+                        continue;
+                }
+                params[n_params++] = (struct policy_param){
                         .key = p->key,
                         .is_text = p->value_case == KVC__PARAM__VALUE_TEXT,
                         .number = p->value_case == KVC__PARAM__VALUE_NUMBER ? p->number : 0,
                         .text = p->value_case == KVC__PARAM__VALUE_TEXT ? p->text : NULL,
                 };
         }
-        r = policy_new(m->policy, &setup, params, m->n_params, &s->policy, why, why_len);
+        r = policy_new(m->policy, &setup, params, n_params, &s->policy, why, why_len);
         if (r < 0) {
                 session_free(s);
                 return r == -ENOENT ? -EINVAL : r;
         }
         struct policy_limits lim;
         s->policy->ops->limits(s->policy->state, &lim);
-        if (lim.int8 && !m->int8) {
-                snprintf(why, why_len, "policy %s keeps INT8 tokens, and this client does not store INT8",
-                         s->policy_name);
-                session_free(s);
-                return -EINVAL;
-        }
         uint32_t T = s->layout.block_tokens;
         /* a shared prefix: the prompt's whole blocks but the last token's, for the same model */
         if (m->share_prefix && m->n_prompt_token_ids > T && T == PREFIX_BLOCK_TOKENS)
                 s->model_key = prefix_model_key(m->model_id, g->n_layers, g->n_kv_heads, g->head_dim,
                                                 (int)g->dtype, T);
+        /* shared slots are full precision and stay where they are: the int8 flag (a client that can
+         * store INT8) gives no tier then, named tiers are refused */
+        if ((r = session_tiers(s, m, lim.lower && !s->model_key, why, why_len)) < 0) {
+                session_free(s);
+                return r;
+        }
+        if (s->model_key && m->n_tiers) {
+                snprintf(why, why_len, "a session that shares its prefix keeps every token at its dtype (no tiers)");
+                session_free(s);
+                return -EINVAL;
+        }
+        if (lim.lower && s->n_tiers < 2 && !s->model_key) {
+                snprintf(why, why_len,
+                         "policy %s keeps tokens at a lower precision, and this client stores no tier below "
+                         "its dtype (OpenSession.tiers or int8)",
+                         s->policy_name);
+                session_free(s);
+                return -EINVAL;
+        }
+        if (s->tier_window && s->n_tiers < 2) {
+                snprintf(why, why_len, "tier_window needs a tier below the dtype (OpenSession.tiers)");
+                session_free(s);
+                return -EINVAL;
+        }
         if (s->model_key && m->handoff) {
                 snprintf(why, why_len, "a session cannot both share its prefix and be handed off");
                 session_free(s);
@@ -317,16 +441,11 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
         if (s->model_key)
                 s->share_blocks = (uint32_t)((m->n_prompt_token_ids - 1) / T);
         uint32_t shared_max = s->share_blocks * T;
-        /* shared slots are full precision and stay where they are: no INT8, no summary slot */
-        s->int8 = lim.int8 && !s->model_key;
-        if (s->int8)
-                block_layout_init(&s->q8_layout, s->layout.block_tokens, g->n_kv_heads, g->head_dim,
-                                  BLOCK_DTYPE_Q8);
         s->budget_tokens = lim.budget;
         s->max_keep = lim.max_keep;
         s->keep_cap = lim.max_keep ? lim.max_keep + shared_max : 0;
         s->per_head = lim.per_head;
-        s->summarize = lim.summarize && !lim.per_head && !lim.int8 && !s->model_key;
+        s->summarize = lim.summarize && !lim.per_head && s->n_tiers == 1 && !s->model_key;
         s->prompt_tokens = m->prompt_tokens;
         uint64_t max_layer = (uint64_t)lim.max_layer_tokens + shared_max; /* masked shared slots stay */
         s->max_layer_tokens = max_layer < g->max_tokens ? (uint32_t)max_layer : g->max_tokens;
@@ -370,7 +489,7 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
                 return -ENOMEM;
         }
         for (uint32_t l = 0; s->share_blocks && l < s->n_layers; l++) { /* prefix_attach() fills them */
-                if ((r = session_table_reserve(d, s, &s->layers[l].fp, s->share_blocks)) < 0) {
+                if ((r = session_table_reserve(d, s, &s->layers[l].t[0], s->share_blocks)) < 0) {
                         snprintf(why, why_len, "%s", d->refusal);
                         session_free(s);
                         return r;
@@ -440,7 +559,7 @@ static int alloc_plan_buffer(struct kvcd *d, struct session *s, char *why, size_
         uint64_t units = plan_buffer_units(s);
         if (!units || s->plan_units)
                 return 0;
-        int r = alloc_units(d, s, false, (uint32_t)units, &s->plan_offset);
+        int r = alloc_units(d, s, 0, (uint32_t)units, &s->plan_offset);
         if (r < 0 && worth_waiting(d, r))
                 return -EINPROGRESS;
         if (r < 0)
@@ -551,13 +670,14 @@ void session_close(struct kvcd *d, struct session *s) {
         restart_forget_session(d, s);
         relocate_undo(d, s); /* moves in flight: their destinations */
         for (uint32_t l = 0; l < s->n_layers; l++) {
-                for (uint32_t b = s->n_shared_blocks; b < s->layers[l].fp.n; b++) /* shared ones: below */
-                        free_units(d, s, false, s->layers[l].fp.blocks[b], 1);
-                for (uint32_t b = 0; b < s->layers[l].q8.n; b++)
-                        free_units(d, s, true, s->layers[l].q8.blocks[b], 1);
+                for (uint32_t b = s->n_shared_blocks; b < s->layers[l].t[0].n; b++) /* shared ones: below */
+                        free_units(d, s, 0, s->layers[l].t[0].blocks[b], 1);
+                for (uint32_t t = 1; t < s->n_tiers; t++)
+                        for (uint32_t b = 0; b < s->layers[l].t[t].n; b++)
+                                free_units(d, s, t, s->layers[l].t[t].blocks[b], 1);
         }
         if (s->plan_units)
-                free_units(d, s, false, s->plan_offset, s->plan_units);
+                free_units(d, s, 0, s->plan_offset, s->plan_units);
         if (s->domain) /* its own chunks go back, scrubbed */
                 pool_release_owner(d->pool, s->domain);
         prefix_release(d, s); /* its references to shared blocks, and its prefix domain if empty */
@@ -603,11 +723,52 @@ int session_lookup(struct kvcd *d, struct client *c, uint64_t id, struct session
         return 0;
 }
 
+int session_resume_layer(struct wire_arena *a, const struct session *s, uint32_t l, Kvc__ResumeLayer *out) {
+        const struct session_layer *L = &s->layers[l];
+        kvc__resume_layer__init(out);
+        out->n_tokens = L->n_tokens;
+        out->n_fp_blocks = L->t[0].n;
+        out->fp_blocks = L->t[0].blocks;
+        if (s->n_tiers == 1)
+                return 0;
+        if (s->n_tiers == 2 && s->tiers[1].dtype == BLOCK_DTYPE_Q8) { /* as clients before the ladder read it */
+                out->n_q8 = L->low[1];
+                out->n_q8_blocks = L->t[1].n;
+                out->q8_blocks = L->t[1].blocks;
+        }
+        uint32_t k = s->n_tiers - 1;
+        uint32_t *tokens = wire_arena_alloc(a, k * sizeof(*tokens));
+        Kvc__LayerBlocks *lbs = wire_arena_alloc(a, k * sizeof(*lbs));
+        Kvc__LayerBlocks **lbp = wire_arena_alloc(a, k * sizeof(*lbp));
+        if (!tokens || !lbs || !lbp)
+                return -ENOMEM;
+        for (uint32_t t = 1; t < s->n_tiers; t++) {
+                tokens[t - 1] = L->low[t];
+                kvc__layer_blocks__init(&lbs[t - 1]);
+                lbs[t - 1].layer = l;
+                lbs[t - 1].tier = t;
+                lbs[t - 1].n_blocks = L->t[t].n;
+                lbs[t - 1].blocks = L->t[t].blocks;
+                lbp[t - 1] = &lbs[t - 1];
+        }
+        out->tier_tokens = tokens;
+        out->n_tier_tokens = k;
+        out->tier_blocks = lbp;
+        out->n_tier_blocks = k;
+        return 0;
+}
+
+void session_shrink_table(struct kvcd *d, struct session *s, uint32_t l, uint32_t tier, uint32_t n_blocks) {
+        struct block_table *t = &s->layers[l].t[tier];
+        for (uint32_t b = 0; b < n_blocks && t->n; b++)
+                free_units(d, s, tier, t->blocks[--t->n], 1);
+}
+
 /* Grows one table of layer l to n_blocks blocks, recording the new ones in out (arena memory). */
-int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, uint32_t n_blocks,
+int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, uint32_t tier, uint32_t n_blocks,
                        Kvc__LayerBlocks *out) {
         struct session_layer *L = &s->layers[l];
-        struct block_table *t = q8 ? &L->q8 : &L->fp;
+        struct block_table *t = &L->t[tier];
         size_t first = out->n_blocks;
         int r = session_table_reserve(d, s, t, n_blocks);
         if (r < 0)
@@ -615,25 +776,28 @@ int session_grow_table(struct kvcd *d, struct session *s, uint32_t l, bool q8, u
         while (t->n < n_blocks) {
                 uint64_t off;
                 /* the prompt blocks it may share come from its prefix domain, until it published */
-                bool prefix = !q8 && s->prefix_domain && t->n < s->share_blocks && !s->publish_tried;
-                r = alloc_units_in(d, s, prefix ? s->prefix_domain : session_pool_owner(s), q8, 1, &off);
+                bool prefix = tier == 0 && s->prefix_domain && t->n < s->share_blocks && !s->publish_tried;
+                r = alloc_units_in(d, s, prefix ? s->prefix_domain : session_pool_owner(s), tier, 1, &off);
                 if (r < 0) { /* all or nothing: the blocks this call took go back */
                         for (; out->n_blocks > first; out->n_blocks--)
-                                free_units(d, s, q8, t->blocks[--t->n], 1);
+                                free_units(d, s, tier, t->blocks[--t->n], 1);
                         return r;
                 }
                 t->blocks[t->n++] = off;
                 out->blocks[out->n_blocks++] = off;
                 d->n.grants++;
         }
-        if (L->fp.n + L->q8.n > s->stats.peak_layer_blocks)
-                s->stats.peak_layer_blocks = L->fp.n + L->q8.n;
+        uint32_t held = 0;
+        for (uint32_t u = 0; u < s->n_tiers; u++)
+                held += L->t[u].n;
+        if (held > s->stats.peak_layer_blocks)
+                s->stats.peak_layer_blocks = held;
         return 0;
 }
 
 static Kvc__Grant *grant_new(struct kvcd *d, struct session *s) {
         Kvc__Grant *g = wire_arena_alloc(d->out, sizeof(*g));
-        Kvc__LayerBlocks **layers = wire_arena_alloc(d->out, 2 * s->n_layers * sizeof(*layers));
+        Kvc__LayerBlocks **layers = wire_arena_alloc(d->out, LADDER_TIERS * s->n_layers * sizeof(*layers));
         if (!g || !layers)
                 return NULL;
         kvc__grant__init(g);
@@ -642,7 +806,7 @@ static Kvc__Grant *grant_new(struct kvcd *d, struct session *s) {
         return g;
 }
 
-Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, bool q8,
+Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, uint32_t t,
                                       uint32_t max_blocks) {
         Kvc__LayerBlocks *lb = wire_arena_alloc(d->out, sizeof(*lb));
         uint64_t *blocks = wire_arena_alloc(d->out, max_blocks * sizeof(uint64_t));
@@ -650,14 +814,15 @@ Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l,
                 return NULL;
         kvc__layer_blocks__init(lb);
         lb->layer = l;
-        lb->q8 = q8;
+        lb->tier = t;
+        lb->q8 = t == 1; /* what clients before the ladder read (their sessions' only tier is q8) */
         lb->blocks = blocks;
         g->layers[g->n_layers++] = lb;
         return lb;
 }
 
-/* Bytes the session holds when every layer has want(l) tokens: its plan buffer, its INT8 blocks
- * as they are, and the full-precision blocks for the rest. */
+/* Bytes the session holds when every layer has want(l) tokens: its plan buffer, its lower tiers'
+ * blocks as they are, and tier 0's blocks for the rest. */
 static uint64_t bytes_for(const struct session *s, const struct policy_target *targets, uint32_t n_tokens) {
         uint32_t T = s->layout.block_tokens;
         uint64_t bytes = (uint64_t)s->plan_units * s->layout.block_bytes;
@@ -668,9 +833,10 @@ static uint64_t bytes_for(const struct session *s, const struct policy_target *t
                         want = targets[l].keep < L->n_tokens ? targets[l].keep : L->n_tokens + 1;
                 if (want > s->max_layer_tokens)
                         want = s->max_layer_tokens;
-                uint32_t fp = want > L->n_q8 ? want - L->n_q8 : 0;
-                bytes += (uint64_t)L->q8.n * s->q8_layout.block_bytes +
-                         (uint64_t)((fp + T - 1) / T) * s->layout.block_bytes;
+                uint32_t low = session_low_tokens(s, L, false), fp = want > low ? want - low : 0;
+                for (uint32_t t = 1; t < s->n_tiers; t++)
+                        bytes += (uint64_t)L->t[t].n * s->tiers[t].block_bytes;
+                bytes += (uint64_t)((fp + T - 1) / T) * s->layout.block_bytes;
         }
         return bytes;
 }
@@ -685,13 +851,14 @@ static void apply_cap(struct kvcd *d, struct session *s, struct policy_target *t
         uint64_t fixed = (uint64_t)s->plan_units * s->layout.block_bytes,
                  row = (uint64_t)s->n_layers * s->layout.block_bytes;
         for (uint32_t l = 0; l < s->n_layers; l++)
-                fixed += (uint64_t)s->layers[l].q8.n * s->q8_layout.block_bytes;
+                for (uint32_t t = 1; t < s->n_tiers; t++)
+                        fixed += (uint64_t)s->layers[l].t[t].n * s->tiers[t].block_bytes;
         uint64_t rows = s->cap_bytes > fixed ? (s->cap_bytes - fixed) / row : 0;
         if (rows < 1)
                 rows = 1;
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 const struct session_layer *L = &s->layers[l];
-                uint64_t limit = L->n_q8 + rows * T;
+                uint64_t limit = session_low_tokens(s, L, false) + rows * T;
                 uint32_t want = targets[l].keep < L->n_tokens ? targets[l].keep : L->n_tokens + 1;
                 if (want <= limit)
                         continue;
@@ -701,8 +868,8 @@ static void apply_cap(struct kvcd *d, struct session *s, struct policy_target *t
                 if (keep >= L->n_tokens)
                         continue;
                 targets[l].keep = keep;
-                if (targets[l].q8 > keep)
-                        targets[l].q8 = keep;
+                if (targets[l].low > keep)
+                        targets[l].low = keep;
                 d->scratch.forced[l] = true;
         }
 }
@@ -722,16 +889,17 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
                 return -ENOMEM;
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 struct session_layer *L = &s->layers[l];
-                uint32_t want = n_tokens > L->n_q8 ? (n_tokens - L->n_q8 + T - 1) / T : 0;
-                if (L->fp.n >= want)
+                uint32_t low = session_low_tokens(s, L, false);
+                uint32_t want = n_tokens > low ? (n_tokens - low + T - 1) / T : 0;
+                if (L->t[0].n >= want)
                         continue;
-                Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, false, want - L->fp.n);
-                int r = lb ? session_grow_table(d, s, l, false, want, lb) : -ENOMEM;
+                Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, 0, want - L->t[0].n);
+                int r = lb ? session_grow_table(d, s, l, 0, want, lb) : -ENOMEM;
                 if (r < 0) { /* all or nothing: undo this request's blocks (the failed layer took none) */
                         for (size_t i = 0; i < g->n_layers; i++) {
-                                struct block_table *t = &s->layers[g->layers[i]->layer].fp;
+                                struct block_table *t = &s->layers[g->layers[i]->layer].t[0];
                                 for (size_t b = 0; b < g->layers[i]->n_blocks; b++)
-                                        free_units(d, s, false, t->blocks[--t->n], 1);
+                                        free_units(d, s, 0, t->blocks[--t->n], 1);
                         }
                         if (worth_waiting(d, r))
                                 return -EINPROGRESS;
@@ -758,9 +926,10 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
         }
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 const struct session_layer *L = &s->layers[l];
-                if (st->layer_tokens[l] > L->n_q8 + L->fp.n * T || st->layer_tokens[l] < L->n_q8) {
-                        snprintf(why, why_len, "layer %u: %u tokens, but %u INT8 and %u other slots granted",
-                                 l, st->layer_tokens[l], L->n_q8, L->fp.n * T);
+                uint32_t low = session_low_tokens(s, L, false);
+                if (st->layer_tokens[l] > low + L->t[0].n * T || st->layer_tokens[l] < low) {
+                        snprintf(why, why_len, "layer %u: %u tokens, but %u in lower tiers and %u other slots granted",
+                                 l, st->layer_tokens[l], low, L->t[0].n * T);
                         return -EPROTO;
                 }
                 if (st->layer_tokens[l] < session_shared_tokens(s)) {
@@ -829,11 +998,11 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 struct session_layer *L = &s->layers[l];
                 bool planned = targets[l].keep < L->n_tokens;
-                uint32_t fp_tokens = L->n_tokens - L->n_q8;
-                if (planned || L->n_tokens + 1 > s->max_layer_tokens || fp_tokens + 1 <= L->fp.n * T)
+                uint32_t fp_tokens = L->n_tokens - session_low_tokens(s, L, false);
+                if (planned || L->n_tokens + 1 > s->max_layer_tokens || fp_tokens + 1 <= L->t[0].n * T)
                         continue;
-                Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, false, 1);
-                if (!lb || session_grow_table(d, s, l, false, L->fp.n + 1, lb) < 0) {
+                Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, 0, 1);
+                if (!lb || session_grow_table(d, s, l, 0, L->t[0].n + 1, lb) < 0) {
                         if (lb)
                                 g->n_layers--; /* no room now: the client will ask, and hear why */
                         break;
@@ -844,10 +1013,19 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
         return 0;
 }
 
-/* Whether the client's account of an applied plan fits the plan: release[q][l] is how many blocks
+/* Tier k of layer l after an applied plan, as the client says (k >= 1): its tier counts, or
+ * (clients before the ladder) its INT8 count. */
+static uint32_t applied_low(const struct session *s, const Kvc__PlanApplied *m, uint32_t l, uint32_t k) {
+        size_t per = s->n_tiers - 1;
+        if (m->n_layer_tier_tokens == (size_t)s->n_layers * per)
+                return m->layer_tier_tokens[(size_t)l * per + k - 1];
+        return k == 1 && m->n_layer_q8_tokens ? m->layer_q8_tokens[l] : 0;
+}
+
+/* Whether the client's account of an applied plan fits the plan: release[t][l] is how many blocks
  * of each table it gave back (its tail). */
 static int check_applied(const struct session *s, const Kvc__PlanApplied *m,
-                         uint32_t release[2][WIRE_MAX_LAYERS], char *why, size_t why_len) {
+                         uint32_t release[LADDER_TIERS][WIRE_MAX_LAYERS], char *why, size_t why_len) {
         uint32_t T = s->layout.block_tokens;
         if (m->n_layer_tokens != s->n_layers) {
                 snprintf(why, why_len, "%zu layer lengths for a %u-layer session", m->n_layer_tokens,
@@ -856,10 +1034,10 @@ static int check_applied(const struct session *s, const Kvc__PlanApplied *m,
         }
         for (size_t i = 0; i < m->n_released; i++) {
                 const Kvc__LayerBlocks *lb = m->released[i];
-                const struct block_table *t = lb->layer < s->n_layers ? (lb->q8 ? &s->layers[lb->layer].q8
-                                                                                : &s->layers[lb->layer].fp)
-                                                                      : NULL;
-                if (!t || release[lb->q8][lb->layer] || lb->n_blocks > t->n) {
+                uint32_t k = lb->tier ? lb->tier : lb->q8 ? 1u : 0u;
+                const struct block_table *t =
+                        lb->layer < s->n_layers && k < s->n_tiers ? &s->layers[lb->layer].t[k] : NULL;
+                if (!t || release[k][lb->layer] || lb->n_blocks > t->n) {
                         snprintf(why, why_len, "release entry %zu (layer %u) is invalid", i, lb->layer);
                         return -EPROTO;
                 }
@@ -871,18 +1049,22 @@ static int check_applied(const struct session *s, const Kvc__PlanApplied *m,
                                 return -EPROTO;
                         }
                 }
-                release[lb->q8][lb->layer] = (uint32_t)lb->n_blocks;
+                release[k][lb->layer] = (uint32_t)lb->n_blocks;
         }
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 const struct session_layer *L = &s->layers[l];
-                uint32_t q8 = m->n_layer_q8_tokens ? m->layer_q8_tokens[l] : 0, n = m->layer_tokens[l];
-                if (q8 != L->planned_q8 || n < q8 || n - q8 > (L->fp.n - release[0][l]) * T ||
-                    q8 > (L->q8.n - release[1][l]) * T || n < session_shared_tokens(s) ||
-                    L->fp.n - release[0][l] < s->n_shared_blocks) {
+                uint32_t n = m->layer_tokens[l], low = 0;
+                bool ok = n >= session_shared_tokens(s) && L->t[0].n - release[0][l] >= s->n_shared_blocks;
+                for (uint32_t k = 1; k < s->n_tiers && ok; k++) {
+                        uint32_t c = applied_low(s, m, l, k);
+                        ok = c == L->planned[k] && c <= (L->t[k].n - release[k][l]) * T;
+                        low += c;
+                }
+                if (!ok || n < low || n - low > (L->t[0].n - release[0][l]) * T) {
                         snprintf(why, why_len,
-                                 "layer %u: %u tokens (%u INT8) do not fit the blocks kept, or the "
-                                 "plan left %u INT8",
-                                 l, n, q8, L->planned_q8);
+                                 "layer %u: %u tokens (%u in lower tiers) do not fit the blocks kept, or "
+                                 "not in the tiers the plan left",
+                                 l, n, low);
                         return -EPROTO;
                 }
         }
@@ -898,8 +1080,10 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 return old ? -EALREADY : -ENOENT;
         }
         if (m->status != 0) {
-                for (uint32_t l = 0; l < s->n_layers; l++) /* nothing moved */
-                        s->layers[l].planned_q8 = s->layers[l].n_q8;
+                for (uint32_t l = 0; l < s->n_layers; l++) { /* nothing moved */
+                        memcpy(s->layers[l].planned, s->layers[l].low, sizeof(s->layers[l].low));
+                        memset(s->layers[l].wanted, 0, sizeof(s->layers[l].wanted));
+                }
                 if (s->mask) /* nor was anything masked */
                         memcpy(s->mask_next, s->mask, (size_t)s->n_layers * s->mask_stride);
                 relocate_refused(d, s, m->status); /* nor any block moved */
@@ -909,7 +1093,7 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 return 0;
         }
         /* check everything before changing anything (the tables as the plan's moves leave them) */
-        uint32_t release[2][WIRE_MAX_LAYERS] = { { 0 } };
+        uint32_t release[LADDER_TIERS][WIRE_MAX_LAYERS] = { { 0 } };
         relocate_swap(s, true);
         int r = check_applied(s, m, release, why, why_len);
         if (r < 0) {
@@ -919,12 +1103,11 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
         relocate_commit(d, s);
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 struct session_layer *L = &s->layers[l];
-                for (uint32_t b = 0; b < release[0][l]; b++)
-                        free_units(d, s, false, L->fp.blocks[--L->fp.n], 1);
-                for (uint32_t b = 0; b < release[1][l]; b++)
-                        free_units(d, s, true, L->q8.blocks[--L->q8.n], 1);
+                for (uint32_t t = 0; t < s->n_tiers; t++)
+                        for (uint32_t b = 0; b < release[t][l]; b++)
+                                free_units(d, s, t, L->t[t].blocks[--L->t[t].n], 1);
                 L->n_tokens = m->layer_tokens[l];
-                L->n_q8 = L->planned_q8;
+                memcpy(L->low, L->planned, sizeof(L->low));
         }
         s->pending_plan_id = 0;
         if (s->mask)

@@ -147,6 +147,8 @@ static int check_layer_blocks(Kvc__LayerBlocks *const *v, size_t n, size_t *ref_
         for (size_t i = 0; i < n; i++) {
                 if (v[i]->layer >= WIRE_MAX_LAYERS)
                         return BAD("%s layer %u out of range", what, v[i]->layer);
+                if (v[i]->tier > WIRE_MAX_TIERS)
+                        return BAD("%s tier %u out of range", what, v[i]->tier);
                 *ref_count += v[i]->n_blocks;
                 if (*ref_count > WIRE_MAX_BLOCK_REFS)
                         return BAD("%s lists more than %u blocks", what, WIRE_MAX_BLOCK_REFS);
@@ -241,6 +243,11 @@ static int v_open_session(const Kvc__Envelope *env, char *why, size_t why_len) {
         }
         if ((r = check_name(m->model_id, WIRE_MAX_NAME, 1, "model id", why, why_len)) < 0)
                 return r;
+        if (m->n_tiers > WIRE_MAX_TIERS)
+                return BAD("%zu tiers (max %u)", m->n_tiers, WIRE_MAX_TIERS);
+        for (size_t i = 0; i < m->n_tiers; i++)
+                if ((r = check_name(m->tiers[i], WIRE_MAX_NAME, 0, "tier", why, why_len)) < 0)
+                        return r;
         return check_name(m->tenant, WIRE_MAX_NAME, 1, "tenant", why, why_len);
 }
 
@@ -256,6 +263,16 @@ static int v_session_opened(const Kvc__Envelope *env, char *why, size_t why_len)
                 return BAD("block_tokens %u out of range", m->block_tokens);
         if (m->q8_block_bytes > (1ull << 32))
                 return BAD("q8_block_bytes %llu invalid", (unsigned long long)m->q8_block_bytes);
+        if (m->n_tiers > WIRE_MAX_TIERS || m->n_tier_block_bytes != m->n_tiers)
+                return BAD("%zu tiers with %zu block sizes", m->n_tiers, m->n_tier_block_bytes);
+        for (size_t i = 0; i < m->n_tiers; i++) {
+                int r = check_name(m->tiers[i], WIRE_MAX_NAME, 0, "tier", why, why_len);
+                if (r < 0)
+                        return r;
+                if (m->tier_block_bytes[i] == 0 || m->tier_block_bytes[i] > (1ull << 32))
+                        return BAD("tier %zu: block_bytes %llu invalid", i,
+                                   (unsigned long long)m->tier_block_bytes[i]);
+        }
         if (m->plan_bytes > (1ull << 32) || m->plan_bytes % 4)
                 return BAD("plan buffer size %llu invalid", (unsigned long long)m->plan_bytes);
         if (!(m->ema_gamma >= 0.0f && m->ema_gamma <= 1.0f))
@@ -338,14 +355,14 @@ static int v_plan_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
                 const Kvc__Plan *p = m->plans[i];
                 if (p->session_id == 0 || p->plan_id == 0)
                         return BAD("plan %zu: zero id", i);
-                if ((p->n_layers == 0 && p->n_moves == 0) || p->n_layers > WIRE_MAX_LAYERS)
+                if (p->n_layers > WIRE_MAX_LAYERS) /* an empty plan ends a demotion's links */
                         return BAD("plan %zu: %zu layers", i, p->n_layers);
                 if (p->n_moves > WIRE_MAX_MOVES)
                         return BAD("plan %zu: %zu block moves", i, p->n_moves);
                 for (size_t k = 0; k < p->n_moves; k++) {
                         const Kvc__BlockMove *mv = p->moves[k];
                         if (mv->layer >= WIRE_MAX_LAYERS || mv->index >= WIRE_MAX_TOKENS || mv->from % 64 ||
-                            mv->to % 64 || mv->from == mv->to)
+                            mv->to % 64 || mv->from == mv->to || mv->tier > WIRE_MAX_TIERS)
                                 return BAD("plan %zu: block move %zu invalid", i, k);
                 }
                 for (size_t l = 0; l < p->n_layers; l++) {
@@ -354,8 +371,15 @@ static int v_plan_batch(const Kvc__Envelope *env, char *why, size_t why_len) {
                             lp->keep_count > lp->base_tokens || lp->q8_tokens > WIRE_MAX_TOKENS ||
                             lp->summary_slot > lp->base_tokens || lp->shared_tokens > lp->keep_count ||
                             lp->shared_tokens % 16 ||
-                            (lp->shared_tokens && (lp->q8_tokens || lp->summary_slot)))
+                            (lp->shared_tokens && (lp->q8_tokens || lp->summary_slot || lp->n_tier_tokens)) ||
+                            lp->n_tier_tokens > WIRE_MAX_TIERS)
                                 return BAD("plan %zu: layer entry %zu out of range", i, l);
+                        uint64_t low = 0;
+                        for (size_t k = 0; k < lp->n_tier_tokens; k++)
+                                low += lp->tier_tokens[k];
+                        if (low > WIRE_MAX_TOKENS)
+                                return BAD("plan %zu: layer entry %zu has %llu tokens in its tiers", i, l,
+                                           (unsigned long long)low);
                 }
         }
         for (size_t i = 0; i < m->n_grants; i++)
@@ -389,6 +413,17 @@ static int v_plan_applied(const Kvc__Envelope *env, char *why, size_t why_len) {
         for (size_t i = 0; i < m->n_layer_q8_tokens; i++)
                 if (m->layer_q8_tokens[i] > m->layer_tokens[i])
                         return BAD("plan applied: layer %zu has more INT8 tokens than tokens", i);
+        size_t per = m->n_layer_tokens ? m->n_layer_tier_tokens / m->n_layer_tokens : 0;
+        if (m->n_layer_tier_tokens && (per * m->n_layer_tokens != m->n_layer_tier_tokens || per > WIRE_MAX_TIERS))
+                return BAD("plan applied: %zu tier counts for %zu layers", m->n_layer_tier_tokens,
+                           m->n_layer_tokens);
+        for (size_t i = 0; i < m->n_layer_tokens && per; i++) {
+                uint64_t low = 0;
+                for (size_t k = 0; k < per; k++)
+                        low += m->layer_tier_tokens[i * per + k];
+                if (low > m->layer_tokens[i])
+                        return BAD("plan applied: layer %zu has more tokens in its tiers than tokens", i);
+        }
         return check_layer_blocks(m->released, m->n_released, &refs, "release", why, why_len);
 }
 
@@ -422,6 +457,8 @@ static int v_status(const Kvc__Envelope *env, char *why, size_t why_len) {
                 r = check_text(m->backend, WIRE_MAX_NAME, "backend", why, why_len);
         for (size_t i = 0; r == 0 && i < m->n_tenants; i++)
                 r = check_text(m->tenants[i]->name, WIRE_MAX_NAME, "tenant", why, why_len);
+        for (size_t i = 0; r == 0 && i < m->n_tier_bytes; i++)
+                r = check_text(m->tier_bytes[i]->tier, WIRE_MAX_NAME, "tier", why, why_len);
         return r;
 }
 
@@ -433,6 +470,9 @@ static int v_session_list(const Kvc__Envelope *env, char *why, size_t why_len) {
                 if ((r = check_text(s->tenant, WIRE_MAX_NAME, "tenant", why, why_len)) < 0 ||
                     (r = check_text(s->policy, WIRE_MAX_NAME, "policy", why, why_len)) < 0)
                         return r;
+                for (size_t k = 0; k < s->n_tier_bytes; k++)
+                        if ((r = check_text(s->tier_bytes[k]->tier, WIRE_MAX_NAME, "tier", why, why_len)) < 0)
+                                return r;
         }
         return 0;
 }
@@ -475,6 +515,27 @@ static int v_budgets(const Kvc__Envelope *env, char *why, size_t why_len) {
         return 0;
 }
 
+/* A client's account of one layer (Resume, HandoffImported): lengths within range, blocks counted
+ * into *refs. */
+static int check_resume_layer(const Kvc__ResumeLayer *L, size_t l, size_t *refs, const char *what, char *why,
+                              size_t why_len) {
+        uint64_t low = L->n_q8;
+        for (size_t k = 0; k < L->n_tier_tokens && k < WIRE_MAX_TIERS; k++)
+                low += L->tier_tokens[k];
+        if (L->n_tokens > WIRE_MAX_TOKENS || low > L->n_tokens || L->n_tier_tokens > WIRE_MAX_TIERS ||
+            L->n_tier_blocks > WIRE_MAX_TIERS)
+                return BAD("%s: layer %zu lengths out of range", what, l);
+        *refs += L->n_fp_blocks + L->n_q8_blocks;
+        for (size_t k = 0; k < L->n_tier_blocks; k++) {
+                if (L->tier_blocks[k]->tier == 0 || L->tier_blocks[k]->tier > WIRE_MAX_TIERS)
+                        return BAD("%s: layer %zu names tier %u", what, l, L->tier_blocks[k]->tier);
+                *refs += L->tier_blocks[k]->n_blocks;
+        }
+        if (*refs > WIRE_MAX_BLOCK_REFS)
+                return BAD("%s: more than %u blocks", what, WIRE_MAX_BLOCK_REFS);
+        return 0;
+}
+
 static int v_resume(const Kvc__Envelope *env, char *why, size_t why_len) {
         const Kvc__Resume *m = env->resume;
         size_t refs = 0;
@@ -483,12 +544,9 @@ static int v_resume(const Kvc__Envelope *env, char *why, size_t why_len) {
         if (m->n_layers == 0 || m->n_layers > WIRE_MAX_LAYERS)
                 return BAD("resume: %zu layers", m->n_layers);
         for (size_t l = 0; l < m->n_layers; l++) {
-                const Kvc__ResumeLayer *L = m->layers[l];
-                if (L->n_tokens > WIRE_MAX_TOKENS || L->n_q8 > L->n_tokens)
-                        return BAD("resume: layer %zu lengths out of range", l);
-                refs += L->n_fp_blocks + L->n_q8_blocks;
-                if (refs > WIRE_MAX_BLOCK_REFS)
-                        return BAD("resume: more than %u blocks", WIRE_MAX_BLOCK_REFS);
+                int r = check_resume_layer(m->layers[l], l, &refs, "resume", why, why_len);
+                if (r < 0)
+                        return r;
         }
         return 0;
 }
@@ -531,15 +589,33 @@ static int v_handoff_imported(const Kvc__Envelope *env, char *why, size_t why_le
         if (m->n_layers != m->geometry->n_layers)
                 return BAD("hand-off: %zu layer tables for %u layers", m->n_layers, m->geometry->n_layers);
         size_t refs = 0;
-        for (size_t l = 0; l < m->n_layers; l++) {
-                const Kvc__ResumeLayer *L = m->layers[l];
-                if (L->n_tokens > WIRE_MAX_TOKENS || L->n_q8 > L->n_tokens)
-                        return BAD("hand-off: layer %zu lengths out of range", l);
-                refs += L->n_fp_blocks + L->n_q8_blocks;
-                if (refs > WIRE_MAX_BLOCK_REFS)
-                        return BAD("hand-off: more than %u blocks", WIRE_MAX_BLOCK_REFS);
+        for (size_t l = 0; l < m->n_layers && r == 0; l++)
+                r = check_resume_layer(m->layers[l], l, &refs, "hand-off", why, why_len);
+        return r;
+}
+
+/* The client's account of tier t >= 1 of a layer: its tokens and blocks (the tier fields, or the
+ * INT8 ones of a client before the ladder). */
+void wire_resume_tier(const Kvc__ResumeLayer *L, uint32_t t, uint32_t *ret_tokens, const uint64_t **ret_blocks,
+                        size_t *ret_n) {
+        *ret_tokens = 0;
+        *ret_blocks = NULL;
+        *ret_n = 0;
+        if (!L->n_tier_tokens && !L->n_tier_blocks) {
+                if (t == 1) {
+                        *ret_tokens = L->n_q8;
+                        *ret_blocks = L->q8_blocks;
+                        *ret_n = L->n_q8_blocks;
+                }
+                return;
         }
-        return 0;
+        if (t - 1 < L->n_tier_tokens)
+                *ret_tokens = L->tier_tokens[t - 1];
+        for (size_t i = 0; i < L->n_tier_blocks; i++)
+                if (L->tier_blocks[i]->tier == t) {
+                        *ret_blocks = L->tier_blocks[i]->blocks;
+                        *ret_n = L->tier_blocks[i]->n_blocks;
+                }
 }
 
 /* The OpenSession kvcd keeps in its restart record. */

@@ -37,6 +37,7 @@
 #define WIRE_MAX_TOPK         64u
 #define WIRE_MAX_BLOCK_REFS   65536u /* block offsets in one message */
 #define WIRE_MAX_MOVES        256u   /* block moves in one plan (relocation) */
+#define WIRE_MAX_TIERS        4u     /* tiers below a session's dtype (kernels/ladder.h) */
 #define WIRE_MAX_ERRNO        4095
 
 /* A bump allocator with a hard cap. Unpacking allocates from it; wire_arena_reset() frees all. */
@@ -70,6 +71,11 @@ int wire_validate(const Kvc__Envelope *env, char *why, size_t why_len);
 /* Encoding: the size of the packed envelope, and packing into a buffer of at least that size. */
 size_t wire_packed_size(const Kvc__Envelope *env);
 size_t wire_pack(const Kvc__Envelope *env, uint8_t *out);
+/* A ResumeLayer's account of tier t >= 1 (Resume, HandoffImported): its tokens and blocks, from the
+ * tier fields, or from the INT8 ones (n_q8, q8_blocks) of a peer before the ladder; 0 and none when
+ * it names no such tier. */
+void wire_resume_tier(const Kvc__ResumeLayer *L, uint32_t t, uint32_t *ret_tokens, const uint64_t **ret_blocks,
+                      size_t *ret_n);
 
 /* An OpenSession on its own (kvcd's restart record): pack into cap bytes (-EMSGSIZE), and decode
  * with the same validation as in an envelope. */

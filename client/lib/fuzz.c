@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include "internal.h"
+#include "lloyd.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -43,10 +44,14 @@ int kvc_fuzz_client_new(const struct kvc_geometry *g, uint32_t max_layer_tokens,
         s->c = c;
         s->id = 1;
         s->g = *g;
+        /* tiers {dtype, q8}, and q4 below them where the head allows (a power of 2 >= 8): the plans
+         * the fuzzer makes up may name both */
         if (block_layout_init(&s->layout, 16, g->n_kv_heads, g->head_dim, (enum block_dtype)g->dtype) < 0 ||
-            block_layout_init(&s->q8_layout, 16, g->n_kv_heads, g->head_dim, BLOCK_DTYPE_Q8) < 0 ||
+            block_layout_init(&s->tiers[1], 16, g->n_kv_heads, g->head_dim, BLOCK_DTYPE_Q8) < 0 ||
             plan_bytes > FUZZ_CHUNK_BYTES || s->layout.block_bytes > FUZZ_CHUNK_BYTES)
                 goto fail;
+        s->tiers[0] = s->layout;
+        s->n_tiers = block_layout_init(&s->tiers[2], 16, g->n_kv_heads, g->head_dim, BLOCK_DTYPE_Q4) == 0 ? 3 : 2;
         s->max_layer_tokens = max_layer_tokens;
         s->max_layer_blocks = (max_layer_tokens + 15) / 16;
         s->ema_gamma = 0.9f;
@@ -54,26 +59,34 @@ int kvc_fuzz_client_new(const struct kvc_geometry *g, uint32_t max_layer_tokens,
         s->plan_bytes = plan_bytes;
         s->layers = calloc(g->n_layers, sizeof(*s->layers));
         s->plan_copy = malloc(plan_bytes ? plan_bytes : 4);
+        s->plan_tier = malloc(plan_bytes / 4 + 1);
+        s->signs = malloc((size_t)g->n_layers * g->n_kv_heads * g->head_dim * sizeof(float));
+        for (uint32_t l = 0; s->signs && l < g->n_layers; l++)
+                for (uint32_t h = 0; h < g->n_kv_heads; h++)
+                        lloyd_signs(0, l, h, g->head_dim, s->signs + ((size_t)l * g->n_kv_heads + h) * g->head_dim);
         size_t slots = (size_t)s->max_layer_blocks * 16 + 1;
-        struct mixed_layer probe = { .fp = &s->layout, .q8 = &s->q8_layout, .n_tokens = (uint32_t)slots };
-        size_t attn = attn_mixed_scratch_floats(&probe, g->n_heads),
-               cs = compact_mixed_scratch_floats(&probe),
+        struct ladder_layer probe = { .n_tiers = s->n_tiers };
+        for (uint32_t t = 0; t < s->n_tiers; t++)
+                probe.layout[t] = &s->tiers[t];
+        probe.n[0] = (uint32_t)slots;
+        size_t attn = ladder_attn_scratch_floats(&probe, g->n_heads),
+               cs = ladder_compact_scratch_floats(&probe),
                fast = attn_fast_scratch_floats((uint32_t)slots, g->n_heads, g->n_kv_heads, g->head_dim, 16);
         attn = fast > attn ? fast : attn;
         s->attn_scratch = malloc((attn > 2 * slots ? attn : 2 * slots) * sizeof(float));
         s->compact_scratch =
                 malloc((cs > 2 * (size_t)g->head_dim ? cs : 2 * (size_t)g->head_dim) * sizeof(float));
         r = -ENOMEM;
-        if (!s->layers || !s->plan_copy || !s->attn_scratch || !s->compact_scratch)
+        if (!s->layers || !s->plan_copy || !s->plan_tier || !s->signs || !s->attn_scratch || !s->compact_scratch)
                 goto fail;
         for (uint32_t l = 0; l < g->n_layers; l++) {
                 struct layer *L = &s->layers[l];
-                L->fp.offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
-                L->fp.ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
-                L->q8.offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
-                L->q8.ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
-                if (!L->fp.offs || !L->fp.ptrs || !L->q8.offs || !L->q8.ptrs)
-                        goto fail;
+                for (uint32_t t = 0; t < s->n_tiers; t++) {
+                        L->t[t].offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
+                        L->t[t].ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
+                        if (!L->t[t].offs || !L->t[t].ptrs)
+                                goto fail;
+                }
         }
         c->sessions = s;
         *ret_c = c;
@@ -81,15 +94,16 @@ int kvc_fuzz_client_new(const struct kvc_geometry *g, uint32_t max_layer_tokens,
         return 0;
 fail:
         if (s && s->layers)
-                for (uint32_t l = 0; l < g->n_layers; l++) {
-                        free(s->layers[l].fp.offs);
-                        free(s->layers[l].fp.ptrs);
-                        free(s->layers[l].q8.offs);
-                        free(s->layers[l].q8.ptrs);
-                }
+                for (uint32_t l = 0; l < g->n_layers; l++)
+                        for (uint32_t t = 0; t < LADDER_TIERS; t++) {
+                                free(s->layers[l].t[t].offs);
+                                free(s->layers[l].t[t].ptrs);
+                        }
         if (s) {
                 free(s->layers);
                 free(s->plan_copy);
+                free(s->plan_tier);
+                free(s->signs);
                 free(s->attn_scratch);
                 free(s->rows_scratch);
                 free(s->compact_scratch);

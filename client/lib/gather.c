@@ -7,9 +7,9 @@
  * block (4 KiB for SmolLM2's head_dim 64 at float32); from Python it was an index_select over a
  * row index, 1.3x the cost of transformers' own cache per decode token (docs/python.md).
  *
- * Contract: slots [first, first + n) of the layer, in slot order; INT8 slots (below the layer's
- * n_q8) are dequantized with their block's scales, full-precision ones converted from the
- * session's dtype (a plain copy at float32). Row i of head h goes to
+ * Contract: slots [first, first + n) of the layer, in slot order; slots of a lower tier (the
+ * layer's oldest) are dequantized with their scales and rotated back (ladder_load), tier 0's
+ * converted from the session's dtype (a plain copy at float32). Row i of head h goes to
  * out + ((size_t)h * stride_tokens + i) * head_dim, so a caller may keep a larger array and fill
  * it piecewise (stride_tokens 0 means n). Reads only this process's mapping: no message to kvcd.
  * -EINVAL for a bad layer, a range past the layer's length or a stride below n; -ENOTSUP on a
@@ -19,26 +19,7 @@
 #include <string.h>
 
 #include "internal.h"
-#include "quant.h"
-
-/* Row (h, slot) of a mixed layer into dst (head_dim floats), keys or values. */
-static void load_row(const struct kvc_session *s, const struct layer *L, uint32_t h, uint32_t slot,
-                     int values, float *dst) {
-        uint32_t T = s->layout.block_tokens;
-        if (slot < L->n_q8) {
-                uint8_t *b = L->q8.ptrs[slot / T];
-                if (values)
-                        quant_block_load_value(&s->q8_layout, b, h, slot % T, dst);
-                else
-                        quant_block_load_key(&s->q8_layout, b, h, slot % T, dst);
-                return;
-        }
-        uint32_t fp = slot - L->n_q8;
-        uint8_t *b = L->fp.ptrs[fp / T];
-        const uint8_t *src =
-                values ? block_value(&s->layout, b, h, fp % T) : block_key(&s->layout, b, h, fp % T);
-        block_load_row(s->layout.dtype, src, dst, s->g.head_dim);
-}
+#include "ladder.h"
 
 int kvc_layer_gather(const struct kvc_session *s, uint32_t layer, uint32_t first, uint32_t n,
                      uint32_t stride_tokens, float *keys, float *values) {
@@ -57,20 +38,19 @@ int kvc_layer_gather(const struct kvc_session *s, uint32_t layer, uint32_t first
         if (n && (!keys || !values))
                 return client_error(s->c, -EINVAL, "no array to gather layer %u into", layer);
         const struct block_layout *l = &s->layout;
-        uint32_t T = l->block_tokens, D = s->g.head_dim, end = first + n;
+        uint32_t T = l->block_tokens, D = s->g.head_dim, end = first + n, low = session_low_tokens(s, L);
+        struct ladder_layer M = session_ladder_layer(s, layer);
         for (uint32_t h = 0; h < s->g.n_kv_heads; h++) {
                 float *ko = keys + (size_t)h * stride_tokens * D,
                       *vo = values + (size_t)h * stride_tokens * D;
                 uint32_t slot = first;
-                for (; slot < end && slot < L->n_q8; slot++) { /* INT8: row by row, with the scales */
-                        load_row(s, L, h, slot, 0, ko + (size_t)(slot - first) * D);
-                        load_row(s, L, h, slot, 1, vo + (size_t)(slot - first) * D);
-                }
-                while (slot < end) { /* full precision: a head's slots of one block are contiguous */
-                        uint32_t fp = slot - L->n_q8, in_block = fp % T, run = T - in_block;
+                for (; slot < end && slot < low; slot++) /* lower tiers: row by row, with the scales */
+                        ladder_load(&M, h, slot, ko + (size_t)(slot - first) * D, vo + (size_t)(slot - first) * D);
+                while (slot < end) { /* tier 0: a head's slots of one block are contiguous */
+                        uint32_t fp = slot - low, in_block = fp % T, run = T - in_block;
                         if (run > end - slot)
                                 run = end - slot;
-                        uint8_t *b = L->fp.ptrs[fp / T];
+                        uint8_t *b = L->t[0].ptrs[fp / T];
                         float *kd = ko + (size_t)(slot - first) * D, *vd = vo + (size_t)(slot - first) * D;
                         if (l->dtype == BLOCK_DTYPE_F32) {
                                 memcpy(kd, block_key(l, b, h, in_block), (size_t)run * D * sizeof(float));

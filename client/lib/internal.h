@@ -10,8 +10,9 @@
  *                        shared prefix's masks, scratch for the kernels
  *
  * Invariants: a session's tables name only blocks inside chunks this client maps (every offset
- * kvcd sends goes through mapping_check_region first); slots [0, n_q8) of a layer are INT8 and
- * [n_q8, n_tokens) full precision; a table has room for max_layer_blocks + 1 entries.
+ * kvcd sends goes through mapping_check_region first); a layer's slots are laid out tier by tier,
+ * the lowest first (kernels/ladder.h): low[k] slots in tier k >= 1, the rest in tier 0 (the
+ * session's dtype); a table has room for max_layer_blocks + 1 entries.
  *
  * Errors: every function returns 0 or -errno; client_error() records the reason for
  * kvc_last_error() and returns the code it is given, so `return client_error(c, -EPROTO, ...)`.
@@ -27,6 +28,7 @@
 #include "cuda/driver.h"
 #include "fdwire.h"
 #include "kvc.h"
+#include "ladder.h"
 #include "mixed.h"
 #include "wire.h"
 
@@ -38,19 +40,18 @@
 #define MAPPED_RW              1
 #define MAPPED_RO              2
 
-/* One class of a layer's blocks (full precision or INT8), in slot order. */
+/* One tier's blocks of a layer, in slot order. */
 struct table {
         uint64_t *offs; /* pool offsets */
         uint8_t **ptrs; /* their addresses here */
         uint32_t n;
 };
 
-/* Slots [0, n_q8) are INT8 (in q8), slots [n_q8, n_tokens) full precision (in fp). */
+/* The lowest tier's slots first, tier 0's last (kernels/ladder.h). */
 struct layer {
-        struct table fp;
-        struct table q8;
+        struct table t[LADDER_TIERS]; /* t[0]: the dtype's blocks; t[k]: tier k's */
         uint32_t n_tokens;
-        uint32_t n_q8;
+        uint32_t low[LADDER_TIERS]; /* tokens in tier k >= 1; tier 0 holds the rest */
 };
 
 struct kvc_session {
@@ -59,8 +60,11 @@ struct kvc_session {
         uint64_t id;
         uint8_t token[WIRE_TOKEN_BYTES];
         struct kvc_geometry g;
-        struct block_layout layout;
-        struct block_layout q8_layout; /* block_bytes 0: the session keeps no INT8 */
+        struct block_layout layout;               /* tier 0's */
+        uint32_t n_tiers;                         /* 1 + the tiers below the dtype kvcd put in force */
+        struct block_layout tiers[LADDER_TIERS];  /* tiers[0] is layout */
+        float *signs; /* [n_layers][n_kv_heads][head_dim]: the rotated tiers' rotation, or NULL */
+        bool awaiting_link; /* kvcd sends the next link of a demotion (Plan.more) */
         uint32_t budget;
         uint32_t max_layer_tokens;
         uint32_t max_layer_blocks;
@@ -68,6 +72,7 @@ struct kvc_session {
         uint64_t plan_offset;
         uint64_t plan_bytes;
         uint32_t *plan_copy; /* plan_bytes: the keep-sets copied out of the shared buffer */
+        uint8_t *plan_tier;  /* plan_bytes / 4: a layer's kept tokens' tiers, for ladder_compact */
         float *attn_scratch;
         float *rows_scratch; /* kvc_attend_rows' for a chunk, made at its first use */
         float *compact_scratch;
@@ -140,6 +145,7 @@ struct kvc_client {
         uint64_t pending[KVC_MAX_PENDING];       /* request ids of StepBatches awaiting their PlanBatch */
         struct sent_batch sent[KVC_MAX_PENDING]; /* the same batches, whole */
         uint32_t pending_head, n_pending;
+        uint32_t n_links; /* sessions waiting for the next link of a demotion (Plan.more) */
         int step_error; /* first per-step error kvcd reported since the last flush */
 
         char error[WIRE_MAX_MESSAGE + 64];
@@ -184,9 +190,11 @@ int mapping_check_region(struct kvc_client *c, uint64_t off, uint64_t bytes);
 struct kvc_session *session_find(struct kvc_client *c, uint64_t id);
 /* Frees a session that is no longer in its client's list; NULL. */
 struct kvc_session *session_free(struct kvc_session *s);
-/* Layer l as the kernels see it: its full-precision part alone, or both classes. */
+/* Layer l as the kernels see it: its tier-0 part alone, or every tier. */
 struct block_layer session_fp_layer(const struct kvc_session *s, uint32_t l);
-struct mixed_layer session_mixed_layer(const struct kvc_session *s, uint32_t l);
+struct ladder_layer session_ladder_layer(const struct kvc_session *s, uint32_t l);
+/* Tokens of layer L in tiers 1.. */
+uint32_t session_low_tokens(const struct kvc_session *s, const struct layer *L);
 
 /* ---- plan.c: grants and plans (block moves, compaction, release) ---- */
 

@@ -131,6 +131,13 @@ struct kvc_session_config {
          * and publish this session's own once its prefill has passed them. Host pools only. */
         int share_prefix;
         const char *model_id; /* names the weights: sessions share only with the same id */
+        /* the precision ladder (docs/protocol.md, "Tiers"): the tiers below the dtype this session
+         * stores, highest first, comma-separated: "q4", "q8,q4", "q8,q4,q3" (any falling subset of
+         * q8, q4, q3, q2). NULL or "": INT8 when the policy asks for it (conf's int8), as before.
+         * Policies send the oldest tokens down (conf's int8, the tier_window parameter: every token
+         * but the newest N at the lowest tier). Host pools only. */
+        const char *tiers;
+        uint64_t rotation_seed; /* of the rotated tiers (q4, q3, q2), recorded with the session */
 };
 
 struct kvc_session_stats {
@@ -197,8 +204,14 @@ uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer);
 /* The shared prefix at the front of every layer: tokens already there when the session opened
  * (attached), or published since; they are never written again. */
 uint32_t kvc_session_shared_tokens(const struct kvc_session *s);
-/* Of those, how many (the oldest) are held in INT8. */
+/* How many of a layer's tokens (the oldest, in slot order) are held below the session's dtype, in
+ * any lower tier (INT8 for a session whose only lower tier is q8). */
 uint32_t kvc_layer_q8_tokens(const struct kvc_session *s, uint32_t layer);
+/* The session's tiers: 1 + the tiers below its dtype; the name of tier t ("f16", "q8", "q4", ...,
+ * NULL past the last), and how many of a layer's tokens tier t holds. */
+uint32_t kvc_session_tiers(const struct kvc_session *s);
+const char *kvc_session_tier_name(const struct kvc_session *s, uint32_t tier);
+uint32_t kvc_layer_tier_tokens(const struct kvc_session *s, uint32_t layer, uint32_t tier);
 
 /* How a layer lies in the pool, for a kernel of the caller's own (see kernels/block.h and
  * kernels/mixed.h): slots [0, n_q8) are INT8 in q8_blocks, slots [n_q8, n_tokens) full precision

@@ -77,12 +77,10 @@ static bool chunk_in_use(const struct kvc_client *c, uint64_t idx) {
                         return true;
                 for (uint32_t l = 0; s->layers && l < s->g.n_layers; l++) {
                         const struct layer *L = &s->layers[l];
-                        for (uint32_t b = 0; b < L->fp.n; b++)
-                                if (in_chunk(c, L->fp.offs[b], idx))
-                                        return true;
-                        for (uint32_t b = 0; b < L->q8.n; b++)
-                                if (in_chunk(c, L->q8.offs[b], idx))
-                                        return true;
+                        for (uint32_t t = 0; t < s->n_tiers; t++)
+                                for (uint32_t b = 0; b < L->t[t].n; b++)
+                                        if (in_chunk(c, L->t[t].offs[b], idx))
+                                                return true;
                 }
         }
         return false;

@@ -1,7 +1,9 @@
 /* plan.c: what kvcd sends to change a session's memory. Owns applying grants (blocks added to a
  * layer's tables) and plans: block moves (relocation, docs/gpu.md), compaction of each layer it
- * names (kernels/compact.h, mixed.h, or the compactor a device pool's caller registered), the
- * release of the tail blocks no longer needed, and the PlanApplied that acknowledges it.
+ * names (kernels/compact.h, or ladder.h for a layer with tiers below its dtype, or the compactor
+ * a device pool's caller registered), the release of the tail blocks no longer needed, and the
+ * PlanApplied that acknowledges it. A plan with `more` is one link of a demotion: the session
+ * waits for the next one (kvc_flush does) before it steps again.
  *
  * The daemon is trusted no more than a client is by the daemon: every grant and plan is checked
  * whole before it touches memory (offsets inside mapped chunks, keep-sets sorted and inside the
@@ -17,8 +19,15 @@
 #include <string.h>
 
 #include "compact.h"
+#include "ladder.h"
 #include "devpool.h"
 #include "summarize.h"
+
+/* The table a LayerBlocks or BlockMove names: its tier field, or q8 (tier 1) from a kvcd before the
+ * ladder. */
+static uint32_t tier_of(uint32_t tier, bool q8) {
+        return tier ? tier : q8 ? 1u : 0u;
+}
 
 int plan_grant(struct kvc_client *c, const Kvc__Grant *g) {
         struct kvc_session *s = session_find(c, g->session_id);
@@ -28,11 +37,12 @@ int plan_grant(struct kvc_client *c, const Kvc__Grant *g) {
         /* check all, then apply */
         for (size_t i = 0; i < g->n_layers; i++) {
                 const Kvc__LayerBlocks *lb = g->layers[i];
-                const struct block_layout *lay = lb->q8 ? &s->q8_layout : &s->layout;
-                if (lb->layer >= s->g.n_layers || lay->block_bytes == 0)
-                        return client_error(c, -EPROTO, "grant for a layer or block class the session lacks");
+                uint32_t t = tier_of(lb->tier, lb->q8);
+                if (lb->layer >= s->g.n_layers || t >= s->n_tiers)
+                        return client_error(c, -EPROTO, "grant for a layer or tier the session lacks");
+                const struct block_layout *lay = &s->tiers[t];
                 const struct layer *L = &s->layers[lb->layer];
-                if ((lb->q8 ? L->q8.n : L->fp.n) + lb->n_blocks > s->max_layer_blocks)
+                if (L->t[t].n + lb->n_blocks > s->max_layer_blocks)
                         return client_error(c, -EPROTO, "grant beyond the session's limit");
                 for (size_t b = 0; b < lb->n_blocks; b++) {
                         int r = mapping_check_region(c, lb->blocks[b], lay->block_bytes);
@@ -45,7 +55,7 @@ int plan_grant(struct kvc_client *c, const Kvc__Grant *g) {
         }
         for (size_t i = 0; i < g->n_layers; i++) {
                 const Kvc__LayerBlocks *lb = g->layers[i];
-                struct table *t = lb->q8 ? &s->layers[lb->layer].q8 : &s->layers[lb->layer].fp;
+                struct table *t = &s->layers[lb->layer].t[tier_of(lb->tier, lb->q8)];
                 for (size_t b = 0; b < lb->n_blocks; b++) {
                         t->offs[t->n] = lb->blocks[b];
                         t->ptrs[t->n] = c->base + lb->blocks[b];
@@ -55,12 +65,14 @@ int plan_grant(struct kvc_client *c, const Kvc__Grant *g) {
         return 0;
 }
 
-/* released[0][l] full-precision and released[1][l] INT8 blocks of layer l were given back: they
- * sit just past the tables' new ends. */
+/* released[t][l] blocks of tier t of layer l were given back: they sit just past the tables' new
+ * ends. */
 static int send_plan_applied(struct kvc_client *c, struct kvc_session *s, uint64_t plan_id, int status,
                              uint32_t (*released)[WIRE_MAX_LAYERS]) {
         Kvc__PlanApplied pa = KVC__PLAN_APPLIED__INIT;
-        Kvc__LayerBlocks lbs[2 * WIRE_MAX_LAYERS], *lbp[2 * WIRE_MAX_LAYERS];
+        static __thread Kvc__LayerBlocks lbs[LADDER_TIERS * WIRE_MAX_LAYERS];
+        static __thread Kvc__LayerBlocks *lbp[LADDER_TIERS * WIRE_MAX_LAYERS];
+        static __thread uint32_t tiers[WIRE_MAX_TIERS * WIRE_MAX_LAYERS];
         uint32_t lengths[WIRE_MAX_LAYERS], q8s[WIRE_MAX_LAYERS];
         pa.session_id = s->id;
         pa.plan_id = plan_id;
@@ -70,17 +82,24 @@ static int send_plan_applied(struct kvc_client *c, struct kvc_session *s, uint64
                 pa.layer_tokens = lengths;
                 pa.n_layer_q8_tokens = s->g.n_layers;
                 pa.layer_q8_tokens = q8s;
+                if (s->n_tiers > 1) {
+                        pa.n_layer_tier_tokens = (size_t)s->g.n_layers * (s->n_tiers - 1);
+                        pa.layer_tier_tokens = tiers;
+                }
                 pa.released = lbp;
                 for (uint32_t l = 0; l < s->g.n_layers; l++) {
                         lengths[l] = s->layers[l].n_tokens;
-                        q8s[l] = s->layers[l].n_q8;
-                        for (int q = 0; q < 2; q++) {
-                                const struct table *t = q ? &s->layers[l].q8 : &s->layers[l].fp;
+                        q8s[l] = s->n_tiers > 1 ? s->layers[l].low[1] : 0;
+                        for (uint32_t t = 1; t < s->n_tiers; t++)
+                                tiers[(size_t)l * (s->n_tiers - 1) + t - 1] = s->layers[l].low[t];
+                        for (uint32_t q = 0; q < s->n_tiers; q++) {
+                                const struct table *t = &s->layers[l].t[q];
                                 if (!released[q][l])
                                         continue;
                                 kvc__layer_blocks__init(&lbs[pa.n_released]);
                                 lbs[pa.n_released].layer = l;
-                                lbs[pa.n_released].q8 = q;
+                                lbs[pa.n_released].tier = q;
+                                lbs[pa.n_released].q8 = q == 1;
                                 lbs[pa.n_released].n_blocks = released[q][l];
                                 lbs[pa.n_released].blocks = t->offs + t->n;
                                 lbp[pa.n_released] = &lbs[pa.n_released];
@@ -102,18 +121,18 @@ static int check_moves(struct kvc_client *c, const struct kvc_session *s, const 
         uint32_t first_fp = s->n_shared / s->layout.block_tokens;
         for (size_t i = 0; i < p->n_moves; i++) {
                 const Kvc__BlockMove *m = p->moves[i];
-                const struct block_layout *lay = m->q8 ? &s->q8_layout : &s->layout;
-                const struct table *t = m->layer < s->g.n_layers
-                                                ? (m->q8 ? &s->layers[m->layer].q8 : &s->layers[m->layer].fp)
-                                                : NULL;
-                bool ok = t && lay->block_bytes && m->index < t->n && t->offs[m->index] == m->from &&
-                          (m->q8 || m->index >= first_fp) && m->to % c->chunk_bytes % lay->block_bytes == 0 &&
+                uint32_t tier = tier_of(m->tier, m->q8);
+                const struct block_layout *lay = &s->tiers[tier < s->n_tiers ? tier : 0];
+                const struct table *t =
+                        m->layer < s->g.n_layers && tier < s->n_tiers ? &s->layers[m->layer].t[tier] : NULL;
+                bool ok = t && m->index < t->n && t->offs[m->index] == m->from &&
+                          (tier || m->index >= first_fp) && m->to % c->chunk_bytes % lay->block_bytes == 0 &&
                           mapping_check_region(c, m->to, lay->block_bytes) == 0 &&
                           c->mapped[m->to / c->chunk_bytes] == MAPPED_RW;
                 for (size_t j = 0; ok && j < i; j++)
                         ok = p->moves[j]->to != m->to &&
-                             !(p->moves[j]->layer == m->layer && p->moves[j]->q8 == m->q8 &&
-                               p->moves[j]->index == m->index);
+                             !(p->moves[j]->layer == m->layer &&
+                               tier_of(p->moves[j]->tier, p->moves[j]->q8) == tier && p->moves[j]->index == m->index);
                 if (!ok) {
                         client_error(c, -EPROTO, "plan %llu: block move %zu (layer %u, entry %u) is invalid",
                                      (unsigned long long)p->plan_id, i, m->layer, m->index);
@@ -127,8 +146,8 @@ static int check_moves(struct kvc_client *c, const struct kvc_session *s, const 
 static int apply_moves(struct kvc_client *c, struct kvc_session *s, const Kvc__Plan *p) {
         for (size_t i = 0; i < p->n_moves; i++) {
                 const Kvc__BlockMove *m = p->moves[i];
-                size_t bytes = (m->q8 ? s->q8_layout : s->layout).block_bytes;
-                struct table *t = m->q8 ? &s->layers[m->layer].q8 : &s->layers[m->layer].fp;
+                size_t bytes = s->tiers[tier_of(m->tier, m->q8)].block_bytes;
+                struct table *t = &s->layers[m->layer].t[tier_of(m->tier, m->q8)];
                 int r = 0;
                 if (c->dev)
                         r = devpool_copy(c->dev, m->to, m->from, bytes);
@@ -137,7 +156,7 @@ static int apply_moves(struct kvc_client *c, struct kvc_session *s, const Kvc__P
                 if (r < 0) { /* the blocks moved so far go back: their old copies are untouched */
                         while (i-- > 0) {
                                 m = p->moves[i];
-                                t = m->q8 ? &s->layers[m->layer].q8 : &s->layers[m->layer].fp;
+                                t = &s->layers[m->layer].t[tier_of(m->tier, m->q8)];
                                 t->offs[m->index] = m->from;
                                 t->ptrs[m->index] = c->base + m->from;
                         }
@@ -154,6 +173,22 @@ static int apply_moves(struct kvc_client *c, struct kvc_session *s, const Kvc__P
 
 /* Validates a plan completely, moves the blocks it moves, then compacts every layer it names and
  * gives back the blocks the layers no longer need (keeping room for one more token). */
+/* The tokens of each lower tier a layer plan leaves (ret[1 .. n_tiers - 1]): its tier counts, or
+ * the INT8 count of a kvcd before the ladder. false when they do not fit the session's tiers. */
+static bool plan_tier_counts(const struct kvc_session *s, const Kvc__LayerPlan *lp, uint32_t ret[LADDER_TIERS]) {
+        memset(ret, 0, LADDER_TIERS * sizeof(uint32_t));
+        if (lp->n_tier_tokens) {
+                for (uint32_t t = 1; t < s->n_tiers; t++)
+                        ret[t] = lp->tier_tokens[t - 1];
+                return lp->n_tier_tokens == s->n_tiers - 1;
+        }
+        if (lp->q8_tokens && (s->n_tiers != 2 || s->tiers[1].dtype != BLOCK_DTYPE_Q8))
+                return false;
+        if (s->n_tiers > 1)
+                ret[1] = lp->q8_tokens;
+        return true;
+}
+
 int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
         struct kvc_session *s = session_find(c, p->session_id);
         if (!s)
@@ -162,6 +197,10 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
         int status = 0;
         uint64_t entries_cap = s->plan_bytes / 4, used = 0;
         bool seen[WIRE_MAX_LAYERS] = { false };
+        if (s->awaiting_link) { /* the link kvcd said would come */
+                s->awaiting_link = false;
+                c->n_links--;
+        }
 
         if (p->plan_id <= s->last_plan_id) {
                 status = ESTALE;
@@ -178,7 +217,8 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                 if (lp->layer >= s->g.n_layers || seen[lp->layer] ||
                     lp->base_tokens > s->layers[lp->layer].n_tokens ||
                     (uint64_t)lp->keep_offset + n > entries_cap || used + n > entries_cap ||
-                    (lp->summary_slot && (lp->per_head || lp->q8_tokens || s->layers[lp->layer].n_q8))) {
+                    (lp->n_tier_tokens && lp->n_tier_tokens != s->n_tiers - 1) ||
+                    (lp->summary_slot && (lp->per_head || s->n_tiers > 1))) {
                         status = EPROTO;
                         client_error(c, -EPROTO, "plan %llu: layer entry %zu out of range",
                                      (unsigned long long)p->plan_id, i);
@@ -186,13 +226,17 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                 }
                 seen[lp->layer] = true;
                 const struct layer *L = &s->layers[lp->layer];
-                uint32_t new_len = lp->keep_count + (L->n_tokens - lp->base_tokens),
-                         T = s->layout.block_tokens;
-                if (lp->q8_tokens && (s->q8_layout.block_bytes == 0 || lp->q8_tokens > new_len ||
-                                      (lp->q8_tokens + T - 1) / T > L->q8.n)) {
+                uint32_t T = s->layout.block_tokens, want[LADDER_TIERS];
+                uint64_t low = 0;
+                bool fits = plan_tier_counts(s, lp, want);
+                for (uint32_t t = 1; fits && t < s->n_tiers; t++) {
+                        fits = (want[t] + T - 1) / T <= L->t[t].n;
+                        low += want[t];
+                }
+                if (!fits || low > lp->keep_count) {
                         status = EPROTO;
-                        client_error(c, -EPROTO, "plan %llu: layer %u asks for %u INT8 slots it cannot hold",
-                                     (unsigned long long)p->plan_id, lp->layer, lp->q8_tokens);
+                        client_error(c, -EPROTO, "plan %llu: layer %u asks for tiers it cannot hold",
+                                     (unsigned long long)p->plan_id, lp->layer);
                         break;
                 }
                 /* copy out of the shared buffer, then check the copy */
@@ -223,8 +267,8 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                 }
                 if (status == 0 && lp->shared_tokens &&
                     (lp->shared_tokens != s->n_shared || lp->keep_count < lp->shared_tokens ||
-                     lp->q8_tokens || lp->summary_slot || L->n_q8 || !s->mask ||
-                     lp->shared_tokens / T > L->fp.n)) {
+                     low || lp->summary_slot || s->n_tiers > 1 || !s->mask ||
+                     lp->shared_tokens / T > L->t[0].n)) {
                         status = EPROTO;
                         client_error(c, -EPROTO,
                                      "plan %llu: layer %u's shared prefix of %u does not match ours (%u)",
@@ -249,7 +293,8 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                 return r < 0 ? r : -status;
         }
 
-        uint32_t released[2][WIRE_MAX_LAYERS] = { { 0 } };
+        static __thread uint32_t released[LADDER_TIERS][WIRE_MAX_LAYERS];
+        memset(released, 0, sizeof(released));
         uint32_t T = s->layout.block_tokens;
         used = 0;
         for (size_t i = 0; i < p->n_layers; i++) {
@@ -266,7 +311,7 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                                 .keep_count = lp->keep_count,
                                 .per_head = lp->per_head,
                                 .base_tokens = lp->base_tokens,
-                                .q8_tokens = lp->q8_tokens,
+                                .q8_tokens = lp->q8_tokens, /* n_tiers <= 2: tier 1 is q8 (session.c) */
                                 .summary_slot = lp->summary_slot,
                                 .new_tokens = lp->keep_count + (L->n_tokens - lp->base_tokens),
                         };
@@ -282,8 +327,8 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                                         keep[(uint64_t)h * kp + j] =
                                                 keep[(uint64_t)h * lp->keep_count + S + j] - S;
                         struct block_layer bl = { .layout = &s->layout,
-                                                  .blocks = L->fp.ptrs + S / T,
-                                                  .n_blocks = L->fp.n - S / T,
+                                                  .blocks = L->t[0].ptrs + S / T,
+                                                  .n_blocks = L->t[0].n - S / T,
                                                   .n_tokens = L->n_tokens - S };
                         r = compact_layer(&bl, keep, kp, lp->per_head, lp->base_tokens - S, &private_len);
                         new_len = S + private_len;
@@ -291,7 +336,7 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                         if (r == 0)
                                 r = mapping_copy_out(c, s->plan_offset + s->mask_offset + at, s->mask + at,
                                                      (size_t)H * s->mask_stride);
-                } else if (L->n_q8 == 0 && lp->q8_tokens == 0) {
+                } else if (s->n_tiers == 1) {
                         struct block_layer bl = session_fp_layer(s, lp->layer);
                         r = lp->summary_slot ? summarize_evicted(&bl, s->plan_copy + used, lp->keep_count,
                                                                  lp->base_tokens, lp->summary_slot - 1,
@@ -301,30 +346,52 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                                 r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head,
                                                   lp->base_tokens, &new_len);
                 } else {
-                        struct mixed_layer ml = session_mixed_layer(s, lp->layer);
-                        r = compact_mixed(&ml, s->plan_copy + used, lp->keep_count, lp->per_head,
-                                          lp->base_tokens, lp->q8_tokens, s->compact_scratch, &new_len);
+                        uint32_t want[LADDER_TIERS], got[LADDER_TIERS];
+                        plan_tier_counts(s, lp, want);
+                        uint32_t heads = lp->per_head ? s->g.n_kv_heads : 1;
+                        for (uint32_t h = 0; h < heads; h++) { /* the oldest kept go lowest */
+                                uint8_t *tier = s->plan_tier + (size_t)h * lp->keep_count;
+                                uint32_t at = 0;
+                                for (uint32_t t = s->n_tiers - 1; t >= 1; t--)
+                                        for (uint32_t j = 0; j < want[t]; j++)
+                                                tier[at++] = (uint8_t)t;
+                                memset(tier + at, 0, lp->keep_count - at);
+                        }
+                        struct ladder_layer M = session_ladder_layer(s, lp->layer);
+                        r = ladder_compact(&M, s->plan_copy + used, s->plan_tier, lp->keep_count, lp->per_head,
+                                           lp->base_tokens, s->compact_scratch, got);
+                        new_len = 0;
+                        for (uint32_t t = 0; r == 0 && t < s->n_tiers; t++) {
+                                if (t)
+                                        L->low[t] = got[t];
+                                new_len += got[t];
+                        }
                 }
-                if (r < 0) /* the kernel checks what only it can (kept INT8 beyond q8_tokens) */
+                if (r < 0) /* the kernel checks what only it can (a kept token sent up a tier) */
                         return client_error(c, r, "compaction refused plan %llu on layer %u",
                                             (unsigned long long)p->plan_id, lp->layer);
                 used += (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
+                if (c->dev && s->n_tiers > 1)
+                        L->low[1] = lp->q8_tokens;
                 L->n_tokens = new_len;
-                L->n_q8 = lp->q8_tokens;
                 /* keep room for one more token; give back the rest of each table */
-                uint32_t fp_keep = (new_len - L->n_q8 + 1 + T - 1) / T, q8_keep = (L->n_q8 + T - 1) / T;
-                if (fp_keep < L->fp.n) {
-                        released[0][lp->layer] = L->fp.n - fp_keep;
-                        L->fp.n = fp_keep;
-                }
-                if (q8_keep < L->q8.n) {
-                        released[1][lp->layer] = L->q8.n - q8_keep;
-                        L->q8.n = q8_keep;
+                for (uint32_t t = 0; t < s->n_tiers; t++) {
+                        uint32_t n = t ? L->low[t] : new_len - session_low_tokens(s, L) + 1;
+                        uint32_t keep = (n + T - 1) / T;
+                        if (keep < L->t[t].n) {
+                                released[t][lp->layer] = L->t[t].n - keep;
+                                L->t[t].n = keep;
+                        }
                 }
         }
         s->last_plan_id = p->plan_id;
         s->stats.plans_applied++;
-        return send_plan_applied(c, s, p->plan_id, 0, released);
+        int r = send_plan_applied(c, s, p->plan_id, 0, released);
+        if (r == 0 && p->more) { /* the next link comes unasked: kvc_flush waits for it */
+                s->awaiting_link = true;
+                c->n_links++;
+        }
+        return r;
 }
 
 void kvc_set_compactor(struct kvc_client *c, kvc_compactor fn, void *ctx) {

@@ -42,22 +42,40 @@ static int resume_session(struct kvc_client *c, struct kvc_session *s) {
                 }
         }
         m.last_plan_id = s->last_plan_id;
+        size_t per = LADDER_TIERS; /* per layer: a tier's blocks, its pointer and its count */
         Kvc__ResumeLayer *layers = calloc(s->g.n_layers, sizeof(*layers));
         Kvc__ResumeLayer **lp = calloc(s->g.n_layers, sizeof(*lp));
-        if (!layers || !lp) {
-                free(layers);
-                free(lp);
-                return -ENOMEM;
-        }
-        for (uint32_t l = 0; l < s->g.n_layers; l++) {
+        Kvc__LayerBlocks *tb = calloc(s->g.n_layers * per, sizeof(*tb));
+        Kvc__LayerBlocks **tbp = calloc(s->g.n_layers * per, sizeof(*tbp));
+        uint32_t *tt = calloc(s->g.n_layers * per, sizeof(*tt));
+        int r = layers && lp && tb && tbp && tt ? 0 : -ENOMEM;
+        for (uint32_t l = 0; r == 0 && l < s->g.n_layers; l++) {
                 struct layer *L = &s->layers[l];
                 kvc__resume_layer__init(&layers[l]);
                 layers[l].n_tokens = L->n_tokens;
-                layers[l].n_q8 = L->n_q8;
-                layers[l].n_fp_blocks = L->fp.n;
-                layers[l].fp_blocks = L->fp.offs;
-                layers[l].n_q8_blocks = L->q8.n;
-                layers[l].q8_blocks = L->q8.offs;
+                layers[l].n_fp_blocks = L->t[0].n;
+                layers[l].fp_blocks = L->t[0].offs;
+                if (s->n_tiers == 2 && s->tiers[1].dtype == BLOCK_DTYPE_Q8) { /* a kvcd before the ladder reads these */
+                        layers[l].n_q8 = L->low[1];
+                        layers[l].n_q8_blocks = L->t[1].n;
+                        layers[l].q8_blocks = L->t[1].offs;
+                }
+                for (uint32_t t = 1; t < s->n_tiers; t++) {
+                        Kvc__LayerBlocks *b = &tb[l * per + t - 1];
+                        kvc__layer_blocks__init(b);
+                        b->layer = l;
+                        b->tier = t;
+                        b->n_blocks = L->t[t].n;
+                        b->blocks = L->t[t].offs;
+                        tbp[l * per + t - 1] = b;
+                        tt[l * per + t - 1] = L->low[t];
+                }
+                if (s->n_tiers > 1) {
+                        layers[l].tier_blocks = tbp + l * per;
+                        layers[l].n_tier_blocks = s->n_tiers - 1;
+                        layers[l].tier_tokens = tt + l * per;
+                        layers[l].n_tier_tokens = s->n_tiers - 1;
+                }
                 lp[l] = &layers[l];
         }
         m.n_layers = s->g.n_layers;
@@ -65,9 +83,17 @@ static int resume_session(struct kvc_client *c, struct kvc_session *s) {
         Kvc__Envelope env = KVC__ENVELOPE__INIT, *in;
         env.body_case = KVC__ENVELOPE__BODY_RESUME;
         env.resume = &m;
-        int r = client_call(c, &env, KVC__ENVELOPE__BODY_RESUMED, &in);
+        if (r == 0)
+                r = client_call(c, &env, KVC__ENVELOPE__BODY_RESUMED, &in);
+        if (r == 0 && s->awaiting_link) { /* the new kvcd knows of no link: none comes */
+                s->awaiting_link = false;
+                c->n_links--;
+        }
         free(layers);
         free(lp);
+        free(tb);
+        free(tbp);
+        free(tt);
         return r;
 }
 

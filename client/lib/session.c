@@ -19,6 +19,8 @@
 
 #include "attention.h"
 #include "compact.h"
+#include "lloyd.h"
+#include "tier.h"
 
 struct kvc_session *session_find(struct kvc_client *c, uint64_t id) {
         for (struct kvc_session *s = c->sessions; s; s = s->next)
@@ -32,44 +34,56 @@ static const uint8_t *mask_of(const struct kvc_session *s, uint32_t l) {
         return s->mask ? s->mask + (size_t)l * s->g.n_kv_heads * s->mask_stride : NULL;
 }
 
-/* The full-precision part of a layer, for the kernels that know one dtype. */
+uint32_t session_low_tokens(const struct kvc_session *s, const struct layer *L) {
+        uint32_t n = 0;
+        for (uint32_t t = 1; t < s->n_tiers; t++)
+                n += L->low[t];
+        return n;
+}
+
+/* The tier-0 part of a layer, for the kernels that know one dtype. */
 struct block_layer session_fp_layer(const struct kvc_session *s, uint32_t l) {
         const struct layer *L = &s->layers[l];
         return (struct block_layer){ .layout = &s->layout,
-                                     .blocks = L->fp.ptrs,
-                                     .n_blocks = L->fp.n,
-                                     .n_tokens = L->n_tokens - L->n_q8,
+                                     .blocks = L->t[0].ptrs,
+                                     .n_blocks = L->t[0].n,
+                                     .n_tokens = L->n_tokens - session_low_tokens(s, L),
                                      .n_shared = s->n_shared,
                                      .shared_mask = mask_of(s, l),
                                      .mask_stride = s->mask_stride };
 }
 
-struct mixed_layer session_mixed_layer(const struct kvc_session *s, uint32_t l) {
+struct ladder_layer session_ladder_layer(const struct kvc_session *s, uint32_t l) {
         const struct layer *L = &s->layers[l];
-        return (struct mixed_layer){ .fp = &s->layout,
-                                     .q8 = &s->q8_layout,
-                                     .fp_blocks = L->fp.ptrs,
-                                     .n_fp_blocks = L->fp.n,
-                                     .q8_blocks = L->q8.ptrs,
-                                     .n_q8_blocks = L->q8.n,
-                                     .n_q8 = L->n_q8,
-                                     .n_tokens = L->n_tokens,
-                                     .n_shared = s->n_shared,
-                                     .shared_mask = mask_of(s, l),
-                                     .mask_stride = s->mask_stride };
+        struct ladder_layer M = { .n_tiers = s->n_tiers,
+                                  .signs = s->signs ? s->signs + (size_t)l * s->g.n_kv_heads * s->g.head_dim
+                                                    : NULL,
+                                  .n_shared = s->n_shared,
+                                  .shared_mask = mask_of(s, l),
+                                  .mask_stride = s->mask_stride };
+        for (uint32_t t = 0; t < s->n_tiers; t++) {
+                M.layout[t] = &s->tiers[t];
+                M.blocks[t] = L->t[t].ptrs;
+                M.n_blocks[t] = L->t[t].n;
+                M.n[t] = t ? L->low[t] : L->n_tokens - session_low_tokens(s, L);
+        }
+        return M;
 }
 
 struct kvc_session *session_free(struct kvc_session *s) {
         if (!s)
                 return NULL;
         if (s->layers)
-                for (uint32_t l = 0; l < s->g.n_layers; l++) {
-                        free(s->layers[l].fp.offs);
-                        free(s->layers[l].fp.ptrs);
-                        free(s->layers[l].q8.offs);
-                        free(s->layers[l].q8.ptrs);
-                }
+                for (uint32_t l = 0; l < s->g.n_layers; l++)
+                        for (uint32_t t = 0; t < LADDER_TIERS; t++) {
+                                free(s->layers[l].t[t].offs);
+                                free(s->layers[l].t[t].ptrs);
+                        }
         free(s->layers);
+        free(s->signs);
+        free(s->plan_tier);
+        if (s->awaiting_link)
+                s->c->n_links--;
         free(s->plan_copy);
         free(s->mask);
         free(s->attn_scratch);
@@ -123,6 +137,22 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
         os.prompt_token_ids = (uint32_t *)cfg->prompt_token_ids;
         os.n_prompt_token_ids = cfg->n_prompt_token_ids;
         os.int8 = true; /* libkvc stores INT8 blocks (kernels/mixed.h) */
+        char tier_text[64], *tier_names[WIRE_MAX_TIERS], *save = NULL;
+        if (cfg->tiers && *cfg->tiers) { /* "q4", "q8,q4", ...: kvcd checks the names */
+                if (strlen(cfg->tiers) >= sizeof(tier_text))
+                        return client_error(c, -EINVAL, "tiers \"%s\" too long", cfg->tiers);
+                strcpy(tier_text, cfg->tiers);
+                for (char *w = strtok_r(tier_text, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+                        if (os.n_tiers == WIRE_MAX_TIERS)
+                                return client_error(c, -EINVAL, "more than %u tiers", WIRE_MAX_TIERS);
+                        tier_names[os.n_tiers++] = w;
+                }
+                os.tiers = tier_names;
+                os.int8 = false;
+                if (c->dev)
+                        return client_error(c, -ENOTSUP, "tiers need a host pool (the CUDA compactor knows INT8 alone)");
+        }
+        os.rotation_seed = cfg->rotation_seed;
         os.params = pp;
         for (size_t i = 0; i < cfg->n_params; i++) {
                 char *end;
@@ -174,11 +204,24 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
                                     (unsigned long long)layout.block_bytes);
         if (o->plan_bytes && (r = mapping_check_region(c, o->plan_offset, o->plan_bytes)) < 0)
                 return r;
-        struct block_layout q8_layout = { 0 };
-        if (o->q8_block_bytes && (block_layout_init(&q8_layout, c->block_tokens, geo->n_kv_heads,
-                                                    geo->head_dim, BLOCK_DTYPE_Q8) < 0 ||
-                                  q8_layout.block_bytes != o->q8_block_bytes))
-                return client_error(c, -EPROTO, "kvcd's INT8 block layout differs from ours");
+        struct block_layout tiers[LADDER_TIERS] = { layout };
+        uint32_t n_tiers = 1;
+        bool rotated = false;
+        if (o->q8_block_bytes && !o->n_tiers) { /* a kvcd before the ladder: INT8 alone */
+                if (block_layout_init(&tiers[1], c->block_tokens, geo->n_kv_heads, geo->head_dim, BLOCK_DTYPE_Q8) < 0 ||
+                    tiers[1].block_bytes != o->q8_block_bytes)
+                        return client_error(c, -EPROTO, "kvcd's INT8 block layout differs from ours");
+                n_tiers = 2;
+        }
+        for (size_t i = 0; i < o->n_tiers; i++) {
+                const struct tier_row *row = tier_by_name(o->tiers[i]);
+                if (!row || n_tiers == LADDER_TIERS ||
+                    block_layout_init(&tiers[n_tiers], c->block_tokens, geo->n_kv_heads, geo->head_dim, row->dtype) < 0 ||
+                    tiers[n_tiers].block_bytes != o->tier_block_bytes[i])
+                        return client_error(c, -EPROTO, "kvcd's tier %s differs from ours", o->tiers[i]);
+                rotated |= row->rotated != 0;
+                n_tiers++;
+        }
 
         struct kvc_session *s = calloc(1, sizeof(*s));
         if (!s)
@@ -188,7 +231,8 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
         memcpy(s->token, o->token.data, sizeof(s->token));
         s->g = *geo;
         s->layout = layout;
-        s->q8_layout = q8_layout;
+        s->n_tiers = n_tiers;
+        memcpy(s->tiers, tiers, sizeof(tiers));
         s->budget = o->budget_tokens;
         s->max_layer_tokens = o->max_layer_tokens;
         s->max_layer_blocks = (o->max_layer_tokens + layout.block_tokens - 1) / layout.block_tokens;
@@ -197,27 +241,39 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
         s->plan_bytes = o->plan_bytes;
         s->layers = calloc(geo->n_layers, sizeof(*s->layers));
         s->plan_copy = malloc(o->plan_bytes ? o->plan_bytes : 4);
+        s->plan_tier = malloc(o->plan_bytes / 4 + 1);
         size_t slots = (size_t)s->max_layer_blocks * layout.block_tokens + 1;
-        struct mixed_layer probe = { .fp = &s->layout, .q8 = &s->q8_layout, .n_tokens = (uint32_t)slots };
+        struct ladder_layer probe = { .n_tiers = n_tiers };
+        for (uint32_t t = 0; t < n_tiers; t++)
+                probe.layout[t] = &s->tiers[t];
+        probe.n[0] = (uint32_t)slots;
         size_t attn = 2 * slots;
-        if (q8_layout.block_bytes && attn_mixed_scratch_floats(&probe, geo->n_heads) > attn)
-                attn = attn_mixed_scratch_floats(&probe, geo->n_heads);
+        if (n_tiers > 1 && ladder_attn_scratch_floats(&probe, geo->n_heads) > attn)
+                attn = ladder_attn_scratch_floats(&probe, geo->n_heads);
         size_t fast = attn_fast_scratch_floats((uint32_t)slots, geo->n_heads, geo->n_kv_heads, geo->head_dim,
                                                layout.block_tokens);
         attn = fast > attn ? fast : attn;
         s->attn_scratch = malloc(attn * sizeof(float));
         size_t cs = 2 * (size_t)geo->head_dim; /* summarize_evicted */
-        if (q8_layout.block_bytes && compact_mixed_scratch_floats(&probe) > cs)
-                cs = compact_mixed_scratch_floats(&probe);
+        if (n_tiers > 1 && ladder_compact_scratch_floats(&probe) > cs)
+                cs = ladder_compact_scratch_floats(&probe);
         s->compact_scratch = malloc(cs * sizeof(float));
-        bool ok = s->layers && s->plan_copy && s->attn_scratch && s->compact_scratch;
+        bool ok = s->layers && s->plan_copy && s->plan_tier && s->attn_scratch && s->compact_scratch;
+        if (ok && rotated) { /* the rotation kvcd recorded with the session (lloyd.h) */
+                size_t per = (size_t)geo->n_kv_heads * geo->head_dim;
+                ok = (s->signs = malloc(geo->n_layers * per * sizeof(float))) != NULL;
+                for (uint32_t l = 0; ok && l < geo->n_layers; l++)
+                        for (uint32_t h = 0; h < geo->n_kv_heads; h++)
+                                lloyd_signs(o->rotation_seed, l, h, geo->head_dim,
+                                            s->signs + l * per + (size_t)h * geo->head_dim);
+        }
         for (uint32_t l = 0; ok && l < geo->n_layers; l++) {
                 struct layer *L = &s->layers[l];
-                L->fp.offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
-                L->fp.ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
-                L->q8.offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
-                L->q8.ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
-                ok = L->fp.offs && L->fp.ptrs && L->q8.offs && L->q8.ptrs;
+                for (uint32_t t = 0; ok && t < n_tiers; t++) {
+                        L->t[t].offs = calloc(s->max_layer_blocks + 1, sizeof(uint64_t));
+                        L->t[t].ptrs = calloc(s->max_layer_blocks + 1, sizeof(uint8_t *));
+                        ok = L->t[t].offs && L->t[t].ptrs;
+                }
         }
         uint64_t mask_bytes = (uint64_t)geo->n_layers * geo->n_kv_heads * o->mask_stride;
         if (ok && o->mask_stride) {
@@ -244,17 +300,17 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
                 for (uint32_t l = 0; r == 0 && l < geo->n_layers; l++) {
                         const Kvc__LayerBlocks *lb = o->attached[l];
                         struct layer *L = &s->layers[l];
-                        if (lb->layer != l || lb->n_blocks != nb || lb->q8) {
+                        if (lb->layer != l || lb->n_blocks != nb || lb->q8 || lb->tier) {
                                 r = client_error(c, -EPROTO, "kvcd's shared prefix names layer %u wrongly",
                                                  l);
                                 break;
                         }
                         for (uint32_t b = 0; r == 0 && b < nb; b++) {
                                 r = mapping_check_region(c, lb->blocks[b], layout.block_bytes);
-                                L->fp.offs[b] = lb->blocks[b];
-                                L->fp.ptrs[b] = c->base + lb->blocks[b];
+                                L->t[0].offs[b] = lb->blocks[b];
+                                L->t[0].ptrs[b] = c->base + lb->blocks[b];
                         }
-                        L->fp.n = nb;
+                        L->t[0].n = nb;
                         L->n_tokens = o->shared_tokens;
                 }
                 s->n_shared = o->shared_tokens;
@@ -349,19 +405,30 @@ int kvc_session_import(struct kvc_client *c, const struct kvc_handoff *h, struct
         for (uint32_t l = 0; l < geo.n_layers && r == 0; l++) {
                 const Kvc__ResumeLayer *L = hi->layers[l];
                 struct layer *SL = &s->layers[l];
-                r = import_table(c, &SL->fp, L->fp_blocks, L->n_fp_blocks, s->layout.block_bytes,
+                r = import_table(c, &SL->t[0], L->fp_blocks, L->n_fp_blocks, s->layout.block_bytes,
                                  s->max_layer_blocks);
-                if (r == 0 && L->n_q8_blocks && !s->q8_layout.block_bytes)
-                        r = client_error(c, -EPROTO, "INT8 blocks handed over for a session without INT8");
-                if (r == 0)
-                        r = import_table(c, &SL->q8, L->q8_blocks, L->n_q8_blocks, s->q8_layout.block_bytes,
-                                         s->max_layer_blocks);
-                if (r == 0 && (L->n_tokens > s->max_layer_tokens || L->n_tokens - L->n_q8 > SL->fp.n * T ||
-                               L->n_q8 > SL->q8.n * T))
+                uint64_t low = 0;
+                bool fits = true;
+                for (uint32_t t = 1; r == 0 && t < LADDER_TIERS; t++) {
+                        uint32_t n;
+                        const uint64_t *b;
+                        size_t nb;
+                        wire_resume_tier(L, t, &n, &b, &nb);
+                        if (t >= s->n_tiers && (n || nb)) {
+                                r = client_error(c, -EPROTO, "tier %u handed over for a session without it", t);
+                                break;
+                        }
+                        if (t < s->n_tiers)
+                                r = import_table(c, &SL->t[t], b, nb, s->tiers[t].block_bytes, s->max_layer_blocks);
+                        SL->low[t] = t < s->n_tiers ? n : 0;
+                        fits &= t >= s->n_tiers || n <= SL->t[t].n * T;
+                        low += n;
+                }
+                if (r == 0 && (!fits || L->n_tokens > s->max_layer_tokens || low > L->n_tokens ||
+                               L->n_tokens - low > SL->t[0].n * T))
                         r = client_error(c, -EPROTO, "layer %u: %u tokens do not fit the blocks handed over",
                                          l, L->n_tokens);
                 SL->n_tokens = L->n_tokens;
-                SL->n_q8 = L->n_q8;
         }
         if (r < 0) { /* the session is ours in kvcd: close it there too */
                 kvc_session_close(s, NULL);
@@ -448,31 +515,31 @@ int kvc_append(struct kvc_session *s, uint32_t layer, int32_t pos, const float *
                                     (unsigned long long)s->id);
         struct layer *L = &s->layers[layer];
         const struct block_layout *l = &s->layout;
-        uint32_t T = l->block_tokens, fp = L->n_tokens - L->n_q8;
+        uint32_t T = l->block_tokens, fp = L->n_tokens - session_low_tokens(s, L);
         /* with a plan lag, the answers still on their way may bring room (grants, or plans that
          * compact the layer): take them before asking kvcd for more than the policy allows */
-        while ((fp >= L->fp.n * T || L->n_tokens >= s->max_layer_tokens) && s->c->n_pending) {
+        while ((fp >= L->t[0].n * T || L->n_tokens >= s->max_layer_tokens) && s->c->n_pending) {
                 int r = kvc_poll(s->c, s->c->timeout_ms);
                 if (r < 0)
                         return r;
                 if (s->closed_by_kvcd)
                         return client_error(s->c, -s->closed_by_kvcd, "kvcd closed session %llu",
                                             (unsigned long long)s->id);
-                fp = L->n_tokens - L->n_q8;
+                fp = L->n_tokens - session_low_tokens(s, L);
         }
         if (L->n_tokens >= s->max_layer_tokens) /* the scratch is sized for it, whatever kvcd granted */
                 return client_error(s->c, -ENOSPC, "layer %u holds the %u tokens the session allows", layer,
                                     s->max_layer_tokens);
-        if (fp >= L->fp.n * T) {
+        if (fp >= L->t[0].n * T) {
                 int r = kvc_session_reserve(s, L->n_tokens + 1);
                 if (r < 0)
                         return r;
-                fp = L->n_tokens - L->n_q8; /* a plan may have been applied meanwhile */
-                if (fp >= L->fp.n * T)
+                fp = L->n_tokens - session_low_tokens(s, L); /* a plan may have been applied meanwhile */
+                if (fp >= L->t[0].n * T)
                         return client_error(s->c, -EPROTO, "kvcd granted no room for the next token");
         }
         uint32_t slot = fp % T, D = s->g.head_dim;
-        uint8_t *b = L->fp.ptrs[fp / T];
+        uint8_t *b = L->t[0].ptrs[fp / T];
         for (uint32_t h = 0; h < s->g.n_kv_heads; h++) {
                 block_store_row(l->dtype, k + (size_t)h * D, block_key(l, b, h, slot), D);
                 block_store_row(l->dtype, v + (size_t)h * D, block_value(l, b, h, slot), D);
@@ -512,23 +579,24 @@ int kvc_attend_rows(struct kvc_session *s, uint32_t layer, uint32_t n_rows, cons
         const struct layer *L = &s->layers[layer];
         if (L->n_tokens == 0)
                 return client_error(s->c, -EINVAL, "attention over an empty layer %u", layer);
-        /* the rows are the layer's newest tokens: all but the first of them full precision */
-        if (n_rows == 0 || n_rows > L->n_tokens || L->n_q8 > L->n_tokens - n_rows + 1)
-                return client_error(s->c, -EINVAL, "layer %u: %u rows to attend over %u tokens (%u in INT8)",
-                                    layer, n_rows, L->n_tokens, L->n_q8);
+        /* the rows are the layer's newest tokens, at the dtype (tier 0) */
+        uint32_t low = session_low_tokens(s, L);
+        if (n_rows == 0 || n_rows > L->n_tokens || low > L->n_tokens - n_rows)
+                return client_error(s->c, -EINVAL, "layer %u: %u rows to attend over %u tokens (%u in lower tiers)",
+                                    layer, n_rows, L->n_tokens, low);
         float *scratch = rows_scratch(s, n_rows);
         if (!scratch)
                 return client_error(s->c, -ENOMEM, "attention scratch for %u rows", n_rows);
         int r;
         /* the fast kernel (attention.h): the references are attn_decode_ref and attn_decode_mixed */
-        if (L->n_q8 == 0) { /* bit for bit what kvc-run --local computes, at f32 */
+        if (low == 0) { /* bit for bit what kvc-run --local computes, at f32 */
                 struct block_layer bl = session_fp_layer(s, layer);
                 r = attn_prefill_fast(&bl, n_rows, q, out, s->g.n_heads, s->ema_gamma, 1, scratch,
                                       ATTN_ISA_BEST);
         } else {
-                struct mixed_layer ml = session_mixed_layer(s, layer);
-                r = attn_prefill_fast_mixed(&ml, n_rows, q, out, s->g.n_heads, s->ema_gamma, 1, scratch,
-                                            ATTN_ISA_BEST);
+                struct ladder_layer M = session_ladder_layer(s, layer);
+                r = attn_prefill_fast_ladder(&M, n_rows, q, out, s->g.n_heads, s->ema_gamma, 1, scratch,
+                                             ATTN_ISA_BEST);
         }
         return r < 0 ? client_error(s->c, r, "attention over layer %u", layer) : 0;
 }
@@ -544,11 +612,11 @@ int kvc_append_slots(struct kvc_session *s, uint32_t layer, uint32_t n) {
         if (n > s->max_layer_tokens || L->n_tokens > s->max_layer_tokens - n)
                 return client_error(s->c, -ENOSPC, "layer %u: %u more tokens pass the session's limit of %u",
                                     layer, n, s->max_layer_tokens);
-        if (L->n_tokens - L->n_q8 + n > L->fp.n * T) {
+        if (L->n_tokens - session_low_tokens(s, L) + n > L->t[0].n * T) {
                 int r = kvc_session_reserve(s, L->n_tokens + n);
                 if (r < 0)
                         return r;
-                if (L->n_tokens - L->n_q8 + n > L->fp.n * T)
+                if (L->n_tokens - session_low_tokens(s, L) + n > L->t[0].n * T)
                         return client_error(s->c, -EPROTO, "kvcd granted no room for %u more tokens", n);
         }
         L->n_tokens += n;
@@ -560,7 +628,22 @@ uint32_t kvc_layer_tokens(const struct kvc_session *s, uint32_t layer) {
 }
 
 uint32_t kvc_layer_q8_tokens(const struct kvc_session *s, uint32_t layer) {
-        return layer < s->g.n_layers ? s->layers[layer].n_q8 : 0;
+        return layer < s->g.n_layers ? session_low_tokens(s, &s->layers[layer]) : 0;
+}
+
+uint32_t kvc_session_tiers(const struct kvc_session *s) {
+        return s->n_tiers;
+}
+
+const char *kvc_session_tier_name(const struct kvc_session *s, uint32_t tier) {
+        return tier < s->n_tiers ? tier_row(s->tiers[tier].dtype)->name : NULL;
+}
+
+uint32_t kvc_layer_tier_tokens(const struct kvc_session *s, uint32_t layer, uint32_t tier) {
+        if (layer >= s->g.n_layers || tier >= s->n_tiers)
+                return 0;
+        const struct layer *L = &s->layers[layer];
+        return tier ? L->low[tier] : L->n_tokens - session_low_tokens(s, L);
 }
 
 int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer_view *ret) {
@@ -568,14 +651,16 @@ int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer
                 return -EINVAL;
         const struct layer *L = &s->layers[layer];
         *ret = (struct kvc_layer_view){ .n_tokens = L->n_tokens,
-                                        .n_blocks = L->fp.n,
+                                        .n_blocks = L->t[0].n,
                                         .block_tokens = s->layout.block_tokens,
                                         .block_bytes = s->layout.block_bytes,
-                                        .blocks = L->fp.ptrs,
-                                        .n_q8 = L->n_q8,
-                                        .n_q8_blocks = L->q8.n,
-                                        .q8_block_bytes = s->q8_layout.block_bytes,
-                                        .q8_blocks = L->q8.ptrs };
+                                        .blocks = L->t[0].ptrs };
+        if (s->n_tiers > 1) { /* the device compactor knows INT8 alone: tier 1 is q8 there */
+                ret->n_q8 = L->low[1];
+                ret->n_q8_blocks = L->t[1].n;
+                ret->q8_block_bytes = s->tiers[1].block_bytes;
+                ret->q8_blocks = L->t[1].ptrs;
+        }
         return 0;
 }
 

@@ -42,7 +42,7 @@ int step_dispatch(struct kvc_client *c, const Kvc__Envelope *env) {
                         struct kvc_session *s = session_find(c, pb->shared[i]->session_id);
                         uint32_t S = pb->shared[i]->shared_tokens;
                         if (s && S >= s->n_shared && (uint64_t)s->mask_stride * 8 >= S &&
-                            S / s->layout.block_tokens <= s->layers[0].fp.n)
+                            S / s->layout.block_tokens <= s->layers[0].t[0].n)
                                 s->n_shared = S;
                 }
                 for (size_t i = 0; i < pb->n_plans; i++) {
@@ -202,7 +202,8 @@ int kvc_flush(struct kvc_client *c) {
                 if (r < 0 || (r = send_steps(c)) < 0)
                         return r;
         }
-        while (c->n_pending > c->plan_lag) {
+        /* and the links of demotions kvcd cut up (plan.c): a session steps again once it has them */
+        while (c->n_pending > c->plan_lag || (c->plan_lag == 0 && c->n_links)) {
                 Kvc__Envelope *in;
                 r = client_recv(c, c->timeout_ms, &in);
                 if (r == -ENOTCONN && (r = resume_recover(c)) == 0)

@@ -197,7 +197,7 @@ static void conf_limits(const void *state, struct policy_limits *ret) {
                                        .max_layer_tokens = most + c->slack,
                                        .max_keep = most,
                                        .per_head = c->per_head,
-                                       .int8 = c->int8,
+                                       .lower = c->int8,
                                        .summarize = c->correction == 2 };
 }
 
@@ -252,7 +252,7 @@ static void conf_decide(void *state, const struct policy_step *step, struct poli
                 if (n < trigger || target >= n)
                         continue;
                 t[l].keep = target;
-                t[l].q8 = c->int8 && target > c->fp_window ? target - c->fp_window : 0;
+                t[l].low = c->int8 && target > c->fp_window ? target - c->fp_window : 0;
         }
 }
 

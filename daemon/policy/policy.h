@@ -7,7 +7,7 @@
  * some steps (SnapKV's observation window) says so through observes(), and then sees every
  * layer's side arrays (observe) before it decides. decide() answers, per layer, how many tokens
  * to keep if a plan is due now (POLICY_NO_PLAN otherwise) and how many of the kept ones, the
- * oldest, to hold in INT8. For each layer with a plan kvcd copies the layer's side arrays out of
+ * oldest, to hold in the session's first tier below its dtype (INT8 for CONF-KV). For each layer with a plan kvcd copies the layer's side arrays out of
  * the pool into flat arrays and asks for the keep-set (select), which it writes into the
  * session's plan buffer. A select may also return log-weight increments for the kept tokens
  * (decode-time correction); kvcd adds them into the pool before it sends the plan.
@@ -64,7 +64,7 @@ struct policy_layer {
         uint32_t layer;
         uint32_t n_tokens;
         uint32_t n_kv_heads;
-        uint32_t n_q8; /* slots [0, n_q8) are held in INT8 now */
+        uint32_t n_low; /* slots [0, n_low) are held below the dtype now (any lower tier) */
         const int32_t *pos;
         const float *sum;
         const float *ema;
@@ -74,7 +74,8 @@ struct policy_layer {
 
 struct policy_target {
         uint32_t keep; /* tokens to keep per layer (and head), or POLICY_NO_PLAN */
-        uint32_t q8;   /* of those, the oldest to hold in INT8 after the plan */
+        uint32_t low;  /* of those, the oldest to hold in a lower tier after the plan (at least the
+                          session's first; kvcd's tier_window may send them lower) */
 };
 
 struct policy_limits {
@@ -82,7 +83,7 @@ struct policy_limits {
         uint32_t max_layer_tokens; /* a layer never holds more */
         uint32_t max_keep;         /* the largest keep-set of a layer (per head if per_head) */
         bool per_head;             /* keep-sets per KV head */
-        bool int8;                 /* plans may move tokens to INT8 */
+        bool lower;                /* plans may move tokens to a lower tier (the session must have one) */
         bool summarize;            /* evicted tokens go into a summary slot (kernels/summarize.h):
                                       kvcd keeps that slot beside the policy's keep-set */
 };
@@ -114,7 +115,7 @@ struct policy_ops {
         /* scratch as select's (4 * n_kv_heads * n_tokens words), free to use until it returns. */
         void (*observe)(void *state, const struct policy_step *step, const struct policy_layer *layer,
                         void *scratch);
-        /* Fills targets[n_layers] (kvcd initializes them to POLICY_NO_PLAN, q8 0). */
+        /* Fills targets[n_layers] (kvcd initializes them to POLICY_NO_PLAN, low 0). */
         void (*decide)(void *state, const struct policy_step *step, struct policy_target *targets);
         /* Writes the keep-set of one layer: target->keep indices, sorted ascending (per head: one
          * set per KV head, head after head). May write logw_delta[] (same shape as keep) and then
