@@ -102,8 +102,9 @@ static void usage(FILE *f) {
                 "  --plan-lag N        steps the runner may run ahead of kvcd (default 0: deterministic)\n"
                 "  --socket PATH       kvcd's runtime directory or kvcd.sock\n"
                 "  --local             keep the cache in process (no kvcd)\n"
-                "  --tier q8|q4|q3|q2  with --local: every token but the last --tier-window at that tier of\n"
-                "                      the precision ladder (the window at --dtype)\n"
+                "  --tier q8|q4|q3|q2  every token but the last --tier-window at that tier of the precision\n"
+                "                      ladder (the window at --dtype): kvcd's tier_window, or with --local\n"
+                "                      the in-process ladder cache\n"
                 "  --tier-window N     tokens kept at --dtype with --tier (default 128)\n"
                 "  --no-stop           keep going past the end-of-story token\n"
                 "  --trace N           print the cache size and the confidence every N steps on stderr\n"
@@ -271,8 +272,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 return -EINVAL; /* a chat turn, or a file of them, is the prompt */
         if ((o->batch > 1 || o->prompts) && (o->export_at || o->import || o->stop_at))
                 return -EINVAL; /* a hand-off or a stop is of one sequence */
-        if (o->tier && (!o->local || o->batch > 1 || o->prompts))
-                return -EINVAL; /* the tiers run in process, on one sequence (kvcd's come with the protocol) */
+        if (o->tier && o->local && (o->batch > 1 || o->prompts))
+                return -EINVAL; /* the in-process ladder cache holds one sequence */
         if ((o->export_at || o->import) &&
             (!o->handoff_file || o->local || o->temperature != 0 || (o->export_at && o->import) || o->share))
                 return -EINVAL; /* a hand-off needs the file, kvcd, and greedy decoding */
@@ -380,6 +381,14 @@ static int connect_kvcd(struct runner *r) {
 /* A session for one sequence whose prompt is prompt[0..n_prompt). */
 static int open_one(struct runner *r, const int *prompt, int n_prompt, struct kvc_session **ret) {
         const struct model_config *mc = model_get_config(r->model);
+        struct kvc_param params[MAX_PARAMS + 1];
+        size_t n_params = r->o.n_params;
+        char window[16];
+        memcpy(params, r->o.params, n_params * sizeof(params[0]));
+        if (r->o.tier) { /* kvcd's uniform tier: every token but the newest window at it */
+                snprintf(window, sizeof(window), "%u", r->o.tier_window ? r->o.tier_window : 128);
+                params[n_params++] = (struct kvc_param){ .key = "tier_window", .value = window };
+        }
         struct kvc_session_config sc = {
                 .geometry = { .n_layers = (uint32_t)mc->n_layers,
                               .n_heads = (uint32_t)mc->n_heads,
@@ -389,8 +398,9 @@ static int open_one(struct runner *r, const int *prompt, int n_prompt, struct kv
                               .max_tokens = (uint32_t)mc->seq_len },
                 .policy = r->o.policy,
                 .budget_tokens = r->o.budget,
-                .params = r->o.params,
-                .n_params = r->o.n_params,
+                .params = params,
+                .n_params = n_params,
+                .tiers = r->o.tier,
                 .tenant = r->o.tenant,
                 .handoff = r->o.export_at > 0,
                 .share_prefix = r->o.share,

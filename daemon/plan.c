@@ -93,7 +93,7 @@ int plan_scratch_reserve(struct plan_scratch *sc, size_t entries) {
 
 /* Blocks of the plan buffer: one keep-set entry (4 bytes) per layer, head and token kept. */
 uint64_t plan_buffer_units(struct session *s) {
-        if (!s->max_keep)
+        if (!s->keep_cap)
                 return 0;
         uint64_t entries = (uint64_t)s->n_layers * s->keep_cap * (s->per_head ? s->n_kv_heads : 1);
         s->mask_offset = (entries * 4 + 7) / 8 * 8; /* then the masks of shared slots, per layer and head */
@@ -521,7 +521,7 @@ static Kvc__Plan *build(struct kvcd *d, struct session *s, const struct policy_s
                         now += L->low[t];
                         demotes |= wanted[t] > now;
                 }
-                if (!evicts && !demotes)
+                if ((!evicts && !demotes) || n > s->keep_cap)
                         continue;
                 uint32_t *keep = d->scratch.keep, summary = UINT32_MAX;
                 bool deltas = false;
