@@ -500,6 +500,34 @@ static double percent(uint64_t part, uint64_t whole) {
         return whole ? 100.0 * (double)part / (double)whole : 0.0;
 }
 
+/* A list of bytes by tier, "f16 1.2 MiB, q4 300.0 KiB", into buf ("-" when empty). */
+static const char *tier_list(Kvc__TierBytes *const *v, size_t n, char *buf, size_t len) {
+        size_t at = 0;
+        buf[0] = '\0';
+        for (size_t i = 0; i < n && at + 1 < len; i++) {
+                char b[32];
+                at += (size_t)snprintf(buf + at, len - at, "%s%s %s", i ? ", " : "", v[i]->tier,
+                                       human_bytes(v[i]->bytes, b, sizeof(b)));
+        }
+        return n ? buf : "-";
+}
+
+/* The tiers' names alone, "f16,q4" ("-" when empty). */
+static const char *tier_names(Kvc__TierBytes *const *v, size_t n, char *buf, size_t len) {
+        size_t at = 0;
+        buf[0] = '\0';
+        for (size_t i = 0; i < n && at + 1 < len; i++)
+                at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? "," : "", v[i]->tier);
+        return n ? buf : "-";
+}
+
+static void json_tier_bytes(Kvc__TierBytes *const *v, size_t n) {
+        printf(",\"tier_bytes\":{");
+        for (size_t i = 0; i < n; i++)
+                printf("%s\"%s\":%llu", i ? "," : "", v[i]->tier, (unsigned long long)v[i]->bytes);
+        printf("}");
+}
+
 /* The status as one JSON object (no newline). */
 static void json_status(const Kvc__Status *s) {
         printf("{\"version\":\"%s\",\"backend\":\"%s\",\"uptime_usec\":%llu,\"capacity_bytes\":%llu,"
@@ -527,7 +555,9 @@ static void json_status(const Kvc__Status *s) {
                        (unsigned long long)t->used_bytes, (unsigned long long)t->quota_bytes,
                        (unsigned long long)t->reserved_bytes, t->sessions, t->declared ? "true" : "false");
         }
-        printf("]}");
+        printf("]");
+        json_tier_bytes(s->tier_bytes, s->n_tier_bytes);
+        printf("}");
 }
 
 static void print_tenants(const Kvc__Status *s) {
@@ -564,6 +594,8 @@ static void print_status(const struct ctl *c, const Kvc__Status *s) {
                        s->chunks_reclaiming, s->chunks_held);
         printf("memory    kvcd resident %s (own heap %s)\n", human_bytes(s->rss_bytes, a, sizeof(a)),
                human_bytes(s->rss_anon_bytes, b, sizeof(b)));
+        char tl[256];
+        printf("tiers     %s\n", tier_list(s->tier_bytes, s->n_tier_bytes, tl, sizeof(tl)));
         printf("clients   %u\nsessions  %u\n", s->clients, s->sessions);
         if (s->shared_blocks)
                 printf("shared    %u prompt blocks, %s (counted once)\n", s->shared_blocks,
@@ -609,6 +641,8 @@ static void json_session(const Kvc__SessionInfo *s) {
                (unsigned long long)s->steps, (unsigned long long)s->plans, (unsigned long long)s->age_usec,
                s->n_layers, (unsigned long long)s->min_bytes, (unsigned long long)s->max_bytes,
                (unsigned long long)s->cap_bytes, s->priority, (unsigned long long)s->idle_usec);
+        printf(",\"bits_per_value\":%.3f", (double)s->bits_per_value);
+        json_tier_bytes(s->tier_bytes, s->n_tier_bytes);
 }
 
 static void print_sessions(const struct ctl *c, const Kvc__SessionList *l) {
@@ -622,16 +656,18 @@ static void print_sessions(const struct ctl *c, const Kvc__SessionList *l) {
                 printf("]\n");
                 return;
         }
-        printf("%6s %8s %6s %-10s %-8s %6s %6s %5s %10s %10s %8s %6s %8s\n", "ID", "PID", "UID", "TENANT",
-               "POLICY", "BUDGET", "TOKENS", "CONF", "FP BYTES", "INT8 BYTES", "STEPS", "PLANS", "AGE");
+        printf("%6s %8s %6s %-10s %-8s %6s %6s %5s %10s %10s %5s %-12s %8s %6s %8s\n", "ID", "PID", "UID",
+               "TENANT", "POLICY", "BUDGET", "TOKENS", "CONF", "FP BYTES", "INT8 BYTES", "BITS", "TIERS", "STEPS",
+               "PLANS", "AGE");
         for (size_t i = 0; i < l->n_sessions; i++) {
                 const Kvc__SessionInfo *s = l->sessions[i];
-                char b[32], q[32];
-                printf("%6llu %8u %6u %-10.10s %-8.8s %6u %6u %5.2f %10s %10s %8llu %6llu %7.1fs\n",
+                char b[32], q[32], t[64];
+                printf("%6llu %8u %6u %-10.10s %-8.8s %6u %6u %5.2f %10s %10s %5.1f %-12.12s %8llu %6llu %7.1fs\n",
                        (unsigned long long)s->session_id, s->pid, s->uid, s->tenant, s->policy,
                        s->budget_tokens, s->tokens, (double)s->confidence,
                        human_bytes(s->bytes - s->int8_bytes, b, sizeof(b)),
-                       human_bytes(s->int8_bytes, q, sizeof(q)), (unsigned long long)s->steps,
+                       human_bytes(s->int8_bytes, q, sizeof(q)), (double)s->bits_per_value,
+                       tier_names(s->tier_bytes, s->n_tier_bytes, t, sizeof(t)), (unsigned long long)s->steps,
                        (unsigned long long)s->plans, (double)s->age_usec / 1e6);
         }
         if (l->n_sessions == 0)
@@ -815,8 +851,8 @@ static int top_frame(const struct ctl *c, struct top_state *t, const Kvc__Status
         for (size_t k = 0; k < n_cl; k++, lines++)
                 printf("%-16.16s %8u %5u %7s %9.1f\n", cl[k].name[0] ? cl[k].name : "-", cl[k].pid,
                        cl[k].sessions, short_bytes(cl[k].bytes, a, sizeof(a)), cl[k].rate);
-        printf("\n%5s %-10s %-8s %-7s %6s %7s %4s %5s %7s %5s %s\n", "ID", "CLIENT", "TENANT", "POLICY",
-               "TOKENS", "BYTES", "%CAP", "CONF", "STEP/S", "AGE", "!");
+        printf("\n%5s %-8s %-8s %-7s %6s %7s %4s %4s %5s %6s %5s %s\n", "ID", "CLIENT", "TENANT", "POLICY",
+               "TOKENS", "BYTES", "BITS", "%CAP", "CONF", "STEP/S", "AGE", "!");
         lines += 3; /* with the legend */
         size_t shown = l->n_sessions;
         if (rows > 0 && (int)shown > rows - lines - 1)
@@ -828,9 +864,10 @@ static int top_frame(const struct ctl *c, struct top_state *t, const Kvc__Status
                         snprintf(cap, sizeof(cap), "%.0f",
                                  percent(s->bytes, s->cap_bytes) > 999 ? 999.0
                                                                        : percent(s->bytes, s->cap_bytes));
-                printf("%5llu %-10.10s %-8.8s %-7.7s %6u %7s %4s %5.2f %7.1f %5s %s%s\n",
+                printf("%5llu %-8.8s %-8.8s %-7.7s %6u %7s %4.1f %4s %5.2f %6.1f %5s %s%s\n",
                        (unsigned long long)s->session_id, s->client_name[0] ? s->client_name : "-", s->tenant,
-                       s->policy, s->tokens, short_bytes(s->bytes, a, sizeof(a)), cap, (double)s->confidence,
+                       s->policy, s->tokens, short_bytes(s->bytes, a, sizeof(a)), (double)s->bits_per_value, cap,
+                       (double)s->confidence,
                        row[i].rate, short_age(s->age_usec, b, sizeof(b)), row[i].over ? "O" : "",
                        row[i].idle ? "I" : "");
         }
