@@ -521,7 +521,7 @@ static Kvc__Plan *build(struct kvcd *d, struct session *s, const struct policy_s
                         now += L->low[t];
                         demotes |= wanted[t] > now;
                 }
-                if ((!evicts && !demotes) || n > s->keep_cap)
+                if (!evicts && (!demotes || n > s->keep_cap)) /* a demotion keeps all n */
                         continue;
                 uint32_t *keep = d->scratch.keep, summary = UINT32_MAX;
                 bool deltas = false;

@@ -225,7 +225,10 @@ static void hostile_sessions_keep_kvcds_memory_bounded_and_give_it_back(void **s
                 "%d hostile sessions (256 layers, 2^20 tokens, full) in %lld ms: kvcd's RSS %lld -> %lld "
                 "KiB (bound %lld KiB); then refused: %s\n",
                 opened, (long long)(now_ms() - t0), base / 1024, rss1 / 1024, bound / 1024, why);
-        assert_int_equal(opened, 1024); /* KVCD_MAX_SESSIONS_PER_CLIENT */
+        /* the session limit (KVCD_MAX_SESSIONS_PER_CLIENT, 1024) or, first, the client's heap
+         * allowance: a 256-layer session's bookkeeping is 37 KiB since a layer has a table per tier
+         * of the precision ladder (issue 26), so about 720 fit in 32 MiB */
+        assert_true(opened == 1024 || (opened >= 512 && strstr(why, "heap")));
         assert_int_equal(code, ENOSPC);
         assert_rss(rss1 <= bound);
 

@@ -149,7 +149,7 @@ void sim_apply(struct sim *m, struct session *s, const Kvc__Plan *p) {
         size_t n_rel = 0;
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 tokens[l] = s->layers[l].n_tokens;
-                q8[l] = s->layers[l].n_q8;
+                q8[l] = s->layers[l].low[1];
         }
         for (size_t i = 0; i < p->n_layers; i++) {
                 tokens[p->layers[i]->layer] = p->layers[i]->keep_count;
@@ -158,7 +158,7 @@ void sim_apply(struct sim *m, struct session *s, const Kvc__Plan *p) {
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 struct session_layer *L = &s->layers[l];
                 uint32_t need[2] = { (tokens[l] - q8[l] + T - 1) / T, (q8[l] + T - 1) / T };
-                struct block_table *t[2] = { &L->fp, &L->q8 };
+                struct block_table *t[2] = { &L->t[0], &L->t[1] }; /* the INT8 tier, as a client before the ladder */
                 for (int k = 0; k < 2; k++) {
                         if (t[k]->n <= need[k])
                                 continue;
@@ -203,7 +203,7 @@ int sim_step(struct sim *m, struct session *s, float confidence, bool apply_now,
         bool room = true;
         for (uint32_t l = 0; l < s->n_layers && room; l++) {
                 const struct session_layer *L = &s->layers[l];
-                room = L->n_tokens + 1 <= L->n_q8 + L->fp.n * T && L->n_tokens + 1 <= s->max_layer_tokens;
+                room = L->n_tokens + 1 <= L->low[1] + L->t[0].n * T && L->n_tokens + 1 <= s->max_layer_tokens;
         }
         if (!room && s->pending_plan_id == 0 && s->layers[0].n_tokens + 1 <= s->max_layer_tokens) {
                 Kvc__Grant *g;

@@ -35,9 +35,10 @@ static uint8_t *slot_at(struct kvcd *d, const struct session *s, uint32_t l, uin
                         const struct block_layout **lay, uint32_t *slot) {
         const struct session_layer *L = &s->layers[l];
         uint32_t T = s->layout.block_tokens;
-        *lay = j < L->n_q8 ? &s->q8_layout : &s->layout;
-        *slot = (j < L->n_q8 ? j : j - L->n_q8) % T;
-        return pool_ptr(d->pool, j < L->n_q8 ? L->q8.blocks[j / T] : L->fp.blocks[(j - L->n_q8) / T]);
+        uint32_t q8 = L->low[1];
+        *lay = j < q8 ? &s->tiers[1] : &s->layout;
+        *slot = (j < q8 ? j : j - q8) % T;
+        return pool_ptr(d->pool, j < q8 ? L->t[1].blocks[j / T] : L->t[0].blocks[(j - q8) / T]);
 }
 
 /* Writes the side arrays of the layers' newest slot: values from (layer, head, position, salt). */

@@ -320,10 +320,10 @@ static struct policy_step step_of(uint64_t appended, const uint32_t *lens, float
 static void decide_into(struct policy *p, const struct policy_step *st, struct policy_target *t) {
         uint32_t L = p->setup.n_layers;
         for (uint32_t l = 0; l <= L; l++)
-                t[l] = (struct policy_target){ .keep = POLICY_NO_PLAN, .q8 = 0 };
+                t[l] = (struct policy_target){ .keep = POLICY_NO_PLAN, .low = 0 };
         p->ops->decide(p->state, st, t);
         assert_int_equal(t[L].keep, POLICY_NO_PLAN);
-        assert_int_equal(t[L].q8, 0);
+        assert_int_equal(t[L].low, 0);
 }
 
 /* The target of layer 0 for one step with every layer at n tokens. */
@@ -839,7 +839,7 @@ static void full_keeps_everything_and_never_plans(void **state) {
         assert_int_equal(lim.max_layer_tokens, 4096);
         assert_int_equal(lim.max_keep, 0);
         assert_false(lim.per_head);
-        assert_false(lim.int8);
+        assert_false(lim.lower);
         assert_null(p->ops->observes);
         const uint32_t lens[][4] = { { 0, 0, 0, 0 }, { 272, 273, 4096, 4096 }, { UINT32_MAX, 1, 2, 3 } };
         for (size_t i = 0; i < 3; i++) {
@@ -878,7 +878,7 @@ static void window_states_its_limits(void **state) {
                 assert_int_equal(lim.max_layer_tokens, rows[i].want_budget + s.block_tokens);
                 assert_int_equal(lim.max_keep, rows[i].want_budget);
                 assert_false(lim.per_head);
-                assert_false(lim.int8);
+                assert_false(lim.lower);
                 policy_free(p);
         }
 }
@@ -897,7 +897,7 @@ static void window_plans_only_at_budget_plus_slack(void **state) {
         assert_int_equal(t[1].keep, 256);
         assert_int_equal(t[2].keep, 256);
         assert_int_equal(t[3].keep, POLICY_NO_PLAN);
-        assert_int_equal(t[1].q8, 0);
+        assert_int_equal(t[1].low, 0);
 
         /* decoding one token at a time from the budget: one plan per block of tokens */
         uint32_t plans = 0;
@@ -1491,7 +1491,7 @@ static void scope_prefill_plan_keeps_alpha1_plus_alpha2(void **state) {
 
         assert_true(feed_prompt(p, 40, 1, scope_attention, t) == steps_between(37, 40));
         assert_int_equal(t[0].keep, 12);
-        assert_int_equal(t[0].q8, 0);
+        assert_int_equal(t[0].low, 0);
         struct arrays a = arrays_new(2, 40);
         struct policy_layer L = view_of(&a, 0);
         struct policy_step st = step_of(40, lens, 0.5f);
@@ -1730,7 +1730,7 @@ static void conf_budgets_at_given_confidences_for_each_gate(void **state) {
                 assert_int_equal(lim.max_keep, fixed ? 100 : 150);
                 assert_int_equal(lim.max_layer_tokens, fixed ? 116 : 166);
                 assert_false(lim.per_head);
-                assert_false(lim.int8);
+                assert_false(lim.lower);
                 policy_free(p);
         }
         /* the default gate is defer */
@@ -1749,34 +1749,34 @@ static void conf_int8_marks_all_but_the_fp_window(void **state) {
 
         const struct policy_param fixed[] = { NUM("int8", 1), TEXT("gate", "fixed"), NUM("fp_window", 32) };
         struct policy *p = policy_make("conf", &s, fixed, N_OF(fixed));
-        assert_true(limits_of(p).int8);
+        assert_true(limits_of(p).lower);
         struct policy_step st = step_of(166, lens, 0.9f);
         decide_into(p, &st, t);
         assert_int_equal(t[0].keep, 100);
-        assert_int_equal(t[0].q8, 68);
+        assert_int_equal(t[0].low, 68);
         assert_int_equal(t[1].keep, POLICY_NO_PLAN);
-        assert_int_equal(t[1].q8, 0);
+        assert_int_equal(t[1].low, 0);
         policy_free(p);
 
         const struct policy_param naive[] = { NUM("int8", 1), TEXT("gate", "naive"), NUM("fp_window", 32) };
         p = policy_make("conf", &s, naive, N_OF(naive));
         decide_into(p, &st, t);
         assert_int_equal(t[0].keep, 50);
-        assert_int_equal(t[0].q8, 18);
+        assert_int_equal(t[0].low, 18);
         policy_free(p);
 
         const struct policy_param wide[] = { NUM("int8", 1), TEXT("gate", "naive"), NUM("fp_window", 64) };
         p = policy_make("conf", &s, wide, N_OF(wide));
         decide_into(p, &st, t);
         assert_int_equal(t[0].keep, 50);
-        assert_int_equal(t[0].q8, 0);
+        assert_int_equal(t[0].low, 0);
         policy_free(p);
 
         p = policy_make("conf", &s, NULL, 0); /* int8 off: never any */
-        assert_false(limits_of(p).int8);
+        assert_false(limits_of(p).lower);
         decide_into(p, &st, t);
         assert_int_equal(t[0].keep, 100);
-        assert_int_equal(t[0].q8, 0);
+        assert_int_equal(t[0].low, 0);
         policy_free(p);
 }
 
@@ -2718,13 +2718,13 @@ static void sim_run(const struct sim_case *c, const struct policy_setup *setup, 
                         uint32_t k = t[l].keep;
                         if (k == POLICY_NO_PLAN)
                                 continue;
-                        if (k >= s.n[l] || k > s.lim.max_keep || t[l].q8 > k || (t[l].q8 && !s.lim.int8))
+                        if (k >= s.n[l] || k > s.lim.max_keep || t[l].low > k || (t[l].low && !s.lim.lower))
                                 fail_msg("%s: step %llu: layer %u of %u tokens: target %u (q8 %u), max_keep "
                                          "%u",
-                                         c->policy, (unsigned long long)appended, l, s.n[l], k, t[l].q8,
+                                         c->policy, (unsigned long long)appended, l, s.n[l], k, t[l].low,
                                          s.lim.max_keep);
                         struct policy_target tl = t[l];
-                        if (s.lim.summarize && !s.lim.per_head && !s.lim.int8 && k >= 2)
+                        if (s.lim.summarize && !s.lim.per_head && !s.lim.lower && k >= 2)
                                 tl.keep = k - 1; /* kvcd keeps a slot for the summary */
                         sim_gather(&s, l);
                         struct policy_layer view = view_of(&s.view, l);

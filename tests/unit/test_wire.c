@@ -1233,7 +1233,10 @@ static void wire_rejects_bad_plan_batch(void **state) {
         REJECT(plans, f->m.n_errors = WIRE_MAX_STEPS + 1, "plan batch too long");
         REJECT(plans, f->plans[1].session_id = 0, "plan 1: zero id");
         REJECT(plans, f->plans[1].plan_id = 0, "plan 1: zero id");
-        REJECT(plans, f->plans[0].n_layers = 0, "plan 0: 0 layers");
+        ACCEPT(plans, (f->plans[0].n_layers = 0, f->plans[0].n_moves = 0)); /* ends a demotion's links */
+        static uint32_t tiers[WIRE_MAX_TIERS + 1] = { 1, 1, 1, 1, 1 };
+        REJECT(plans, (f->lp[0].n_tier_tokens = WIRE_MAX_TIERS + 1, f->lp[0].tier_tokens = tiers),
+               "layer entry 0 out of range");
         REJECT(plans, f->plans[0].n_layers = WIRE_MAX_LAYERS + 1, "plan 0: 257 layers");
         REJECT(plans, f->lp[2].layer = WIRE_MAX_LAYERS, "layer entry 2 out of range");
         REJECT(plans, (f->lp[1].base_tokens = WIRE_MAX_TOKENS + 1, f->lp[1].keep_count = 1),
