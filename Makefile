@@ -9,7 +9,7 @@
 #   make quality-plots  only the plots, from the committed bench/quality/results.csv (seconds)
 #   make quality-smol  the real-model suite on SmolLM2 (needle in a haystack), docs/quality.md
 #   make cuda       the CUDA kernels (CUDA=1; default on when nvcc is found)
-#   make install    into $(DESTDIR)$(PREFIX): programs, libkvc (libkvc.so.0.1.0 with its soname link
+#   make install    into $(DESTDIR)$(PREFIX): programs, libkvc (libkvc.so.0.2.0 with its soname link
 #                   libkvc.so.0 and libkvc.so; libkvc.a), kvc.pc, kvc.h, man pages, systemd units
 #
 # Builds go to $(BUILD) (build/, or build/san for `make check`). No probing of the host beyond

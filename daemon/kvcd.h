@@ -38,7 +38,7 @@ struct prefix_block;
 struct restart;
 struct events;
 
-#define KVCD_VERSION                 "0.1.0"
+#define KVCD_VERSION                 "0.2.0"
 #define KVCD_MAX_CLIENTS             256u
 #define KVCD_MAX_SESSIONS            4096u
 #define KVCD_MAX_SESSIONS_PER_CLIENT 1024u

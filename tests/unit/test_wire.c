@@ -155,7 +155,7 @@ static void welcome_fx_init(struct welcome_fx *f) {
         f->m.pool_bytes = 1ull << 30;
         f->m.block_tokens = 16;
         f->m.backend = "host";
-        f->m.daemon_version = "kvcd 0.1.0";
+        f->m.daemon_version = "kvcd 0.2.0";
         env_init(&f->env, KVC__ENVELOPE__BODY_WELCOME, &f->m);
 }
 
@@ -404,7 +404,7 @@ struct status_fx {
 
 static void status_fx_init(struct status_fx *f) {
         f->m = (Kvc__Status)KVC__STATUS__INIT;
-        f->m.version = "kvcd 0.1.0";
+        f->m.version = "kvcd 0.2.0";
         f->m.backend = "host";
         f->m.uptime_usec = 123456789;
         f->m.capacity_bytes = 8ull << 30;
@@ -492,7 +492,7 @@ static void wire_round_trips_welcome(void **state) {
         assert_int_equal(m->pool_bytes, 1ull << 30);
         assert_int_equal(m->block_tokens, 16);
         assert_string_equal(m->backend, "host");
-        assert_string_equal(m->daemon_version, "kvcd 0.1.0");
+        assert_string_equal(m->daemon_version, "kvcd 0.2.0");
 }
 
 /* A kind kvcd only sends, sent to it as a request, is refused as one (EPROTO), not for its fields:
@@ -726,7 +726,7 @@ static void wire_round_trips_status(void **state) {
         (void)state;
         status_fx_init(&f);
         Kvc__Status *m = round_trip(&f.env)->status;
-        assert_string_equal(m->version, "kvcd 0.1.0");
+        assert_string_equal(m->version, "kvcd 0.2.0");
         assert_string_equal(m->backend, "host");
         assert_int_equal(m->uptime_usec, 123456789);
         assert_int_equal(m->capacity_bytes, 8ull << 30);

@@ -46,7 +46,7 @@ from .errors import (
 )
 from ._lib import LibraryNotFound
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Block", "Client", "Geometry", "Handoff", "LayerView", "Session", "SessionStats", "Summary",
