@@ -227,6 +227,8 @@ struct kvc_layer_view {
         uint64_t q8_block_bytes;
         uint8_t *const *q8_blocks;
 };
+/* -ENOTSUP for a session with tiers other than INT8 (OpenSession.tiers): its packed blocks have no
+ * view here; kvc_layer_gather reads every tier. */
 int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer_view *ret);
 
 /* ---- device pools (kvcd --backend cuda; docs/gpu.md) ----

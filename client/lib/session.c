@@ -655,7 +655,12 @@ int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer
                                         .block_tokens = s->layout.block_tokens,
                                         .block_bytes = s->layout.block_bytes,
                                         .blocks = L->t[0].ptrs };
-        if (s->n_tiers > 1) { /* the device compactor knows INT8 alone: tier 1 is q8 there */
+        if (s->n_tiers > 2 || (s->n_tiers == 2 && s->tiers[1].dtype != BLOCK_DTYPE_Q8))
+                return client_error(s->c, -ENOTSUP,
+                                    "kvc_layer_view describes the dtype's and INT8 blocks; layer %u holds tiers "
+                                    "of the ladder (kvc_layer_gather reads them)",
+                                    layer);
+        if (s->n_tiers > 1) { /* INT8, as mixed.h lays it out */
                 ret->n_q8 = L->low[1];
                 ret->n_q8_blocks = L->t[1].n;
                 ret->q8_block_bytes = s->tiers[1].block_bytes;

@@ -173,8 +173,11 @@ static void a_prompt_goes_down_in_links_and_the_peak_stays_within_a_block_per_ti
          * prompt, and room for the next token); at no time more than that and one 4-bit block a
          * layer (plan.c: the destination of a link is granted before its source is freed) */
         struct kvc_layer_view lv;
-        assert_int_equal(kvc_layer_view(s, 0, &lv), 0);
-        uint64_t fp = lv.block_bytes, q4 = lv.q8_block_bytes; /* the view's second table is tier 1 */
+        assert_int_equal(kvc_layer_view(s, 0, &lv), -ENOTSUP); /* packed blocks have no view */
+        struct block_layout fl, ql;
+        assert_int_equal(block_layout_init(&fl, 16, H, D, BLOCK_DTYPE_F32), 0);
+        assert_int_equal(block_layout_init(&ql, 16, H, D, BLOCK_DTYPE_Q4), 0);
+        uint64_t fp = fl.block_bytes, q4 = ql.block_bytes;
         uint64_t entries = (uint64_t)LAYERS * kvc_session_max_tokens(s);
         uint64_t plan = ((entries * 4 + 7) / 8 * 8 + fp - 1) / fp * fp;
         uint64_t before = plan + LAYERS * 33 * fp;

@@ -90,6 +90,8 @@ class SessionConfig(Structure):
         ("handoff", c_int),
         ("share_prefix", c_int),
         ("model_id", c_char_p),
+        ("tiers", c_char_p),
+        ("rotation_seed", c_uint64),
     ]
 
 
@@ -159,6 +161,9 @@ _PROTOTYPES = {
     "kvc_layer_tokens": (c_uint32, [_session_p, c_uint32]),
     "kvc_session_shared_tokens": (c_uint32, [_session_p]),
     "kvc_layer_q8_tokens": (c_uint32, [_session_p, c_uint32]),
+    "kvc_session_tiers": (c_uint32, [_session_p]),
+    "kvc_session_tier_name": (c_char_p, [_session_p, c_uint32]),
+    "kvc_layer_tier_tokens": (c_uint32, [_session_p, c_uint32, c_uint32]),
     "kvc_layer_view": (c_int, [_session_p, c_uint32, POINTER(CLayerView)]),
     "kvc_layer_gather": (c_int, [_session_p, c_uint32, c_uint32, c_uint32, c_uint32, _f32_p, _f32_p]),
     "kvc_pool_is_device": (c_int, [_client_p]),

@@ -431,9 +431,22 @@ class Session(_Closes):
         return int(_lib.load().kvc_layer_tokens(self._p(), layer))
 
     def q8_tokens(self, layer: int) -> int:
-        """Of the layer's tokens, how many (the oldest) are held in INT8."""
+        """Of the layer's tokens, how many (the oldest) are held below the dtype (in INT8 for a
+        session whose only lower tier is q8)."""
         self._layer(layer)
         return int(_lib.load().kvc_layer_q8_tokens(self._p(), layer))
+
+    @property
+    def tiers(self) -> List[str]:
+        """The session's tiers, its dtype's first ("f32", "q8", "q4", ...)."""
+        lib, p = _lib.load(), self._p()
+        return [lib.kvc_session_tier_name(p, t).decode() for t in range(lib.kvc_session_tiers(p))]
+
+    def tier_tokens(self, layer: int) -> Dict[str, int]:
+        """How many of the layer's tokens each tier holds, by tier name."""
+        self._layer(layer)
+        lib, p = _lib.load(), self._p()
+        return {name: int(lib.kvc_layer_tier_tokens(p, layer, t)) for t, name in enumerate(self.tiers)}
 
     def _layer(self, layer: int) -> None:
         if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.geometry.n_layers:
@@ -687,13 +700,17 @@ class Client(_Closes):
                      params: Optional[Mapping[str, Any]] = None, tenant: Optional[str] = None,
                      prompt_tokens: int = 0, prompt_token_ids: Optional[Iterable[int]] = None,
                      share_prefix: bool = False, model_id: Optional[str] = None, min_bytes: int = 0,
-                     max_bytes: int = 0, priority: int = 0, handoff: bool = False) -> Session:
+                     max_bytes: int = 0, priority: int = 0, handoff: bool = False,
+                     tiers: Optional[Iterable[str]] = None, rotation_seed: int = 0) -> Session:
         """Opens a session: ``policy`` ("full", "window", "h2o", "conf", ... docs/policies.md)
         with ``budget`` tokens per layer (0: the policy's default) and its ``params`` (numbers or
         words); ``tenant`` (None: the default); ``prompt_tokens`` / ``prompt_token_ids`` the
         prompt (for the prefill policies, KV events, and ``share_prefix`` with ``model_id``);
         ``min_bytes``, ``max_bytes`` and ``priority`` the memory limits (docs/operations.md,
-        "Budgets"); ``handoff`` lets the session be exported."""
+        "Budgets"); ``handoff`` lets the session be exported; ``tiers`` the precision ladder's
+        tiers below the dtype, highest first (``["q4"]``, ``["q8", "q4"]``: docs/protocol.md,
+        "Tiers"; with ``params={"tier_window": N}`` every token but the newest N at the lowest)
+        and ``rotation_seed`` the seed of the rotated tiers."""
         if not isinstance(geometry, Geometry):
             raise KvcDtypeError(22, f"geometry must be a kvcd.Geometry, not {type(geometry).__name__}")
         cfg = _lib.SessionConfig()
@@ -744,6 +761,14 @@ class Client(_Closes):
         cfg.handoff = int(bool(handoff))
         cfg.share_prefix = int(bool(share_prefix))
         cfg.model_id = _bytes(model_id, "model_id")
+        if tiers is not None:
+            if isinstance(tiers, (str, bytes)) or not isinstance(tiers, Iterable):
+                raise KvcDtypeError(22, f"tiers must be a list of names, not {type(tiers).__name__}")
+            names = list(tiers)
+            if not all(isinstance(t, str) and t and "," not in t for t in names):
+                raise KvcDtypeError(22, f"tiers must be names such as 'q4', not {names!r}")
+            cfg.tiers = _bytes(",".join(names), "tiers") if names else None
+        cfg.rotation_seed = _u64("rotation_seed", rotation_seed)
         out = ctypes.c_void_p()
         with self._lock:
             self._check(_lib.load().kvc_session_open(self._p(), ctypes.byref(cfg), ctypes.byref(out)),

@@ -40,8 +40,10 @@ Contract:
   (kvc_attend has no causal mask): among the tokens before the window, which are the ones a
   policy chooses from, that changes each query's softmax only by a common factor, so their order
   per query is the causal one.
-- Batch size 1, host pools, full-precision layers (no INT8 tiers, no log-weights: `prob` and the
-  INT8 options are refused by update with KvcNotSupported).
+- Batch size 1, host pools. Every tier of the precision ladder is read (kvc_layer_gather
+  dequantizes INT8 and the rotated 4-, 3- and 2-bit tiers, and rotates them back): pass
+  ``tiers=["q4"]`` and ``params={"tier_window": 128}`` for a uniform 4-bit cache, or conf's
+  ``int8``. The attention is transformers' over the gathered tensors, not kvcd's fused kernel.
 """
 
 from __future__ import annotations
@@ -162,8 +164,6 @@ class KvcdLayer(CacheLayerMixin):
         c = self.cache
         lib = _lib.load()
         p = c.session._p()
-        if lib.kvc_layer_q8_tokens(p, self.layer):
-            raise KvcNotSupported(95, "KvcdCache reads full-precision blocks only (no INT8 tiers)")
         n = int(lib.kvc_layer_tokens(p, self.layer))
         c.peak_stored = max(c.peak_stored, n)
         g = c.geometry

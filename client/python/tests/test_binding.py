@@ -333,6 +333,38 @@ def test_window_plans_keep_the_most_recent_tokens_within_the_limit(client, admin
     assert s.stats() == final
 
 
+def test_a_session_with_tiers_keeps_its_window_and_reads_every_tier_back(client, admin):
+    g = kvcd.Geometry(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, max_tokens=256)
+    rng = np.random.default_rng(26)
+    with client.open_session(g, tiers=["q8", "q4"], params={"tier_window": 16}, rotation_seed=5) as s:
+        assert s.tiers == ["f32", "q8", "q4"]
+        keys, values = kv(rng, 80, g)
+        for t in range(80):
+            for layer in range(g.n_layers):
+                s.append(layer, t, keys[t], values[t])
+            s.step(t, rng.standard_normal(50).astype(np.float32))
+            client.flush()
+        tiers = s.tier_tokens(1)
+        assert sum(tiers.values()) == 80 and tiers["q8"] == 0  # tier_window sends to the lowest
+        assert 16 <= tiers["f32"] < 32 and tiers["q4"] == 80 - tiers["f32"]
+        gk, gv = s.gather(1)  # dequantized and rotated back
+        want_k, want_v = keys.transpose(1, 0, 2), values.transpose(1, 0, 2)
+        low = tiers["q4"]
+        np.testing.assert_array_equal(gk[:, low:], want_k[:, low:])  # the window: exact
+        err = np.linalg.norm(gk[:, :low] - want_k[:, :low], axis=-1) / np.linalg.norm(want_k[:, :low], axis=-1)
+        assert err.max() < 0.2  # 4-bit Lloyd-Max codes of a rotated row
+        err = np.linalg.norm(gv[:, :low] - want_v[:, :low], axis=-1) / np.linalg.norm(want_v[:, :low], axis=-1)
+        assert err.max() < 0.2
+        with pytest.raises(kvcd.KvcNotSupported):
+            s.layer_view(0)  # packed blocks have no view: gather reads them
+        row = next(r for r in admin.sessions() if r["id"] == s.id)
+        assert set(row["tier_bytes"]) == {"f32", "q4"} and 0 < row["bits_per_value"] < 32
+    with pytest.raises(kvcd.KvcInvalid, match="q5"):
+        client.open_session(g, tiers=["q5"])
+    with pytest.raises(kvcd.KvcDtypeError):
+        client.open_session(g, tiers="q4")
+
+
 def test_a_step_that_is_not_after_the_last_is_invalid(client):
     with client.open_session(G) as s:
         s.append(0, 0, *kv(np.random.default_rng(5)))
