@@ -71,7 +71,7 @@ UNIT_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/t
 INTEGRATION_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 HARNESS_OBJ := $(call obj,tests/integration/harness.c tests/integration/rawpeer.c tests/integration/sdharness.c)
 
-.PHONY: all deps test check demo cuda install clean tests quality quality-deps quality-plots quality-smol quality-smol-long quality-longdoc \
+.PHONY: all deps test test-c check demo cuda install clean tests quality quality-deps quality-plots quality-smol quality-smol-long quality-longdoc \
 	quality-longgen quality-mechanism
 .SECONDARY:
 .DEFAULT_GOAL := all
@@ -181,6 +181,12 @@ test: deps model
 	@$(MAKE) --no-print-directory tests
 	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) tests/engine/dequant.sh tests/gpu/emulate.sh tests/gpu/ipc_fake.sh tests/systemd/verify.sh tests/systemd/man.sh tests/python/run.sh tests/systemd/deploy.sh tests/python/binding.sh $(PYTHON_TORCH_TESTS) \
 		$(FUZZ_REPLAY_TESTS)
+
+# make test-c: the C programs of `make test` alone (unit, integration, the fuzz corpora replayed):
+# no Python environment and no torch; 4 minutes of `make test`'s 13 or more (README).
+test-c: deps model
+	@$(MAKE) --no-print-directory tests
+	@tests/run.sh $(BUILD) $(UNIT_TESTS) $(INTEGRATION_TESTS) $(FUZZ_REPLAY_TESTS)
 
 check: deps
 	@$(MAKE) --no-print-directory BUILD=build/san SAN=1 OPT=-O1 tests

@@ -6,7 +6,10 @@
  *
  * Output: the generated text on stdout as it is produced (llama2.c's loop and decoding, so
  * greedy decoding from BOS prints the model's known story), or with --json one JSON object at the
- * end. --trace N prints the cache size every N steps on stderr.
+ * end. --trace N prints the cache size every N steps on stderr. A chat that -n (positions, the
+ * prompt included, where llama.cpp's -n counts new tokens) or the context cut before the model
+ * ended its answer says so on stderr: `-n 40` on a 37-token chat prompt printed "L'Éto" and
+ * nothing else, which read as a model or tokenizer fault (issue 30).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -346,6 +349,7 @@ struct runner {
         double decode_t0;   /* when the first one-row pass past the prompt began (0: none yet) */
         double decode_cpu0; /* the process's CPU seconds then */
         int decode_pos0;    /* its position */
+        int cut_at;         /* a chat's answer ended by the step limit at this many positions (0: not) */
 };
 
 static void fail(struct runner *r, const char *what, int err) {
@@ -592,6 +596,7 @@ static int generate(struct runner *r, int *ret_steps) {
         void *ctx = r->ladder ? (void *)r->ladder : r->o.local ? (void *)r->plain : (void *)r->session;
 
         struct model_row rows[MODEL_MAX_ROWS];
+        bool ended = false; /* the model's end token, not the step limit */
         while (pos < steps) {
                 float *logits;
                 int next, n = 1;
@@ -653,8 +658,10 @@ static int generate(struct runner *r, int *ret_steps) {
                                 r->o.local ? (unsigned)pos : kvc_layer_tokens(r->session, 0),
                                 (double)kvc_confidence(&sum));
                 bool stop = pos >= n_prompt && text_is_stop(r->tok, next);
-                if (stop && !r->o.no_stop)
+                if (stop && !r->o.no_stop) {
+                        ended = true;
                         break;
+                }
                 size_t len = 1;
                 if (stop) /* past the end: a line break, not "<s>" or "<|im_end|>" */
                         piece[0] = '\n';
@@ -669,6 +676,7 @@ static int generate(struct runner *r, int *ret_steps) {
                         break;
                 }
         }
+        r->cut_at = e == 0 && r->o.chat && !ended && pos >= steps ? steps : 0;
         *ret_steps = pos;
         return e;
 }
@@ -1026,6 +1034,14 @@ int main(int argc, char **argv) {
                 printf("}\n");
         } else if (!r.o.export_at || steps < r.o.export_at) {
                 printf("\n"); /* a story handed off goes on in the importer's output */
+        }
+        if (r.cut_at) { /* after the answer's line, so a terminal shows the two apart */
+                fflush(stdout);
+                fprintf(stderr,
+                        "kvc-run: the answer was cut at %s %d positions, before the model ended it: %d were "
+                        "the chat's prompt, %d generated (-n counts the prompt)\n",
+                        r.cut_at == r.o.steps ? "-n" : "the model's context of", r.cut_at, r.n_prompt,
+                        r.cut_at >= r.n_prompt ? r.cut_at - r.n_prompt + 1 : 0);
         }
         rc = 0;
 out:

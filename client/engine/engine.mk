@@ -34,7 +34,7 @@ $(VENV_STAMP): tests/python/requirements.txt | deps
 	@cp $< $@
 
 test: pydeps
-test: export KVC_SMOLLM2 := $(SMOLLM2_GGUF)
+test test-c: export KVC_SMOLLM2 := $(SMOLLM2_GGUF)
 
 # test_qtype: the unit tests of qtype.c and matmul.c.
 $(BUILD)/tests/test_qtype: $(MODEL_OBJ)

@@ -55,6 +55,8 @@ kvpress-deps: $(VENV_KVPRESS_STAMP)
 
 $(VENV_TORCH_STAMP): tests/python/torch-requirements.txt | deps
 	@[ -x $(VENV_TORCH)/bin/python ] || python3 -m venv $(VENV_TORCH)
+	@echo "python-deps: torch and transformers into $(VENV_TORCH), quietly: about 3 GB, 3 to 13 minutes," \
+		"once (make test KVC_TORCH=0 goes without)"
 	$(VENV_TORCH)/bin/pip install --quiet --disable-pip-version-check -r $<
 	@cp $< $@
 

@@ -9,6 +9,11 @@
 
 kvcd.client has the connection and its sessions, kvcd.admin what kvcctl does, kvcd.errors the
 exceptions (one per errno). docs/python.md is the guide.
+
+kvcd.admin is imported here, so `import kvcd` is enough for `kvcd.admin.Admin(socket).status()`
+(the README's spelling; before issue 30 it needed `import kvcd.admin`). It costs nothing: it
+imports only the standard library and this package's own modules, and finds kvcctl at the first
+Admin(). kvcd.transformers is not imported: it needs torch, which the package does not require.
 """
 
 from .client import (
@@ -45,12 +50,13 @@ from .errors import (
     error_for,
 )
 from ._lib import LibraryNotFound
+from . import admin
 
 __version__ = "0.2.0"
 
 __all__ = [
     "Block", "Client", "Geometry", "Handoff", "LayerView", "Session", "SessionStats", "Summary",
-    "connect", "default_runtime_dir", "summarize", "error_for", "LibraryNotFound",
+    "admin", "connect", "default_runtime_dir", "summarize", "error_for", "LibraryNotFound",
     "KvcError", "KvcAlready", "KvcBusy", "KvcDtypeError", "KvcInvalid", "KvcMessageSize", "KvcNoDevice",
     "KvcNoSpace", "KvcNotConnected", "KvcNotFound", "KvcNotPermitted", "KvcNotSupported", "KvcPermission",
     "KvcProtocol", "KvcShutdown", "KvcStale", "KvcTimeout",
