@@ -140,3 +140,15 @@ int kvc_fuzz_step(struct kvc_session *s, uint64_t step, const float *kv, const f
         s->stepped = true;
         return 0;
 }
+
+int kvc_fuzz_tier(const struct kvc_session *s, uint32_t layer, uint32_t tier, struct kvc_fuzz_tier *ret) {
+        if (layer >= s->g.n_layers || tier >= s->n_tiers)
+                return -EINVAL;
+        const struct layer *L = &s->layers[layer];
+        *ret = (struct kvc_fuzz_tier){ .n_tokens = kvc_layer_tier_tokens(s, layer, tier),
+                                       .n_blocks = L->t[tier].n,
+                                       .block_tokens = s->tiers[tier].block_tokens,
+                                       .block_bytes = s->tiers[tier].block_bytes,
+                                       .blocks = L->t[tier].ptrs };
+        return 0;
+}

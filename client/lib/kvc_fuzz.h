@@ -21,3 +21,13 @@ uint8_t *kvc_fuzz_pool(struct kvc_client *c, uint64_t *ret_bytes);
 int kvc_fuzz_feed(struct kvc_client *c, const void *data, size_t len);
 /* One step of every layer: kv ([n_kv_heads * head_dim]) appended as key and value, q attended. */
 int kvc_fuzz_step(struct kvc_session *s, uint64_t step, const float *kv, const float *q, float *out);
+/* Tier t of a layer as libkvc holds it (t < kvc_session_tiers(s)): its tokens, its blocks and their
+ * size. -EINVAL past the session's layers or tiers. */
+struct kvc_fuzz_tier {
+        uint32_t n_tokens;
+        uint32_t n_blocks;
+        uint32_t block_tokens;
+        uint64_t block_bytes;
+        uint8_t *const *blocks;
+};
+int kvc_fuzz_tier(const struct kvc_session *s, uint32_t layer, uint32_t tier, struct kvc_fuzz_tier *ret);

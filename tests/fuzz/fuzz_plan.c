@@ -69,32 +69,32 @@ static void geometry_of(uint8_t b, struct kvc_geometry *g, uint64_t *plan_bytes,
         *max_layer_tokens = (b & 128u) ? 128 : 64;
 }
 
-/* libkvc's view of every layer must stay inside what it was granted and inside the pool. */
+/* libkvc's tables of every layer and tier must stay inside what they were granted and inside the
+ * pool, and the tiers' tokens add up to the layer's. */
 static void check_layers(const struct run *r) {
         for (uint32_t l = 0; l < r->g.n_layers; l++) {
-                struct kvc_layer_view v;
-                FUZZ_CHECK(kvc_layer_view(r->s, l, &v) == 0);
-                FUZZ_CHECK(v.n_q8 <= v.n_tokens);
+                uint64_t sum = 0;
+                for (uint32_t t = 0; t < kvc_session_tiers(r->s); t++) {
+                        struct kvc_fuzz_tier v;
+                        FUZZ_CHECK(kvc_fuzz_tier(r->s, l, t, &v) == 0);
+                        FUZZ_CHECK(v.n_tokens <= (uint64_t)v.n_blocks * v.block_tokens);
+                        for (uint32_t b = 0; b < v.n_blocks; b++)
+                                FUZZ_CHECK(v.blocks[b] >= r->pool &&
+                                           v.blocks[b] + v.block_bytes <= r->pool + r->pool_bytes);
+                        sum += v.n_tokens;
+                }
                 /* libkvc sizes its attention and compaction scratch for the policy's limit (64 or 128
                  * here, whole blocks): a layer never holds more, whatever kvcd grants */
-                FUZZ_CHECK(v.n_tokens <= r->max_layer_tokens);
-                FUZZ_CHECK(v.n_tokens - v.n_q8 <= (uint64_t)v.n_blocks * v.block_tokens);
-                FUZZ_CHECK(v.n_q8 <= (uint64_t)v.n_q8_blocks * v.block_tokens);
-                for (uint32_t b = 0; b < v.n_blocks; b++)
-                        FUZZ_CHECK(v.blocks[b] >= r->pool &&
-                                   v.blocks[b] + v.block_bytes <= r->pool + r->pool_bytes);
-                for (uint32_t b = 0; b < v.n_q8_blocks; b++)
-                        FUZZ_CHECK(v.q8_blocks[b] >= r->pool &&
-                                   v.q8_blocks[b] + v.q8_block_bytes <= r->pool + r->pool_bytes);
+                FUZZ_CHECK(kvc_layer_tokens(r->s, l) <= r->max_layer_tokens);
+                FUZZ_CHECK(sum == kvc_layer_tokens(r->s, l));
         }
 }
 
-/* Whether every layer has a free full-precision slot for the next token. */
+/* Whether every layer has a free slot at its dtype for the next token. */
 static bool room_for_a_token(const struct run *r) {
         for (uint32_t l = 0; l < r->g.n_layers; l++) {
-                struct kvc_layer_view v;
-                if (kvc_layer_view(r->s, l, &v) < 0 ||
-                    v.n_tokens - v.n_q8 >= (uint64_t)v.n_blocks * v.block_tokens)
+                struct kvc_fuzz_tier v;
+                if (kvc_fuzz_tier(r->s, l, 0, &v) < 0 || v.n_tokens >= (uint64_t)v.n_blocks * v.block_tokens)
                         return false;
         }
         return true;
@@ -106,10 +106,13 @@ static void trace(const struct run *r, uint8_t op, size_t len, int result) {
         fprintf(stderr, "op %u, %zu bytes: %d %s |", op % 4u, len, result,
                 result < 0 ? kvc_last_error(r->c) : "");
         for (uint32_t l = 0; l < r->g.n_layers; l++) {
-                struct kvc_layer_view v;
-                kvc_layer_view(r->s, l, &v);
-                fprintf(stderr, " layer %u: %u tokens (%u INT8) in %u+%u blocks", l, v.n_tokens, v.n_q8,
-                        v.n_blocks, v.n_q8_blocks);
+                fprintf(stderr, " layer %u: %u tokens,", l, kvc_layer_tokens(r->s, l));
+                for (uint32_t t = 0; t < kvc_session_tiers(r->s); t++) {
+                        struct kvc_fuzz_tier v;
+                        kvc_fuzz_tier(r->s, l, t, &v);
+                        fprintf(stderr, " %s %u in %u blocks", kvc_session_tier_name(r->s, t), v.n_tokens,
+                                v.n_blocks);
+                }
         }
         fputc('\n', stderr);
 }

@@ -445,9 +445,9 @@ enum { OP_PLANBUF = 0, OP_FRAME = 1, OP_STEPS = 2, OP_POOL = 3 };
 
 struct conv {
         struct buf b;
-        struct block_layout fp, q8;
+        struct block_layout fp, q8, q4;
         uint32_t n_layers, n_kv_heads;
-        uint64_t next_fp, next_q8; /* pool offsets of the next fresh blocks */
+        uint64_t next_fp, next_q8, next_q4; /* pool offsets of the next fresh blocks */
         uint64_t plan_id;
         uint64_t steps;
 };
@@ -467,8 +467,10 @@ static void conv_start(struct conv *c, uint8_t geometry) {
         uint32_t head_dim = (geometry & 8u) ? 8 : 4;
         block_layout_init(&c->fp, 16, c->n_kv_heads, head_dim, dtypes[(geometry >> 4) & 3u]);
         block_layout_init(&c->q8, 16, c->n_kv_heads, head_dim, BLOCK_DTYPE_Q8);
-        c->next_fp = 1 * CHUNK; /* full-precision blocks from chunk 1, INT8 ones from chunk 4 */
+        block_layout_init(&c->q4, 16, c->n_kv_heads, head_dim, BLOCK_DTYPE_Q4); /* head_dim 8 only */
+        c->next_fp = 1 * CHUNK; /* full-precision blocks from chunk 1, INT8 ones from chunk 4, q4 from 6 */
         c->next_q8 = 4 * CHUNK;
+        c->next_q4 = 6 * CHUNK;
         put_u8(&c->b, geometry);
 }
 
@@ -508,8 +510,9 @@ static void conv_pool(struct conv *c, uint32_t off, const void *data, size_t len
         free(p.p);
 }
 
-/* A PlanBatch granting n fresh blocks (of the class) to every layer, or to one layer (layer >= 0). */
-static void conv_grant(struct conv *c, uint32_t n, bool q8, int layer, uint64_t session) {
+/* A PlanBatch granting n fresh blocks of tier `tier` (0 the dtype's, 1 INT8, 2 q4: the fuzz
+ * session's tiers, client/lib/fuzz.c) to every layer, or to one layer (layer >= 0). */
+static void conv_grant_tier(struct conv *c, uint32_t n, uint32_t tier, int layer, uint64_t session) {
         Kvc__LayerBlocks lbs[2], *lbp[2];
         uint64_t offs[2][16];
         uint32_t n_lb = 0;
@@ -518,12 +521,13 @@ static void conv_grant(struct conv *c, uint32_t n, bool q8, int layer, uint64_t 
                         continue;
                 kvc__layer_blocks__init(&lbs[n_lb]);
                 lbs[n_lb].layer = l;
-                lbs[n_lb].q8 = q8;
+                lbs[n_lb].q8 = tier == 1;
+                lbs[n_lb].tier = tier == 2 ? 2 : 0; /* INT8 as a client before the ladder reads it */
                 lbs[n_lb].n_blocks = n;
                 lbs[n_lb].blocks = offs[n_lb];
                 for (uint32_t i = 0; i < n; i++) {
-                        uint64_t *next = q8 ? &c->next_q8 : &c->next_fp;
-                        uint64_t bytes = q8 ? c->q8.block_bytes : c->fp.block_bytes;
+                        uint64_t *next = tier == 2 ? &c->next_q4 : tier == 1 ? &c->next_q8 : &c->next_fp;
+                        uint64_t bytes = (tier == 2 ? c->q4 : tier == 1 ? c->q8 : c->fp).block_bytes;
                         if (*next % CHUNK + bytes > CHUNK)
                                 *next = (*next / CHUNK + 1) * CHUNK;
                         offs[n_lb][i] = *next;
@@ -546,9 +550,15 @@ static void conv_grant(struct conv *c, uint32_t n, bool q8, int layer, uint64_t 
         conv_frame(c, &env);
 }
 
+static void conv_grant(struct conv *c, uint32_t n, bool q8, int layer, uint64_t session) {
+        conv_grant_tier(c, n, q8 ? 1 : 0, layer, session);
+}
+
 struct layer_plan {
         uint32_t base, offset, count, q8, summary;
         bool per_head;
+        uint32_t tiers[2]; /* with n_tiers: the kept tokens at q8 and at q4 (LayerPlan.tier_tokens) */
+        uint32_t n_tiers;
 };
 
 /* A PlanBatch with one plan over every layer (lp[l]); plan id and base step as given (0: the
@@ -564,6 +574,8 @@ static void conv_plan(struct conv *c, const struct layer_plan *lp, uint64_t plan
                 lps[l].per_head = lp[l].per_head;
                 lps[l].q8_tokens = lp[l].q8;
                 lps[l].summary_slot = lp[l].summary;
+                lps[l].n_tier_tokens = lp[l].n_tiers;
+                lps[l].tier_tokens = (uint32_t *)lp[l].tiers;
                 lpp[l] = &lps[l];
         }
         Kvc__Plan p = KVC__PLAN__INIT, *pp[1] = { &p };
@@ -720,6 +732,31 @@ static void plan_seeds(void) {
         conv_grant(&c, 3, false, -1, SESSION);
         conv_steps(&c, 64);
         conv_done(&c, "int8-overfill");
+
+        /* the ladder: q8 and q4 below f32 (head_dim 8, two layers), a demotion that evicts nothing,
+         * then one that evicts and sends more down; tier counts as LayerPlan.tier_tokens */
+        conv_start(&c, 0x09);
+        conv_grant(&c, 3, false, -1, SESSION);
+        conv_steps(&c, 40);
+        conv_grant(&c, 1, true, -1, SESSION);
+        conv_grant_tier(&c, 2, 2, -1, SESSION);
+        for (uint32_t i = 0; i < 40; i++)
+                keep[i] = i;
+        conv_keep(&c, 0, keep, 40);
+        conv_keep(&c, 128, keep, 40);
+        lp[0] = (struct layer_plan){ .base = 40, .offset = 0, .count = 40, .tiers = { 8, 24 }, .n_tiers = 2 };
+        lp[1] = (struct layer_plan){ .base = 40, .offset = 128, .count = 40, .tiers = { 4, 16 }, .n_tiers = 2 };
+        conv_plan(&c, lp, 0, 0);
+        conv_grant(&c, 2, false, -1, SESSION);
+        conv_steps(&c, 12);
+        k = keep_set(keep, 52, 2, 12);
+        conv_keep(&c, 0, keep, k);
+        conv_keep(&c, 128, keep, k);
+        lp[0] = (struct layer_plan){ .base = 52, .offset = 0, .count = k, .tiers = { 2, 20 }, .n_tiers = 2 };
+        lp[1] = (struct layer_plan){ .base = 52, .offset = 128, .count = k, .tiers = { 6, 14 }, .n_tiers = 2 };
+        conv_plan(&c, lp, 0, 0);
+        conv_steps(&c, 8);
+        conv_done(&c, "ladder-q8-q4");
 
         /* the moment summary: the first dropped slot gathers the evicted tokens; two plans */
         conv_start(&c, 0x0b);
