@@ -35,6 +35,8 @@
 #              their own budget B, which DECODE < B never reaches: B + decoded
 #   local-q8, local-q4, local-q3, local-q2   --local --dtype f16 --tier T (the precision ladder's
 #              in-process cache): M + decoded, everything; all but the newest 128 at tier T
+#   kvcd-q8, kvcd-q4, kvcd-q3, kvcd-q2   the same through kvcd: --policy full --dtype f16 --tier T
+#              (a session with tier T and tier_window 128; kvcd demotes a block at a time, in links)
 #   llama-q4   llama-bench as llama, with q4_0 keys and values and flash attention (-fa 1 -ctk q4_0
 #              -ctv q4_0: a quantized V cache needs it), the peer of local-q4
 #   llama      llama.cpp's llama-bench at the same depth (-d CONTEXT -p 0 -n DECODE -t 1, f16 cache,
@@ -96,6 +98,10 @@ declare -A cfg_args=(
         [local-q4]="--local --dtype f16 --tier q4"
         [local-q3]="--local --dtype f16 --tier q3"
         [local-q2]="--local --dtype f16 --tier q2"
+        [kvcd-q8]="--policy full --dtype f16 --tier q8"
+        [kvcd-q4]="--policy full --dtype f16 --tier q4"
+        [kvcd-q3]="--policy full --dtype f16 --tier q3"
+        [kvcd-q2]="--policy full --dtype f16 --tier q2"
 )
 declare -A tps wl held
 for cfg in $configs; do
