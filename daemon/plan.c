@@ -22,7 +22,8 @@
  * acknowledges the last (Plan.more tells it to wait), until the layer reaches what was wanted.
  *
  * The plan buffer: n_layers keep-sets of keep_cap entries (per KV head when the policy plans per
- * head), 4 bytes each; then, 8-byte aligned at mask_offset, per layer and KV head the mask of the
+ * head), 4 bytes each (a demotion's keep-set, every slot, is written only where it fits: the
+ * client takes keep_count == base_tokens for the identity); then, 8-byte aligned at mask_offset, per layer and KV head the mask of the
  * shared slots the session evicted. kvcd writes it only while no plan is outstanding (the client
  * reads it while it applies one), and writes log-weights only into slots below the length the plan
  * was built on (the client appends beyond them): kvcd and the client never write the same word.
@@ -521,7 +522,10 @@ static Kvc__Plan *build(struct kvcd *d, struct session *s, const struct policy_s
                         now += L->low[t];
                         demotes |= wanted[t] > now;
                 }
-                if (!evicts && (!demotes || n > s->keep_cap)) /* a demotion keeps all n */
+                /* a demotion alone keeps every slot: the identity, which a client infers from
+                 * keep_count == base_tokens; a device pool's compactor reads it from the buffer */
+                bool written = evicts || n <= s->keep_cap;
+                if (!evicts && (!demotes || (d->backend->device && !written)))
                         continue;
                 uint32_t *keep = d->scratch.keep, summary = UINT32_MAX;
                 bool deltas = false;
@@ -563,7 +567,9 @@ static Kvc__Plan *build(struct kvcd *d, struct session *s, const struct policy_s
                 }
                 if (deltas)
                         add_logw(d, s, l, keep, k, d->scratch.logw_delta);
-                pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep, (size_t)k * heads * sizeof(uint32_t));
+                if (written) /* for a device pool's compactor, and clients before the ladder */
+                        pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep,
+                                   (size_t)k * heads * sizeof(uint32_t));
 
                 if (!p) {
                         p = wire_arena_alloc(a, sizeof(*p));
@@ -580,7 +586,7 @@ static Kvc__Plan *build(struct kvcd *d, struct session *s, const struct policy_s
                 kvc__layer_plan__init(lp);
                 lp->layer = l;
                 lp->base_tokens = n;
-                lp->keep_offset = (uint32_t)(l * per_layer);
+                lp->keep_offset = written ? (uint32_t)(l * per_layer) : 0;
                 lp->keep_count = k;
                 lp->per_head = s->per_head;
                 if (s->n_tiers > 1) {

@@ -455,9 +455,6 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
                 s->max_layer_blocks = (uint32_t)pool_blocks;
                 s->max_layer_tokens = s->max_layer_blocks * T;
         }
-        /* a demotion keeps every token: its keep-set (the identity) needs room for a whole layer */
-        if (s->n_tiers > 1 && s->keep_cap < s->max_layer_tokens)
-                s->keep_cap = s->max_layer_tokens;
         if (s->model_key) {
                 s->mask_stride = (shared_max + 63) / 64 * 8;
                 s->shared = calloc(s->share_blocks ? s->share_blocks : 1, sizeof(*s->shared));

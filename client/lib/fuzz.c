@@ -59,7 +59,11 @@ int kvc_fuzz_client_new(const struct kvc_geometry *g, uint32_t max_layer_tokens,
         s->plan_bytes = plan_bytes;
         s->layers = calloc(g->n_layers, sizeof(*s->layers));
         s->plan_copy = malloc(plan_bytes ? plan_bytes : 4);
-        s->plan_tier = malloc(plan_bytes / 4 + 1);
+        size_t identity_slots = ((size_t)s->max_layer_blocks * 16 + 1) * g->n_kv_heads;
+        if (identity_slots < plan_bytes / 4)
+                identity_slots = plan_bytes / 4;
+        s->plan_tier = malloc(identity_slots);
+        s->identity = malloc(identity_slots * sizeof(uint32_t));
         s->signs = malloc((size_t)g->n_layers * g->n_kv_heads * g->head_dim * sizeof(float));
         for (uint32_t l = 0; s->signs && l < g->n_layers; l++)
                 for (uint32_t h = 0; h < g->n_kv_heads; h++)
@@ -77,7 +81,7 @@ int kvc_fuzz_client_new(const struct kvc_geometry *g, uint32_t max_layer_tokens,
         s->compact_scratch =
                 malloc((cs > 2 * (size_t)g->head_dim ? cs : 2 * (size_t)g->head_dim) * sizeof(float));
         r = -ENOMEM;
-        if (!s->layers || !s->plan_copy || !s->plan_tier || !s->signs || !s->attn_scratch || !s->compact_scratch)
+        if (!s->layers || !s->plan_copy || !s->plan_tier || !s->identity || !s->signs || !s->attn_scratch || !s->compact_scratch)
                 goto fail;
         for (uint32_t l = 0; l < g->n_layers; l++) {
                 struct layer *L = &s->layers[l];
@@ -103,6 +107,7 @@ fail:
                 free(s->layers);
                 free(s->plan_copy);
                 free(s->plan_tier);
+                free(s->identity);
                 free(s->signs);
                 free(s->attn_scratch);
                 free(s->rows_scratch);

@@ -72,7 +72,8 @@ struct kvc_session {
         uint64_t plan_offset;
         uint64_t plan_bytes;
         uint32_t *plan_copy; /* plan_bytes: the keep-sets copied out of the shared buffer */
-        uint8_t *plan_tier;  /* plan_bytes / 4: a layer's kept tokens' tiers, for ladder_compact */
+        uint8_t *plan_tier;  /* a layer's kept tokens' tiers, for ladder_compact (identity_slots) */
+        uint32_t *identity;  /* identity_slots: the keep-set of every slot, per head (plan.c) */
         float *attn_scratch;
         float *rows_scratch; /* kvc_attend_rows' for a chunk, made at its first use */
         float *compact_scratch;

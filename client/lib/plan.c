@@ -197,6 +197,7 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
         int status = 0;
         uint64_t entries_cap = s->plan_bytes / 4, used = 0;
         bool seen[WIRE_MAX_LAYERS] = { false };
+        const uint32_t *keeps[WIRE_MAX_LAYERS]; /* entry i's keep-set: copied out, or the identity */
         if (s->awaiting_link) { /* the link kvcd said would come */
                 s->awaiting_link = false;
                 c->n_links--;
@@ -214,9 +215,12 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
         for (size_t i = 0; status == 0 && i < p->n_layers; i++) {
                 const Kvc__LayerPlan *lp = p->layers[i];
                 uint64_t n = (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
+                /* a keep-set of every slot is the identity: kvcd need not write it (a demotion's);
+                 * a device pool's compactor reads it from the buffer all the same */
+                bool identity = lp->keep_count == lp->base_tokens && !c->dev;
                 if (lp->layer >= s->g.n_layers || seen[lp->layer] ||
                     lp->base_tokens > s->layers[lp->layer].n_tokens ||
-                    (uint64_t)lp->keep_offset + n > entries_cap || used + n > entries_cap ||
+                    (!identity && ((uint64_t)lp->keep_offset + n > entries_cap || used + n > entries_cap)) ||
                     (lp->n_tier_tokens && lp->n_tier_tokens != s->n_tiers - 1) ||
                     (lp->summary_slot && (lp->per_head || s->n_tiers > 1))) {
                         status = EPROTO;
@@ -239,8 +243,13 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                                      (unsigned long long)p->plan_id, lp->layer);
                         break;
                 }
+                if (identity) {
+                        keeps[i] = NULL; /* filled in when applied */
+                        continue;
+                }
                 /* copy out of the shared buffer, then check the copy */
                 uint32_t *keep = s->plan_copy + used;
+                keeps[i] = keep;
                 if (mapping_copy_out(c, s->plan_offset + (uint64_t)lp->keep_offset * 4, keep, n * 4) < 0) {
                         status = EIO;
                         client_error(c, -EIO, "plan %llu: cannot copy the plan buffer off the GPU",
@@ -296,16 +305,22 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
         static __thread uint32_t released[LADDER_TIERS][WIRE_MAX_LAYERS];
         memset(released, 0, sizeof(released));
         uint32_t T = s->layout.block_tokens;
-        used = 0;
         for (size_t i = 0; i < p->n_layers; i++) {
                 const Kvc__LayerPlan *lp = p->layers[i];
                 struct layer *L = &s->layers[lp->layer];
-                uint32_t new_len;
+                uint32_t new_len, heads = lp->per_head ? s->g.n_kv_heads : 1;
+                uint32_t *keep = (uint32_t *)keeps[i];
+                if (!keep) { /* every slot, in every head */
+                        keep = s->identity;
+                        for (uint32_t h = 0; h < heads; h++)
+                                for (uint32_t j = 0; j < lp->keep_count; j++)
+                                        keep[(size_t)h * lp->keep_count + j] = j;
+                }
                 int r;
                 if (c->dev) {
                         struct kvc_compaction job = {
                                 .layer = lp->layer,
-                                .keep = s->plan_copy + used,
+                                .keep = keep,
                                 .keep_device = (const uint32_t *)(c->base + s->plan_offset +
                                                                   (uint64_t)lp->keep_offset * 4),
                                 .keep_count = lp->keep_count,
@@ -321,7 +336,7 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                 } else if (lp->shared_tokens) {
                         /* the private part compacts on its own; the shared prefix only gets masks */
                         uint32_t S = lp->shared_tokens, kp = lp->keep_count - S, H = s->g.n_kv_heads;
-                        uint32_t *keep = s->plan_copy + used, private_len = 0;
+                        uint32_t private_len = 0;
                         for (uint32_t h = 0; h < (lp->per_head ? H : 1u); h++)
                                 for (uint32_t j = 0; j < kp; j++)
                                         keep[(uint64_t)h * kp + j] =
@@ -338,17 +353,16 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                                                      (size_t)H * s->mask_stride);
                 } else if (s->n_tiers == 1) {
                         struct block_layer bl = session_fp_layer(s, lp->layer);
-                        r = lp->summary_slot ? summarize_evicted(&bl, s->plan_copy + used, lp->keep_count,
+                        r = lp->summary_slot ? summarize_evicted(&bl, keep, lp->keep_count,
                                                                  lp->base_tokens, lp->summary_slot - 1,
                                                                  s->compact_scratch)
                                              : 0;
                         if (r == 0)
-                                r = compact_layer(&bl, s->plan_copy + used, lp->keep_count, lp->per_head,
+                                r = compact_layer(&bl, keep, lp->keep_count, lp->per_head,
                                                   lp->base_tokens, &new_len);
                 } else {
                         uint32_t want[LADDER_TIERS], got[LADDER_TIERS];
                         plan_tier_counts(s, lp, want);
-                        uint32_t heads = lp->per_head ? s->g.n_kv_heads : 1;
                         for (uint32_t h = 0; h < heads; h++) { /* the oldest kept go lowest */
                                 uint8_t *tier = s->plan_tier + (size_t)h * lp->keep_count;
                                 uint32_t at = 0;
@@ -358,7 +372,7 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                                 memset(tier + at, 0, lp->keep_count - at);
                         }
                         struct ladder_layer M = session_ladder_layer(s, lp->layer);
-                        r = ladder_compact(&M, s->plan_copy + used, s->plan_tier, lp->keep_count, lp->per_head,
+                        r = ladder_compact(&M, keep, s->plan_tier, lp->keep_count, lp->per_head,
                                            lp->base_tokens, s->compact_scratch, got);
                         new_len = 0;
                         for (uint32_t t = 0; r == 0 && t < s->n_tiers; t++) {
@@ -370,17 +384,16 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                 if (r < 0) /* the kernel checks what only it can (a kept token sent up a tier) */
                         return client_error(c, r, "compaction refused plan %llu on layer %u",
                                             (unsigned long long)p->plan_id, lp->layer);
-                used += (uint64_t)lp->keep_count * (lp->per_head ? s->g.n_kv_heads : 1);
                 if (c->dev && s->n_tiers > 1)
                         L->low[1] = lp->q8_tokens;
                 L->n_tokens = new_len;
                 /* keep room for one more token; give back the rest of each table */
                 for (uint32_t t = 0; t < s->n_tiers; t++) {
                         uint32_t n = t ? L->low[t] : new_len - session_low_tokens(s, L) + 1;
-                        uint32_t keep = (n + T - 1) / T;
-                        if (keep < L->t[t].n) {
-                                released[t][lp->layer] = L->t[t].n - keep;
-                                L->t[t].n = keep;
+                        uint32_t need = (n + T - 1) / T;
+                        if (need < L->t[t].n) {
+                                released[t][lp->layer] = L->t[t].n - need;
+                                L->t[t].n = need;
                         }
                 }
         }

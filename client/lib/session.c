@@ -82,6 +82,7 @@ struct kvc_session *session_free(struct kvc_session *s) {
         free(s->layers);
         free(s->signs);
         free(s->plan_tier);
+        free(s->identity);
         if (s->awaiting_link)
                 s->c->n_links--;
         free(s->plan_copy);
@@ -241,7 +242,12 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
         s->plan_bytes = o->plan_bytes;
         s->layers = calloc(geo->n_layers, sizeof(*s->layers));
         s->plan_copy = malloc(o->plan_bytes ? o->plan_bytes : 4);
-        s->plan_tier = malloc(o->plan_bytes / 4 + 1);
+        /* a keep-set of every slot, or of the plan buffer's entries: the larger, in every head */
+        size_t identity_slots = ((size_t)s->max_layer_blocks * layout.block_tokens + 1) * geo->n_kv_heads;
+        if (identity_slots < o->plan_bytes / 4)
+                identity_slots = o->plan_bytes / 4;
+        s->plan_tier = malloc(identity_slots);
+        s->identity = malloc(identity_slots * sizeof(uint32_t));
         size_t slots = (size_t)s->max_layer_blocks * layout.block_tokens + 1;
         struct ladder_layer probe = { .n_tiers = n_tiers };
         for (uint32_t t = 0; t < n_tiers; t++)
@@ -258,7 +264,7 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
         if (n_tiers > 1 && ladder_compact_scratch_floats(&probe) > cs)
                 cs = ladder_compact_scratch_floats(&probe);
         s->compact_scratch = malloc(cs * sizeof(float));
-        bool ok = s->layers && s->plan_copy && s->plan_tier && s->attn_scratch && s->compact_scratch;
+        bool ok = s->layers && s->plan_copy && s->plan_tier && s->identity && s->attn_scratch && s->compact_scratch;
         if (ok && rotated) { /* the rotation kvcd recorded with the session (lloyd.h) */
                 size_t per = (size_t)geo->n_kv_heads * geo->head_dim;
                 ok = (s->signs = malloc(geo->n_layers * per * sizeof(float))) != NULL;
