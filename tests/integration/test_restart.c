@@ -21,6 +21,8 @@
 #include "sdharness.h"
 
 #define RUN_ARGS "-n", "400", "--no-stop", "--policy", "window", "--budget", "64"
+/* the same with the precision ladder: the 16 newest at f32, the other kept ones at 4 bits */
+#define TIER_ARGS RUN_ARGS, "--tier", "q4", "--tier-window", "16"
 
 static int setup(void **state) {
         struct sdsvc *s = calloc(1, sizeof(*s));
@@ -57,16 +59,23 @@ static size_t count(const char *hay, const char *needle) {
         return n;
 }
 
-static char *run_to_end(struct sdsvc *s) {
-        const char *argv[] = { harness_bin("kvc-run"), "--socket", s->dir, RUN_ARGS, NULL };
+static size_t log_count(struct sdsvc *s, const char *needle) {
+        char *log = harness_slurp(s->log, NULL);
+        size_t n = log ? count(log, needle) : 0;
+        free(log);
+        return n;
+}
+
+static char *run_to_end(const char *const *argv) {
         char *out = harness_output(argv);
         assert_non_null(out);
         return out;
 }
 
-static void a_killed_kvcd_gives_every_cache_back(void **state) {
-        struct sdsvc *s = *state;
-        char *reference = run_to_end(s);
+/* kvc-run with argv (its --socket the harness's) runs to the end, then again with kvcd killed in
+ * the middle: the same text, and every byte given back. */
+static void killed_mid_run(struct sdsvc *s, const char *const *argv) {
+        char *reference = run_to_end(argv);
         assert_true(strlen(reference) > 400);
         assert_int_equal(status_int(s, "sessions"), 0);
 
@@ -74,8 +83,8 @@ static void a_killed_kvcd_gives_every_cache_back(void **state) {
          * sees an answer from the old kvcd after the cut. The first 300 bytes of its output mark
          * "mid-generation"; if the kill still came after the end, try again (it has not yet). */
         bool resumed = false;
+        size_t before = log_count(s, "resumed by client");
         for (int attempt = 0; attempt < 3 && !resumed; attempt++) {
-                const char *argv[] = { harness_bin("kvc-run"), "--socket", s->dir, RUN_ARGS, NULL };
                 struct proc p;
                 assert_int_equal(harness_spawn(&p, argv, true), 0);
                 char head[300];
@@ -97,16 +106,25 @@ static void a_killed_kvcd_gives_every_cache_back(void **state) {
                 free(all);
                 free(rest);
 
-                char *log = harness_slurp(s->log, NULL);
-                assert_non_null(log);
-                resumed = count(log, "resumed by client") > (size_t)attempt;
-                free(log);
+                resumed = log_count(s, "resumed by client") > before + (size_t)attempt;
         }
         assert_true(resumed);
         /* the resumed session closed normally: nothing held, nothing left of the old connection */
         assert_int_equal(status_int(s, "sessions"), 0);
         assert_int_equal(status_int(s, "used_bytes"), 0);
         free(reference);
+}
+
+static void a_killed_kvcd_gives_every_cache_back(void **state) {
+        struct sdsvc *s = *state;
+        const char *argv[] = { harness_bin("kvc-run"), "--socket", s->dir, RUN_ARGS, NULL };
+        killed_mid_run(s, argv);
+}
+
+static void a_killed_kvcd_gives_a_ladder_session_back_with_its_tiers(void **state) {
+        struct sdsvc *s = *state;
+        const char *argv[] = { harness_bin("kvc-run"), "--socket", s->dir, TIER_ARGS, NULL };
+        killed_mid_run(s, argv);
 }
 
 #define N_CLIENTS 6
@@ -118,12 +136,6 @@ static int64_t now_ms(void) {
         return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static size_t log_count(struct sdsvc *s, const char *needle) {
-        char *log = harness_slurp(s->log, NULL);
-        size_t n = log ? count(log, needle) : 0;
-        free(log);
-        return n;
-}
 
 /* Waits (inotify on the log, deadline) until kvcd's log holds more than `than` lines with needle. */
 static bool log_wait(struct sdsvc *s, int ino, const char *needle, size_t than) {
@@ -323,6 +335,7 @@ static void kvcd_killed_between_the_resumes_of_one_client_loses_no_session(void 
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(a_killed_kvcd_gives_every_cache_back),
+                cmocka_unit_test(a_killed_kvcd_gives_a_ladder_session_back_with_its_tiers),
                 cmocka_unit_test(kvcd_killed_again_during_resume_loses_no_session),
                 cmocka_unit_test(a_session_nobody_resumes_is_scrubbed_after_the_grace),
                 cmocka_unit_test(a_clean_stop_empties_the_store),
