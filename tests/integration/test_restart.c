@@ -160,8 +160,8 @@ static bool log_wait(struct sdsvc *s, int ino, const char *needle, size_t than) 
  * (EPERM). */
 static void kvcd_killed_again_during_resume_loses_no_session(void **state) {
         struct sdsvc *s = *state;
-        char *reference = run_to_end(s);
         const char *argv[] = { harness_bin("kvc-run"), "--socket", s->dir, RUN_ARGS, NULL };
+        char *reference = run_to_end(argv);
 
         int ino = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
         assert_true(ino >= 0);
@@ -248,7 +248,8 @@ static void a_session_nobody_resumes_is_scrubbed_after_the_grace(void **state) {
 
 static void a_clean_stop_empties_the_store(void **state) {
         struct sdsvc *s = *state;
-        free(run_to_end(s));
+        const char *argv[] = { harness_bin("kvc-run"), "--socket", s->dir, RUN_ARGS, NULL };
+        free(run_to_end(argv));
         assert_true(sdsvc_store_count(s, "") > 0);
         int st = sdsvc_kill(s, SIGTERM);
         assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
