@@ -23,9 +23,12 @@
 
 #define RUN "-n", "300", "--no-stop", "--policy", "window", "--budget", "64"
 
-static char *kvc_run(const struct daemon *d, const char *const *extra) {
+/* kvc-run RUN, then the arguments of `with` and of `extra` (either may be NULL). */
+static char *kvc_run_with(const struct daemon *d, const char *const *with, const char *const *extra) {
         const char *argv[40] = { harness_bin("kvc-run"), "--socket", d->dir, RUN };
         int n = 10;
+        for (int i = 0; with && with[i] && n < 39; i++)
+                argv[n++] = with[i];
         for (int i = 0; extra && extra[i] && n < 39; i++)
                 argv[n++] = extra[i];
         argv[n] = NULL;
@@ -34,13 +37,14 @@ static char *kvc_run(const struct daemon *d, const char *const *extra) {
         return out;
 }
 
-static void two_processes_split_a_generation_and_print_one_story(void **state) {
-        struct daemon *d = *state;
+/* A generation exported after 120 positions and imported by another process prints the story of
+ * one uninterrupted run (every run with the arguments `with` too). */
+static void split_generation(struct daemon *d, const char *const *with) {
         char file[200];
         snprintf(file, sizeof(file), "%s/handoff", d->root);
-        char *reference = kvc_run(d, NULL);
+        char *reference = kvc_run_with(d, with, NULL);
         const char *exporter[] = { "--export-at", "120", "--handoff-file", file, NULL };
-        char *first = kvc_run(d, exporter);
+        char *first = kvc_run_with(d, with, exporter);
         char *ticket = harness_slurp(file, NULL);
         assert_non_null(ticket);
         long long id = -1;
@@ -53,7 +57,7 @@ static void two_processes_split_a_generation_and_print_one_story(void **state) {
         free(status);
 
         const char *importer[] = { "--import", "--handoff-file", file, NULL };
-        char *rest = kvc_run(d, importer);
+        char *rest = kvc_run_with(d, with, importer);
         size_t n = strlen(first);
         char *both = malloc(n + strlen(rest) + 1);
         memcpy(both, first, n);
@@ -84,6 +88,15 @@ static void two_processes_split_a_generation_and_print_one_story(void **state) {
         free(ticket);
         free(first);
         free(reference);
+}
+
+static void two_processes_split_a_generation_and_print_one_story(void **state) {
+        split_generation(*state, NULL);
+}
+
+static void a_ladder_session_is_handed_over_with_its_tiers(void **state) {
+        const char *tiers[] = { "--tier", "q4", "--tier-window", "16", NULL }; /* window 64, 48 at 4 bits */
+        split_generation(*state, tiers);
 }
 
 static struct kvc_session *open_one(struct kvc_client *c, int handoff) {
@@ -154,6 +167,7 @@ static int setup(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(two_processes_split_a_generation_and_print_one_story),
+                cmocka_unit_test(a_ladder_session_is_handed_over_with_its_tiers),
                 cmocka_unit_test(a_ticket_opens_its_session_once),
         };
         return cmocka_run_group_tests(tests, setup, harness_group_stop);
