@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -233,11 +234,22 @@ static void conf_with_int8_and_a_4_bit_window_fills_three_tiers(void **state) {
         assert_true(kvc_layer_tier_tokens(s, 0, 2) > 0);
         assert_reads_back(s, N);
 
-        /* kvcctl sees its bits per value and its bytes by tier */
+        /* kvcctl sees its bits per value and its bytes by tier, the metrics its bytes by precision */
         char *out = harness_kvcctl(d, "sessions");
         assert_non_null(out);
         if (!strstr(out, "\"q4\":") || !strstr(out, "bits_per_value"))
                 fail_msg("kvcctl sessions shows no tiers:\n%s", out);
+        free(out);
+        const char *argv[] = { harness_bin("kvcctl"), "--socket", d->dir, "metrics", NULL };
+        out = harness_output(argv);
+        assert_non_null(out);
+        for (const char *p = "q4", *q = "int8"; p; p = q, q = NULL) {
+                char series[96];
+                snprintf(series, sizeof(series), "kvcd_pool_bytes{state=\"used\",precision=\"%s\"} ", p);
+                const char *at = strstr(out, series);
+                if (!at || strtoull(at + strlen(series), NULL, 10) == 0)
+                        fail_msg("no %s bytes in the metrics:\n%s", p, out);
+        }
         free(out);
         assert_int_equal(kvc_session_close(s, NULL), 0);
         kvc_disconnect(c);
