@@ -73,7 +73,7 @@ one() {
 }
 
 echo "kvcd-paired: SmolLM2-135M-Instruct Q4_1, -n $steps, 1 thread, B = ${batches[*]}, $rounds rounds; $(date -u '+%Y-%m-%d %H:%M:%S UTC'); load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "binaries: $bin/kvc-run, $bin/kvcd ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' + local changes'))"
+echo "binaries: $bin/kvc-run, $bin/kvcd; the source tree here: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' + local changes')"
 failed=0
 for r in $(seq "$rounds"); do
         for B in "${batches[@]}"; do
