@@ -9,7 +9,8 @@
  * call, the contexts spread over the threads; otherwise row by row, store then attend.
  *
  * Products: every weight matrix W [rows][cols] (GGUF ne = {cols, rows}) multiplies one vector
- * (matmul.h: the exact path, or 8-bit activations quantized once per product); its rows are split
+ * (matmul.h: the exact path, or 8-bit activations quantized once per product, or once for the
+ * products that read the same x: q, k and v; gate and up); its rows are split
  * into one contiguous range per thread, and a row's result depends on the row and the vector
  * alone, so the output does not depend on the thread count.
  *

@@ -234,8 +234,9 @@ static inline __attribute__((always_inline)) void rows_plain(enum kind kind, con
 #define AVX2_TARGET __attribute__((target("avx2,f16c")))
 /* The VNNI kernels are the AVX2 ones compiled for the CPUs that have them (cpu.h's avx512_vnni
  * implies F, BW, VL and DQ): EVEX encodings give the compiler 32 vector registers and let it fold
- * the products' broadcasts of c and the activations' loads into the instructions that use them
- * (1.05x on the batch's tiles, issue 29 item 5). Still 256-bit registers. */
+ * the products' broadcasts of c and the activations' loads (vpdpbusd's "vm": it may read x from
+ * memory) into the instructions that use them: 1.10-1.18x on batches of 8, 1.04-1.14x at B = 1, in
+ * cache (issue 29 item 5). Still 256-bit registers. */
 #define VNNI_TARGET __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 /* A weight block's 32 codes as bytes: q4_1's unsigned nibbles (0..15), q4_0's nibbles - 8, q8_0's
