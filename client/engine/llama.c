@@ -9,7 +9,8 @@
  * call, the contexts spread over the threads; otherwise row by row, store then attend.
  *
  * Products: every weight matrix W [rows][cols] (GGUF ne = {cols, rows}) multiplies one vector
- * (matmul.h: the exact path, or 8-bit activations quantized once per product); its rows are split
+ * (matmul.h: the exact path, or 8-bit activations quantized once per product, or once for the
+ * products that read the same x: q, k and v; gate and up); its rows are split
  * into one contiguous range per thread, and a row's result depends on the row and the vector
  * alone, so the output does not depend on the thread count.
  *
@@ -59,6 +60,8 @@ struct llama {
         float *hb, *hb2, *logits;        /* logits: LLAMA_MAX_LOGIT_ROWS rows */
         float *floats;                   /* one allocation behind all of the above */
         struct matmul_q8 *xq;            /* the fast path's activations, every row */
+        const float *xq_of;              /* the x xq holds (NULL: none), of xq_n vectors of xq_cols */
+        uint32_t xq_cols, xq_n;
         struct llama_run {               /* a pass's rows of one context (find_runs) */
                 uint32_t first, n;
                 uint64_t cost;
@@ -79,8 +82,10 @@ static void product_rows(void *ctx, uint32_t idx, uint32_t n) {
 }
 
 /* y[b][rows] = W x[b][cols] for b < n_x; the fast path quantizes x once for every row of W
- * (matmul.h). */
-static void matmul(struct llama *m, const struct gguf_tensor *w, const float *x, uint32_t n_x, float *y) {
+ * (matmul.h). same_x: x is the x of the product just before (q, k and v read one x, gate and up
+ * another), whose 8-bit form m->xq still holds: it is not made again (the same bytes). */
+static void matmul_x(struct llama *m, const struct gguf_tensor *w, const float *x, uint32_t n_x, float *y,
+                     bool same_x) {
         const struct qtype *t = qtype_of(w->type);
         uint32_t cols = (uint32_t)w->ne[0];
         struct product p = { .mm = { .t = t,
@@ -93,9 +98,16 @@ static void matmul(struct llama *m, const struct gguf_tensor *w, const float *x,
                                      .y = y,
                                      .y_stride = w->ne[1] },
                              .rows = w->ne[1] };
-        if (!m->exact && cols % MATMUL_BLOCK == 0 && matmul_quantize(x, cols, n_x, cols, m->xq) == 0)
+        if (same_x ? m->xq_of == x && m->xq_cols == cols && m->xq_n == n_x
+                   : !m->exact && cols % MATMUL_BLOCK == 0 && matmul_quantize(x, cols, n_x, cols, m->xq) == 0)
                 p.mm.xq = m->xq;
+        m->xq_of = p.mm.xq ? x : NULL;
+        m->xq_cols = cols, m->xq_n = n_x;
         threads_run(m->pool, product_rows, &p);
+}
+
+static void matmul(struct llama *m, const struct gguf_tensor *w, const float *x, uint32_t n_x, float *y) {
+        matmul_x(m, w, x, n_x, y, false);
 }
 
 static void rmsnorm(float *o, const float *x, const float *weight, int n, float eps) {
@@ -464,8 +476,8 @@ int llama_forward_rows(struct llama *m, const struct model_row *rows, uint32_t n
                 for (uint32_t i = 0; i < n; i++)
                         rmsnorm(m->xb + i * dim, m->x + i * dim, L->attn_norm, (int)dim, m->eps);
                 matmul(m, L->wq, m->xb, n, m->q);
-                matmul(m, L->wk, m->xb, n, m->k);
-                matmul(m, L->wv, m->xb, n, m->v);
+                matmul_x(m, L->wk, m->xb, n, m->k, true);
+                matmul_x(m, L->wv, m->xb, n, m->v, true);
                 /* in row order: a row attends over what the rows before it stored (a prompt's chunk
                  * is causal), and rows of other sequences have caches of their own */
                 for (uint32_t i = 0; i < n; i++) {
@@ -488,7 +500,7 @@ int llama_forward_rows(struct llama *m, const struct model_row *rows, uint32_t n
                 for (uint32_t i = 0; i < n; i++)
                         rmsnorm(m->xb + i * dim, m->x + i * dim, L->ffn_norm, (int)dim, m->eps);
                 matmul(m, L->gate, m->xb, n, m->hb);
-                matmul(m, L->up, m->xb, n, m->hb2);
+                matmul_x(m, L->up, m->xb, n, m->hb2, true);
                 for (size_t i = 0; i < n * hid; i++) {
                         float gv = m->hb[i];
                         m->hb[i] = gv / (1.0f + expf(-gv)) * m->hb2[i];
