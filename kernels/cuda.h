@@ -2,13 +2,17 @@
  * (`make cuda`) into libkvc_cuda.a. Each function is the GPU twin of a CPU reference that is
  * always built and is its test oracle: kvc_cuda_summary of summary_logits_ref,
  * kvc_cuda_attn_decode_mixed of attn_decode_mixed, kvc_cuda_compact_mixed of compact_mixed,
- * kvc_cuda_mixed_advance_q8 of mixed_advance_q8 (mixed.h). tests/gpu/run.sh compares them.
+ * kvc_cuda_mixed_advance_q8 of mixed_advance_q8 (mixed.h), kvc_cuda_attn_decode_ladder of
+ * ladder_attend and kvc_cuda_attn_rows_ladder of ladder_attend_rows (ladder.h). tests/gpu/run.sh
+ * compares them.
  *
  * Plain C: every pointer argument documented as device memory is a device pointer, and a stream
  * is a cudaStream_t passed as void * (NULL: the default stream), so a C caller needs no CUDA
  * header. A struct mixed_layer passed here is read on the host (layouts, counts) and its
  * fp_blocks / q8_blocks point to device arrays of device block pointers: the same layout as the
- * CPU side, one level of indirection on the device. The functions only enqueue work: they return
+ * CPU side, one level of indirection on the device. A struct ladder_layer likewise: its layouts
+ * and counts are read on the host, blocks[t] are device arrays of device block pointers, signs
+ * (the rotation, [n_kv_heads][head_dim]) and shared_mask are device memory. The functions only enqueue work: they return
  * once it is launched, and results are there when the stream has reached them. Nothing is
  * allocated; the caller passes device workspace of the size the *_workspace_bytes functions give.
  *
@@ -30,6 +34,7 @@
 extern "C" {
 #endif
 
+#include "ladder.h"
 #include "mixed.h"
 #include "summary.h"
 
@@ -69,6 +74,27 @@ int kvc_cuda_compact_mixed(const struct mixed_layer *M, const uint32_t *keep, ui
 
 /* mixed_advance_q8 on the GPU: slots [n_q8, new_q8) become INT8. */
 int kvc_cuda_mixed_advance_q8(const struct mixed_layer *M, uint32_t new_q8, void *workspace,
+                              size_t workspace_bytes, void *stream);
+
+/* Device workspace for kvc_cuda_attn_decode_ladder and kvc_cuda_attn_rows_ladder: split-K
+ * partial results and the logits of every query head. */
+size_t kvc_cuda_ladder_attn_workspace_bytes(const struct ladder_layer *M, uint32_t n_heads);
+
+/* ladder_attend on the GPU, over every tier (the dtype, q8, q4, q3, q2): q and out are device
+ * [n_heads][head_dim] floats; the score arrays of the non-shared slots are updated when
+ * update_scores; a -inf log-weight or a set shared_mask bit masks a token. -EINVAL where
+ * ladder_attend refuses (ladder_check, no token, n_heads not a multiple of n_kv_heads) and for
+ * the geometries above. The reference's values up to float rounding (the dots in float, not
+ * double; docs/kernels.md). */
+int kvc_cuda_attn_decode_ladder(const struct ladder_layer *M, const float *q, float *out, uint32_t n_heads,
+                                float ema_gamma, int update_scores, void *workspace, size_t workspace_bytes,
+                                void *stream);
+
+/* ladder_attend_rows on the GPU: the last n_rows tokens of tier 0 attend causally, row r as a
+ * decode over slots [0, n - n_rows + r + 1) (one decode launch pair per row, in order). q and out
+ * are device [n_rows][n_heads][head_dim]; the workspace is kvc_cuda_ladder_attn_workspace_bytes(M). */
+int kvc_cuda_attn_rows_ladder(const struct ladder_layer *M, uint32_t n_rows, const float *q, float *out,
+                              uint32_t n_heads, float ema_gamma, int update_scores, void *workspace,
                               size_t workspace_bytes, void *stream);
 
 #ifdef __cplusplus
