@@ -182,11 +182,13 @@ template <int K, int D, int G> struct chunk_step {
         static constexpr int BITS = LM ? K - 16 : 0;
         static constexpr int CPL = D / 32; /* value channels per lane */
         /* element bytes (BITS / 8 for LM) and bytes of a row */
-        static constexpr uint64_t ROW_BYTES = LM ? (uint64_t)D * BITS / 8 : (uint64_t)D * elem_bytes_of<K>::value;
+        static constexpr uint64_t ROW_BYTES =
+                LM ? (uint64_t)D * BITS / 8 : (uint64_t)D * elem_bytes_of<K>::value;
 
         __device__ __forceinline__ static void run(const ladder_params &p, const chunk_ref &ch, int g, int h0,
                                                    const float (*qsrc)[D], float (*qk)[D], float (*pw)[CHUNK],
-                                                   const float *cb, float m[G], float l[G], float acc[G][CPL]) {
+                                                   const float *cb, float m[G], float l[G],
+                                                   float acc[G][CPL]) {
                 constexpr bool Q8 = K == E_Q8;
                 const tier_params &tp = *ch.tp;
                 const int lane = threadIdx.x % 32, t = lane >> 1, half = lane & 1;
@@ -235,7 +237,7 @@ template <int K, int D, int G> struct chunk_step {
                         }
                 } else {
                         constexpr int EPV = 16 / elem_bytes_of<K>::value; /* elements per 16-byte vector */
-                        constexpr int NV = (int)(ROW_BYTES / 16);          /* 16-byte vectors per key row */
+                        constexpr int NV = (int)(ROW_BYTES / 16);         /* 16-byte vectors per key row */
 #pragma unroll
                         for (int v = half; v < NV; v += 2) {
                                 raw<16> kr;
@@ -364,16 +366,16 @@ template <int E, int D, int G> __global__ void __launch_bounds__(WARPS * 32) lad
                 switch (ch.tp->kind) {
                 case E_Q8: chunk_step<E_Q8, D, G>::run(p, ch, g, h0, qs, qw, pw[warp], cb, m, l, acc); break;
                 case K_LM2:
-                        chunk_step<K_LM2, D, G>::run(p, ch, g, h0, qw, qw, pw[warp], cb + codebook_at(2), m, l,
-                                                     acc);
+                        chunk_step<K_LM2, D, G>::run(p, ch, g, h0, qw, qw, pw[warp], cb + codebook_at(2), m,
+                                                     l, acc);
                         break;
                 case K_LM3:
-                        chunk_step<K_LM3, D, G>::run(p, ch, g, h0, qw, qw, pw[warp], cb + codebook_at(3), m, l,
-                                                     acc);
+                        chunk_step<K_LM3, D, G>::run(p, ch, g, h0, qw, qw, pw[warp], cb + codebook_at(3), m,
+                                                     l, acc);
                         break;
                 case K_LM4:
-                        chunk_step<K_LM4, D, G>::run(p, ch, g, h0, qw, qw, pw[warp], cb + codebook_at(4), m, l,
-                                                     acc);
+                        chunk_step<K_LM4, D, G>::run(p, ch, g, h0, qw, qw, pw[warp], cb + codebook_at(4), m,
+                                                     l, acc);
                         break;
                 default: chunk_step<E, D, G>::run(p, ch, g, h0, qs, qw, pw[warp], cb, m, l, acc); break;
                 }

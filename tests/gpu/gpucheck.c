@@ -909,6 +909,173 @@ static void advance_row(enum block_dtype dt, uint32_t T, uint32_t H, uint32_t D,
         free(ident);
 }
 
+/* ---- ladder compaction ---- */
+
+enum lkeep_kind {
+        LKEEP_RANDOM,     /* about 3/4 of each tier, a third of the kept demoted */
+        LKEEP_DROP_FIRST, /* all but the first slot of each tier: every slot moves; no demotion */
+        LKEEP_DEMOTE,     /* everything kept (the identity), half of each tier demoted */
+        LKEEP_UNSORTED,   /* refused: a swapped pair */
+        LKEEP_PROMOTE,    /* refused: a token moved up a tier */
+        LKEEP_WRONG_N,    /* refused on the device: new_n off by one between two tiers */
+};
+
+static const char *const lkeep_names[] = { "random 3/4", "drop each first", "demote half (identity)",
+                                           "unsorted",   "promote one",     "wrong counts" };
+
+/* Builds the keep-set and tiers of kind over g's layer (base = n - tail): per old tier u the same
+ * number of kept tokens in every head (per_head: chosen at random per head), the first m_u of them
+ * (in order) demoted by `by` tiers (at most to the last). Returns the count; new_n gets the counts. */
+static uint32_t lkeep_build(const struct gladder *g, enum lkeep_kind kind, uint32_t tail, int per_head,
+                            uint32_t by, uint32_t *keep, uint8_t *tiers, uint32_t *new_n) {
+        const struct ladder_layer *M = &g->Mh;
+        uint32_t n = ladder_tokens(M), base = n - tail, first[LADDER_TIERS], kc = 0;
+        for (uint32_t t = M->n_tiers, f = 0; t-- > 0;) {
+                first[t] = f;
+                f += M->n[t];
+        }
+        memset(new_n, 0, LADDER_TIERS * sizeof(*new_n));
+        for (uint32_t h = 0; h < (per_head ? g->H : 1u); h++) {
+                uint32_t at = 0;
+                for (uint32_t u = M->n_tiers; u-- > 0;) {
+                        uint32_t lo = first[u], hi = first[u] + M->n[u] < base ? first[u] + M->n[u] : base;
+                        if (hi <= lo)
+                                continue;
+                        uint32_t avail = hi - lo, want = kind == LKEEP_RANDOM       ? avail * 3 / 4
+                                                         : kind == LKEEP_DROP_FIRST ? avail - 1
+                                                                                    : avail;
+                        uint32_t demote = kind == LKEEP_RANDOM   ? want / 3
+                                          : kind == LKEEP_DEMOTE ? want / 2
+                                                                 : 0;
+                        uint32_t nt = u + by < M->n_tiers ? u + by : M->n_tiers - 1;
+                        for (uint32_t s = lo, need = want, m = 0; s < hi && need; s++) {
+                                int take = kind == LKEEP_RANDOM       ? rng_below(hi - s) < need
+                                           : kind == LKEEP_DROP_FIRST ? s > lo
+                                                                      : 1;
+                                if (!take)
+                                        continue;
+                                need--;
+                                keep[at] = s;
+                                tiers[at] = (uint8_t)(m++ < demote ? nt : u);
+                                if (h == 0)
+                                        new_n[tiers[at]]++;
+                                at++;
+                        }
+                }
+                if (h == 0)
+                        kc = at;
+                keep += at;
+                tiers += at;
+        }
+        new_n[0] += tail;
+        keep -= (size_t)(per_head ? g->H : 1) * kc;
+        tiers -= (size_t)(per_head ? g->H : 1) * kc;
+        uint32_t last = (per_head ? g->H - 1 : 0) * kc;
+        if (kind == LKEEP_UNSORTED && kc > 3) {
+                uint32_t x = keep[last + kc / 2];
+                keep[last + kc / 2] = keep[last + kc / 2 + 1];
+                keep[last + kc / 2 + 1] = x;
+        }
+        if (kind == LKEEP_PROMOTE)
+                for (uint32_t i = 0; i < kc; i++)
+                        if (tiers[last + i] > 0) {
+                                tiers[last + i]--;
+                                break;
+                        }
+        if (kind == LKEEP_WRONG_N)
+                for (uint32_t t = 1; t < M->n_tiers; t++)
+                        if (new_n[t]) {
+                                new_n[t]--;
+                                new_n[t - 1]++;
+                                break;
+                        }
+        return kc;
+}
+
+/* Runs and times a ladder compaction; compares every byte of the buffer with ladder_compact's.
+ * refused: both refuse (the GPU on the device when device_refuses) and nothing moves. */
+static float check_ladder_compaction(struct gladder *g, const uint32_t *keep, const uint8_t *tiers,
+                                     uint32_t kc, int per_head, uint32_t base, const uint32_t *new_n,
+                                     int refused, int cpu_accepts, double *ret_err) {
+        size_t wsb = kvc_cuda_ladder_compact_workspace_bytes(&g->Md), nk = (size_t)(per_head ? g->H : 1) * kc;
+        void *ws;
+        uint32_t *dkeep = NULL, ret_n[LADDER_TIERS];
+        uint8_t *dtiers = NULL;
+        int32_t status = 1;
+        float *scratch = xmalloc(ladder_compact_scratch_floats(&g->Mh) * sizeof(float));
+        CK(cudaMalloc(&ws, wsb));
+        if (nk) {
+                CK(cudaMalloc((void **)&dkeep, nk * sizeof(*keep)));
+                CK(cudaMemcpy(dkeep, keep, nk * sizeof(*keep), cudaMemcpyHostToDevice));
+                CK(cudaMalloc((void **)&dtiers, nk));
+                CK(cudaMemcpy(dtiers, tiers, nk, cudaMemcpyHostToDevice));
+        }
+        int cpu = cpu_accepts ? 0 : ladder_compact(&g->Mh, keep, tiers, kc, per_head, base, scratch, ret_n);
+        if (cpu_accepts) /* the CPU has no new_n: the layer is left as it was */
+                memcpy(ret_n, new_n, sizeof(ret_n));
+        KV(kvc_cuda_ladder_compact(&g->Md, dkeep, dtiers, kc, per_head, base, new_n, ws, wsb, stream));
+        CK(cudaStreamSynchronize(stream));
+        CK(cudaMemcpy(&status, ws, 4, cudaMemcpyDeviceToHost));
+        uint8_t *got = xmalloc(g->bytes);
+        CK(cudaMemcpy(got, g->dev, g->bytes, cudaMemcpyDeviceToHost));
+        size_t diff = 0;
+        for (size_t i = 0; i < g->bytes; i++)
+                diff += got[i] != g->host[i];
+        int agree = refused ? (cpu_accepts || cpu == -EINVAL) && status == -EINVAL &&
+                                      !memcmp(g->host, g->initial, g->bytes)
+                            : cpu == 0 && status == 0 && !memcmp(ret_n, new_n, sizeof(ret_n));
+        *ret_err = agree ? (double)diff / (double)g->bytes : INFINITY;
+        if (diff)
+                fprintf(stderr, "kvc-gpucheck: ladder compaction: %zu of %zu bytes differ from the CPU's\n",
+                        diff, g->bytes);
+
+        float *t = xmalloc(runs * sizeof(*t));
+        for (int i = 0; i < runs; i++) {
+                CK(cudaMemcpyAsync(g->dev, g->pristine, g->bytes, cudaMemcpyDeviceToDevice, stream));
+                timer_start();
+                KV(kvc_cuda_ladder_compact(&g->Md, dkeep, dtiers, kc, per_head, base, new_n, ws, wsb,
+                                           stream));
+                t[i] = timer_usec();
+        }
+        float m = median(t, runs);
+        CK(cudaFree(ws));
+        if (dkeep) {
+                CK(cudaFree(dkeep));
+                CK(cudaFree(dtiers));
+        }
+        free(scratch);
+        free(got);
+        free(t);
+        return m;
+}
+
+static void ladder_compaction_row(const enum block_dtype *dts, const uint32_t *n, uint32_t T, uint32_t H,
+                                  uint32_t D, uint32_t tail, enum lkeep_kind kind, int per_head,
+                                  uint32_t by) {
+        struct gladder g;
+        char shape[128], tiers_s[64];
+        double err;
+        uint32_t n_tiers = 0, new_n[LADDER_TIERS];
+        while (n_tiers < LADDER_TIERS && dts[n_tiers])
+                n_tiers++;
+        ladder_make(&g, dts, n, n_tiers, T, H, D, MASK_SOME, 0);
+        uint32_t total = ladder_tokens(&g.Mh), base = total - tail;
+        uint32_t *keep = xmalloc((size_t)H * (total + 1) * sizeof(*keep));
+        uint8_t *tiers = xmalloc((size_t)H * (total + 1));
+        uint32_t kc = lkeep_build(&g, kind, tail, per_head, by, keep, tiers, new_n);
+        int refused = kind >= LKEEP_UNSORTED;
+        float usec = check_ladder_compaction(&g, keep, tiers, kc, per_head, base, new_n, refused,
+                                             kind == LKEEP_WRONG_N, &err);
+        ladder_name(&g, tiers_s, sizeof(tiers_s));
+        snprintf(shape, sizeof(shape), "D=%u T=%u H=%u %s, %s%s by %u%s", D, T, H, tiers_s, lkeep_names[kind],
+                 per_head ? " per head" : "", by, refused ? " (refused)" : "");
+        /* bytes: every block of the layer read and written once (an upper bound) */
+        row("ladcomp", shape, err, err == 0, usec, 2.0 * (double)g.bytes);
+        ladder_free(&g);
+        free(keep);
+        free(tiers);
+}
+
 /* ---- summary ---- */
 
 enum logit_kind { LOGITS_RANDOM, LOGITS_TIES, LOGITS_ONE_BAD };
@@ -1007,10 +1174,10 @@ static void matrix(void) {
                              16, 2, 8, 64, MASK_SOME, 0, 0);
         ladder_attention_row((enum block_dtype[]){ BF16, Q4, 0 }, (uint32_t[]){ 20, 70 }, 32, 2, 6, 128,
                              MASK_NONE, 0, 0);
-        ladder_attention_row((enum block_dtype[]){ F32, Q8, Q2, 0 }, (uint32_t[]){ 10, 16, 40 }, 16, 1, 8, 256,
-                             MASK_NONE, 0, 0);
-        ladder_attention_row((enum block_dtype[]){ F16, Q3, 0 }, (uint32_t[]){ 20, 30 }, 16, 2, 4, 64, MASK_ALL,
-                             0, 0);
+        ladder_attention_row((enum block_dtype[]){ F32, Q8, Q2, 0 }, (uint32_t[]){ 10, 16, 40 }, 16, 1, 8,
+                             256, MASK_NONE, 0, 0);
+        ladder_attention_row((enum block_dtype[]){ F16, Q3, 0 }, (uint32_t[]){ 20, 30 }, 16, 2, 4, 64,
+                             MASK_ALL, 0, 0);
         ladder_attention_row((enum block_dtype[]){ F16, Q8, Q4, 0 }, (uint32_t[]){ 0, 20, 30 }, 16, 2, 4, 64,
                              MASK_NONE, 0, 0);
         ladder_attention_row((enum block_dtype[]){ F16, Q8, Q4, Q2, 0 }, (uint32_t[]){ 30, 0, 25, 5 }, 16, 2,
@@ -1023,6 +1190,23 @@ static void matrix(void) {
                              MASK_SOME, 0, 5);
         ladder_attention_row((enum block_dtype[]){ BF16, Q8, Q4, Q3, Q2 },
                              (uint32_t[]){ 200, 300, 200, 150, 150 }, 16, 2, 8, 128, MASK_SOME, 0, 0);
+
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q4, Q3, Q2 }, (uint32_t[]){ 40, 35, 50, 17, 33 },
+                              16, 2, 64, 5, LKEEP_RANDOM, 0, 1);
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q4, Q3, Q2 }, (uint32_t[]){ 40, 35, 50, 17, 33 },
+                              16, 2, 64, 5, LKEEP_RANDOM, 1, 2);
+        ladder_compaction_row((enum block_dtype[]){ BF16, Q8, Q4, 0 }, (uint32_t[]){ 70, 40, 20 }, 32, 2, 128,
+                              0, LKEEP_DROP_FIRST, 0, 1);
+        ladder_compaction_row((enum block_dtype[]){ F32, Q4, Q2, 0 }, (uint32_t[]){ 50, 33, 16 }, 16, 1, 256,
+                              3, LKEEP_DEMOTE, 0, 1);
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q3, 0 }, (uint32_t[]){ 60, 0, 20 }, 16, 2, 64, 4,
+                              LKEEP_DEMOTE, 1, 2);
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q4, 0 }, (uint32_t[]){ 40, 30, 20 }, 16, 2, 64,
+                              4, LKEEP_UNSORTED, 1, 1);
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q4, 0 }, (uint32_t[]){ 40, 30, 20 }, 16, 2, 64,
+                              4, LKEEP_PROMOTE, 0, 1);
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q4, 0 }, (uint32_t[]){ 40, 30, 20 }, 16, 2, 64,
+                              4, LKEEP_WRONG_N, 0, 1);
 
         compaction_row(F16, 16, 2, 64, 200, 0, 10, KEEP_DROP_EVERY_8TH, 0, 0);
         compaction_row(F16, 16, 2, 64, 200, 120, 10, KEEP_RANDOM, 1, 10);
@@ -1046,7 +1230,7 @@ static void table(void) {
         static const uint32_t dims[] = { 64, 128 };
         static const uint32_t lens[] = { 4096, 8192, 16384, 32768 };
         const uint32_t T = 16, H = 8, NH = 32, W = 256;
-        float t_f16[2][4], t_q8[2][4];
+        float t_f16[2][4], t_q8[2][4], t_q4[2][4];
         double worst_compact = 1e9;
 
         printf("\n-- the table: %u KV heads, %u query heads, %u-token blocks, f16 window\n", H, NH, T);
@@ -1056,6 +1240,20 @@ static void table(void) {
                         uint32_t D = dims[di], n = lens[li];
                         t_f16[di][li] = attention_row(BLOCK_DTYPE_F16, T, H, NH, D, n, 0, MASK_NONE);
                         t_q8[di][li] = attention_row(BLOCK_DTYPE_F16, T, H, NH, D, n, n - W, MASK_NONE);
+                        /* the ladder: all but the window at q4, and a mix of every tier */
+                        t_q4[di][li] = ladder_attention_row(
+                                (enum block_dtype[]){ BLOCK_DTYPE_F16, BLOCK_DTYPE_Q4, 0 },
+                                (uint32_t[]){ W, n - W }, T, H, NH, D, MASK_NONE, 0, 0);
+                        ladder_attention_row((enum block_dtype[]){ BLOCK_DTYPE_F16, BLOCK_DTYPE_Q8,
+                                                                   BLOCK_DTYPE_Q4, BLOCK_DTYPE_Q3,
+                                                                   BLOCK_DTYPE_Q2 },
+                                             (uint32_t[]){ W, n / 4, n / 4, n / 4, n / 4 - W }, T, H, NH, D,
+                                             MASK_NONE, 0, 0);
+                        if (li % 2 == 0) /* demote a quarter of each tier by one, keep 3/4 */
+                                ladder_compaction_row((enum block_dtype[]){ BLOCK_DTYPE_F16, BLOCK_DTYPE_Q8,
+                                                                            BLOCK_DTYPE_Q4, 0 },
+                                                      (uint32_t[]){ n / 2, n / 4, n / 4 }, T, H, D, 16,
+                                                      LKEEP_RANDOM, 0, 1);
                         /* drop every 8th of the first n - 16 tokens: every slot moves */
                         worst_compact = fmin(worst_compact, compaction_row(BLOCK_DTYPE_F16, T, H, D, n, 0, 16,
                                                                            KEEP_DROP_EVERY_8TH, 0, 0));
@@ -1075,6 +1273,13 @@ static void table(void) {
                         if (lens[li] >= 8192 && r <= 1.0)
                                 q8_ok = 0;
                 }
+                printf("\n");
+        }
+        printf("F16 time / q4 ladder time (all but %u tokens at q4):\n", W);
+        for (int di = 0; di < 2; di++) {
+                printf("  D=%-3u", dims[di]);
+                for (int li = 0; li < 4; li++)
+                        printf("   n=%-5u %.2fx", lens[li], t_f16[di][li] / t_q4[di][li]);
                 printf("\n");
         }
         printf("targets: f16 compaction >= 80%% of copy bandwidth: %s (worst %.0f%%); "
