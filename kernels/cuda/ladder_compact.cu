@@ -521,8 +521,8 @@ extern "C" int kvc_cuda_ladder_compact(const struct ladder_layer *M, const uint3
                 p.new_n[t] = new_n[t];
                 total += new_n[t];
         }
-        if (total != (uint64_t)keep_count + (n - base_tokens))
-                return -EINVAL;
+        if (total != (uint64_t)keep_count + (n - base_tokens) || (!keep_count && new_n[0] != total))
+                return -EINVAL; /* without a keep-set only the tail is left, all in tier 0 */
         for (int bits = 2; bits <= 4; bits++)
                 memcpy(p.codebook + codebook_at(bits), lloyd_codebook(bits), sizeof(float) << bits);
         p.n_tiers = M->n_tiers;
@@ -541,13 +541,8 @@ extern "C" int kvc_cuda_ladder_compact(const struct ladder_layer *M, const uint3
         cudaStream_t st = (cudaStream_t)stream;
         if (cudaMemsetAsync(workspace, 0, 4, st) != cudaSuccess)
                 return -EIO;
-        if (keep_count) {
+        if (keep_count)
                 KVC_LAUNCH(lcompact_check, per_head ? H : 1, THREADS, 0, st)(p);
-        } else {
-                /* no keep-set to check: only the tail, whose count the host knows */
-                if (new_n[0] != n - base_tokens)
-                        return -EINVAL;
-        }
         int r = launch_status();
         if (r < 0)
                 return r;
