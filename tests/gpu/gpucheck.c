@@ -38,9 +38,12 @@
 
 #include "block.h"
 #include "cuda.h"
+#include "ladder.h"
+#include "lloyd.h"
 #include "mixed.h"
 #include "quant.h"
 #include "summary.h"
+#include "tier.h"
 
 #define CK(x)                                                                                                \
         do {                                                                                                 \
@@ -398,6 +401,305 @@ static float attention_row(enum block_dtype dt, uint32_t T, uint32_t H, uint32_t
         return usec;
 }
 
+/* ---- a ladder layer (ladder.h): host mirror and device copy of one buffer of blocks ---- */
+
+struct gladder {
+        struct block_layout l[LADDER_TIERS];
+        uint32_t T, H, D;
+        size_t bytes;
+        uint8_t *host, *initial, *dev, *pristine;
+        uint8_t **h_tab[LADDER_TIERS], **d_tab[LADDER_TIERS];
+        float *h_signs, *d_signs;
+        uint8_t *h_mask, *d_mask;
+        struct ladder_layer Mh, Md;
+};
+
+/* The tier and in-table index of logical slot s. */
+static void ladder_at(const struct gladder *g, uint32_t s, const struct block_layout **ret_l, uint8_t **ret_b,
+                      uint32_t *ret_in) {
+        uint32_t t, idx;
+        ladder_locate(&g->Mh, s, &t, &idx);
+        *ret_l = &g->l[t];
+        *ret_b = g->h_tab[t][idx / g->T];
+        *ret_in = idx % g->T;
+}
+
+/* Tiers dts[0 .. n_tiers) holding n[t] tokens each (tables with a block to spare), blocks shuffled
+ * within each tier's region of one buffer, garbage in every unused byte; keys with an outlier
+ * channel, rotated for the rotated tiers (lloyd_signs of seed 77, layer 3) and stored by the
+ * tier's row. n_shared > 0 (tier 0 alone): a shared prefix with some mask bits set. */
+static void ladder_make(struct gladder *g, const enum block_dtype *dts, const uint32_t *n, uint32_t n_tiers,
+                        uint32_t T, uint32_t H, uint32_t D, enum mask_mode mask, uint32_t n_shared) {
+        memset(g, 0, sizeof(*g));
+        g->T = T;
+        g->H = H;
+        g->D = D;
+        size_t region[LADDER_TIERS + 1] = { 0 };
+        for (uint32_t t = 0; t < n_tiers; t++) {
+                KV(block_layout_init(&g->l[t], T, H, D, dts[t]));
+                g->Mh.layout[t] = &g->l[t];
+                g->Mh.n_blocks[t] = (n[t] + T - 1) / T + 1;
+                g->Mh.n[t] = n[t];
+                region[t + 1] = region[t] + g->Mh.n_blocks[t] * g->l[t].block_bytes;
+        }
+        g->Mh.n_tiers = n_tiers;
+        g->bytes = region[n_tiers];
+        g->host = xmalloc(g->bytes);
+        g->initial = xmalloc(g->bytes);
+        CK(cudaMalloc((void **)&g->dev, g->bytes));
+        CK(cudaMalloc((void **)&g->pristine, g->bytes));
+        g->Md = g->Mh;
+        for (uint32_t t = 0; t < n_tiers; t++) {
+                uint32_t nb = g->Mh.n_blocks[t], *perm = xmalloc(nb * sizeof(*perm));
+                uint8_t **dt = xmalloc(nb * sizeof(*dt));
+                for (uint32_t i = 0; i < nb; i++)
+                        perm[i] = i;
+                shuffle(perm, nb);
+                g->h_tab[t] = xmalloc(nb * sizeof(*g->h_tab[t]));
+                for (uint32_t i = 0; i < nb; i++) {
+                        size_t off = region[t] + (size_t)perm[i] * g->l[t].block_bytes;
+                        g->h_tab[t][i] = g->host + off;
+                        dt[i] = g->dev + off;
+                }
+                CK(cudaMalloc((void **)&g->d_tab[t], nb * sizeof(*dt)));
+                CK(cudaMemcpy(g->d_tab[t], dt, nb * sizeof(*dt), cudaMemcpyHostToDevice));
+                g->Mh.blocks[t] = g->h_tab[t];
+                g->Md.blocks[t] = g->d_tab[t];
+                free(dt);
+                free(perm);
+        }
+        g->h_signs = xmalloc((size_t)H * D * sizeof(float));
+        for (uint32_t h = 0; h < H; h++)
+                lloyd_signs(77, 3, h, D, g->h_signs + (size_t)h * D);
+        CK(cudaMalloc((void **)&g->d_signs, (size_t)H * D * sizeof(float)));
+        CK(cudaMemcpy(g->d_signs, g->h_signs, (size_t)H * D * sizeof(float), cudaMemcpyHostToDevice));
+        g->Mh.signs = g->h_signs;
+        g->Md.signs = g->d_signs;
+        if (n_shared) {
+                uint32_t stride = (n_shared + 7) / 8;
+                g->h_mask = xmalloc((size_t)H * stride);
+                for (size_t i = 0; i < (size_t)H * stride; i++)
+                        g->h_mask[i] = (uint8_t)rng_next();
+                CK(cudaMalloc((void **)&g->d_mask, (size_t)H * stride));
+                CK(cudaMemcpy(g->d_mask, g->h_mask, (size_t)H * stride, cudaMemcpyHostToDevice));
+                g->Mh.n_shared = g->Md.n_shared = n_shared;
+                g->Mh.mask_stride = g->Md.mask_stride = stride;
+                g->Mh.shared_mask = g->h_mask;
+                g->Md.shared_mask = g->d_mask;
+        }
+
+        for (size_t i = 0; i < g->bytes / 8; i++)
+                ((uint64_t *)g->host)[i] = rng_next() & 0x3c3c3c3c3c3c3c3cull;
+        float *k = xmalloc((size_t)T * D * sizeof(float)), *v = xmalloc((size_t)T * D * sizeof(float));
+        uint32_t total = ladder_tokens(&g->Mh);
+        for (uint32_t h = 0; h < H; h++) {
+                for (uint32_t t = 0; t < n_tiers; t++) {
+                        const struct tier_row *tr = tier_row(dts[t]);
+                        for (uint32_t b = 0; b * T < n[t]; b++) {
+                                uint32_t cnt = n[t] - b * T < T ? n[t] - b * T : T;
+                                for (uint32_t i = 0; i < cnt * D; i++) {
+                                        k[i] = rng_uniform(-1, 1) * (i % D == 5 ? 8.0f : 1.0f);
+                                        v[i] = rng_uniform(-1, 1);
+                                }
+                                for (uint32_t i = 0; tr->rotated && i < cnt; i++) {
+                                        lloyd_rotate(g->h_signs + (size_t)h * D, k + (size_t)i * D, D);
+                                        lloyd_rotate(g->h_signs + (size_t)h * D, v + (size_t)i * D, D);
+                                }
+                                KV(tr->fill_head(&g->l[t], g->h_tab[t][b], h, k, v, cnt));
+                        }
+                }
+                for (uint32_t s = 0; s < total; s++) {
+                        const struct block_layout *l;
+                        uint8_t *b;
+                        uint32_t in;
+                        ladder_at(g, s, &l, &b, &in);
+                        int32_t pos = (int32_t)s;
+                        int masked = mask == MASK_ALL ||
+                                     (mask == MASK_SOME && (s % 11 == 3 || (s >= 32 && s < 48)));
+                        memcpy(block_side(l, b, l->pos_offset, h, in), &pos, 4);
+                        *(float *)block_side(l, b, l->sum_offset, h, in) = rng_uniform(0, 2);
+                        *(float *)block_side(l, b, l->ema_offset, h, in) = rng_uniform(0, 1);
+                        *(float *)block_side(l, b, l->last_offset, h, in) = rng_uniform(0, 1);
+                        *(float *)block_side(l, b, l->logw_offset, h, in) =
+                                masked ? -INFINITY : rng_uniform(-2, 0);
+                }
+        }
+        free(k);
+        free(v);
+        memcpy(g->initial, g->host, g->bytes);
+        CK(cudaMemcpy(g->dev, g->host, g->bytes, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(g->pristine, g->dev, g->bytes, cudaMemcpyDeviceToDevice));
+}
+
+static void ladder_free(struct gladder *g) {
+        for (uint32_t t = 0; t < g->Mh.n_tiers; t++) {
+                free(g->h_tab[t]);
+                CK(cudaFree(g->d_tab[t]));
+        }
+        free(g->host);
+        free(g->initial);
+        free(g->h_signs);
+        free(g->h_mask);
+        CK(cudaFree(g->dev));
+        CK(cudaFree(g->pristine));
+        CK(cudaFree(g->d_signs));
+        if (g->d_mask)
+                CK(cudaFree(g->d_mask));
+}
+
+/* "f16+q8+q4 40/35/50": the tiers and their counts. */
+static void ladder_name(const struct gladder *g, char *buf, size_t size) {
+        size_t at = 0;
+        for (uint32_t t = 0; t < g->Mh.n_tiers && at < size; t++)
+                at += (size_t)snprintf(buf + at, size - at, "%s%s", t ? "+" : "",
+                                       tier_row(g->l[t].dtype)->name);
+        for (uint32_t t = 0; t < g->Mh.n_tiers && at < size; t++)
+                at += (size_t)snprintf(buf + at, size - at, "%s%u", t ? "/" : " ", g->Mh.n[t]);
+}
+
+static double ladder_attention_bytes(const struct gladder *g) {
+        double bytes = 0;
+        for (uint32_t t = 0; t < g->Mh.n_tiers; t++) {
+                const struct block_layout *l = &g->l[t];
+                double n = g->Mh.n[t], scales = 0;
+                if (l->dtype == BLOCK_DTYPE_Q8)
+                        scales = 4 + ceil(n / g->T) * l->head_dim * 4 / fmax(n, 1);
+                else if (block_dtype_quantized(l->dtype))
+                        scales = 8;
+                bytes += g->H * n * (2.0 * l->row_bytes + scales + 4 /* logw */ + 24 /* sum, ema, last */);
+        }
+        return bytes;
+}
+
+/* The tolerance of the ladder attention: max|gpu - cpu| / max|cpu| per query head's output and
+ * per KV head's score array. The reference dots in double, the kernel in float with the query
+ * pre-scaled by 1/sqrt(d) (and rotated after that scaling), sums in another order, and rotates
+ * each warp's partial sum back instead of the whole: a logit carries at most about
+ * (d + log2 d + 4) u sum_i |q_i k_i| / sqrt(d) of rounding (u = 2^-24; sum |q_i k_i| / sqrt(d) <= 4
+ * for these inputs, keys up to 8 on the outlier channel), 1.6e-5 at d = 256; exp turns it into
+ * the same relative error of a weight, and the weighted sum and its rotation back (log2 d
+ * butterflies) add a few u more. 1e-4, the mixed attention's threshold, covers that with room. */
+#define LADDER_ATTN_TOL 1e-4
+
+/* Runs and times ladder attention with nh query heads (rows > 0: ladder_attend_rows of that
+ * many rows); returns the median time, *ret_err the worse relative error of output and scores. */
+static float check_ladder_attention(struct gladder *g, uint32_t nh, uint32_t rows, double *ret_err) {
+        uint32_t D = g->D, H = g->H, n = ladder_tokens(&g->Mh), nr = rows ? rows : 1;
+        size_t qn = (size_t)nr * nh * D;
+        float *q = xmalloc(qn * 4), *out = xmalloc(qn * 4), *gout = xmalloc(qn * 4);
+        float *scratch = xmalloc(ladder_attn_scratch_floats(&g->Mh, nh) * sizeof(float) + 8);
+        for (size_t i = 0; i < qn; i++)
+                q[i] = rng_uniform(-1, 1);
+        float *dq, *dout;
+        size_t wsb = kvc_cuda_ladder_attn_workspace_bytes(&g->Md, nh);
+        void *ws;
+        CK(cudaMalloc((void **)&dq, qn * 4));
+        CK(cudaMalloc((void **)&dout, qn * 4));
+        CK(cudaMalloc(&ws, wsb));
+        CK(cudaMemcpy(dq, q, qn * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemset(dout, 0xff, qn * 4));
+
+        if (rows) {
+                KV(ladder_attend_rows(&g->Mh, rows, q, out, nh, 0.9f, 1, scratch));
+                KV(kvc_cuda_attn_rows_ladder(&g->Md, rows, dq, dout, nh, 0.9f, 1, ws, wsb, stream));
+        } else {
+                KV(ladder_attend(&g->Mh, q, out, nh, 0.9f, 1, scratch));
+                KV(kvc_cuda_attn_decode_ladder(&g->Md, dq, dout, nh, 0.9f, 1, ws, wsb, stream));
+        }
+        CK(cudaStreamSynchronize(stream));
+        CK(cudaMemcpy(gout, dout, qn * 4, cudaMemcpyDeviceToHost));
+        uint8_t *got = xmalloc(g->bytes);
+        CK(cudaMemcpy(got, g->dev, g->bytes, cudaMemcpyDeviceToHost));
+
+        double err = 0;
+        for (uint32_t h = 0; h < nr * nh; h++) {
+                double m = 0, e = 0;
+                for (uint32_t c = 0; c < D; c++) {
+                        m = fmax(m, fabs(out[h * D + c]));
+                        e = fmax(e, fabs((double)gout[h * D + c] - out[h * D + c]));
+                        if (isnan(gout[h * D + c]))
+                                e = INFINITY;
+                }
+                err = fmax(err, m > 0 ? e / m : e);
+        }
+        for (uint32_t h = 0; h < H; h++) {
+                for (int a = 0; a < 3; a++) {
+                        double m = 0, e = 0;
+                        for (uint32_t s = 0; s < n; s++) {
+                                const struct block_layout *l;
+                                uint8_t *b;
+                                uint32_t in;
+                                ladder_at(g, s, &l, &b, &in);
+                                uint64_t off = a == 0   ? l->sum_offset
+                                               : a == 1 ? l->ema_offset
+                                                        : l->last_offset;
+                                float c = *(float *)block_side(l, b, off, h, in);
+                                float x = *(float *)block_side(l, got + (b - g->host), off, h, in);
+                                m = fmax(m, fabs(c));
+                                e = isnan(x) ? INFINITY : fmax(e, fabs((double)x - c));
+                        }
+                        err = fmax(err, m > 0 ? e / m : e);
+                }
+        }
+        /* nothing but the score arrays changed (shared slots' scores: compared above) */
+        for (uint32_t t = 0; t < g->Mh.n_tiers; t++) {
+                const struct block_layout *l = &g->l[t];
+                for (uint32_t i = 0; i < g->Mh.n_blocks[t]; i++) {
+                        size_t off = g->h_tab[t][i] - g->host;
+                        if (memcmp(got + off, g->initial + off, l->sum_offset) ||
+                            memcmp(got + off + l->logw_offset, g->initial + off + l->logw_offset,
+                                   l->block_bytes - l->logw_offset))
+                                err = INFINITY;
+                }
+        }
+        *ret_err = err;
+
+        float *t = xmalloc(runs * sizeof(*t));
+        for (int i = 0; i < runs; i++) {
+                timer_start();
+                if (rows)
+                        KV(kvc_cuda_attn_rows_ladder(&g->Md, rows, dq, dout, nh, 0.9f, 1, ws, wsb, stream));
+                else
+                        KV(kvc_cuda_attn_decode_ladder(&g->Md, dq, dout, nh, 0.9f, 1, ws, wsb, stream));
+                t[i] = timer_usec();
+        }
+        float m = median(t, runs);
+        CK(cudaFree(dq));
+        CK(cudaFree(dout));
+        CK(cudaFree(ws));
+        free(q);
+        free(out);
+        free(gout);
+        free(scratch);
+        free(got);
+        free(t);
+        return m;
+}
+
+/* One ladder attention row: tiers dts with counts n (terminated by a zero dtype). */
+static float ladder_attention_row(const enum block_dtype *dts, const uint32_t *n, uint32_t T, uint32_t H,
+                                  uint32_t nh, uint32_t D, enum mask_mode mask, uint32_t n_shared,
+                                  uint32_t rows) {
+        struct gladder g;
+        char shape[112], tiers[64];
+        double err;
+        uint32_t n_tiers = 0;
+        while (n_tiers < LADDER_TIERS && dts[n_tiers])
+                n_tiers++;
+        ladder_make(&g, dts, n, n_tiers, T, H, D, mask, n_shared);
+        float usec = check_ladder_attention(&g, nh, rows, &err);
+        ladder_name(&g, tiers, sizeof(tiers));
+        snprintf(shape, sizeof(shape), "D=%u T=%u %u/%u %s%s%s%s", D, T, H, nh, tiers,
+                 mask == MASK_ALL    ? " all masked"
+                 : mask == MASK_SOME ? " masked"
+                                     : "",
+                 n_shared ? " shared" : "", rows ? " rows" : "");
+        row(rows ? "ladrows" : "ladattn", shape, err, err <= LADDER_ATTN_TOL, usec,
+            ladder_attention_bytes(&g) * (rows ? rows : 1));
+        ladder_free(&g);
+        return usec;
+}
+
 /* ---- compaction ---- */
 
 static uint32_t src_of(const uint32_t *keep, uint32_t kc, uint32_t base, uint32_t i) {
@@ -607,6 +909,173 @@ static void advance_row(enum block_dtype dt, uint32_t T, uint32_t H, uint32_t D,
         free(ident);
 }
 
+/* ---- ladder compaction ---- */
+
+enum lkeep_kind {
+        LKEEP_RANDOM,     /* about 3/4 of each tier, a third of the kept demoted */
+        LKEEP_DROP_FIRST, /* all but the first slot of each tier: every slot moves; no demotion */
+        LKEEP_DEMOTE,     /* everything kept (the identity), half of each tier demoted */
+        LKEEP_UNSORTED,   /* refused: a swapped pair */
+        LKEEP_PROMOTE,    /* refused: a token moved up a tier */
+        LKEEP_WRONG_N,    /* refused on the device: new_n off by one between two tiers */
+};
+
+static const char *const lkeep_names[] = { "random 3/4", "drop each first", "demote half (identity)",
+                                           "unsorted",   "promote one",     "wrong counts" };
+
+/* Builds the keep-set and tiers of kind over g's layer (base = n - tail): per old tier u the same
+ * number of kept tokens in every head (per_head: chosen at random per head), the first m_u of them
+ * (in order) demoted by `by` tiers (at most to the last). Returns the count; new_n gets the counts. */
+static uint32_t lkeep_build(const struct gladder *g, enum lkeep_kind kind, uint32_t tail, int per_head,
+                            uint32_t by, uint32_t *keep, uint8_t *tiers, uint32_t *new_n) {
+        const struct ladder_layer *M = &g->Mh;
+        uint32_t n = ladder_tokens(M), base = n - tail, first[LADDER_TIERS], kc = 0;
+        for (uint32_t t = M->n_tiers, f = 0; t-- > 0;) {
+                first[t] = f;
+                f += M->n[t];
+        }
+        memset(new_n, 0, LADDER_TIERS * sizeof(*new_n));
+        for (uint32_t h = 0; h < (per_head ? g->H : 1u); h++) {
+                uint32_t at = 0;
+                for (uint32_t u = M->n_tiers; u-- > 0;) {
+                        uint32_t lo = first[u], hi = first[u] + M->n[u] < base ? first[u] + M->n[u] : base;
+                        if (hi <= lo)
+                                continue;
+                        uint32_t avail = hi - lo, want = kind == LKEEP_RANDOM       ? avail * 3 / 4
+                                                         : kind == LKEEP_DROP_FIRST ? avail - 1
+                                                                                    : avail;
+                        uint32_t demote = kind == LKEEP_RANDOM   ? want / 3
+                                          : kind == LKEEP_DEMOTE ? want / 2
+                                                                 : 0;
+                        uint32_t nt = u + by < M->n_tiers ? u + by : M->n_tiers - 1;
+                        for (uint32_t s = lo, need = want, m = 0; s < hi && need; s++) {
+                                int take = kind == LKEEP_RANDOM       ? rng_below(hi - s) < need
+                                           : kind == LKEEP_DROP_FIRST ? s > lo
+                                                                      : 1;
+                                if (!take)
+                                        continue;
+                                need--;
+                                keep[at] = s;
+                                tiers[at] = (uint8_t)(m++ < demote ? nt : u);
+                                if (h == 0)
+                                        new_n[tiers[at]]++;
+                                at++;
+                        }
+                }
+                if (h == 0)
+                        kc = at;
+                keep += at;
+                tiers += at;
+        }
+        new_n[0] += tail;
+        keep -= (size_t)(per_head ? g->H : 1) * kc;
+        tiers -= (size_t)(per_head ? g->H : 1) * kc;
+        uint32_t last = (per_head ? g->H - 1 : 0) * kc;
+        if (kind == LKEEP_UNSORTED && kc > 3) {
+                uint32_t x = keep[last + kc / 2];
+                keep[last + kc / 2] = keep[last + kc / 2 + 1];
+                keep[last + kc / 2 + 1] = x;
+        }
+        if (kind == LKEEP_PROMOTE)
+                for (uint32_t i = 0; i < kc; i++)
+                        if (tiers[last + i] > 0) {
+                                tiers[last + i]--;
+                                break;
+                        }
+        if (kind == LKEEP_WRONG_N)
+                for (uint32_t t = 1; t < M->n_tiers; t++)
+                        if (new_n[t]) {
+                                new_n[t]--;
+                                new_n[t - 1]++;
+                                break;
+                        }
+        return kc;
+}
+
+/* Runs and times a ladder compaction; compares every byte of the buffer with ladder_compact's.
+ * refused: both refuse (the GPU on the device when device_refuses) and nothing moves. */
+static float check_ladder_compaction(struct gladder *g, const uint32_t *keep, const uint8_t *tiers,
+                                     uint32_t kc, int per_head, uint32_t base, const uint32_t *new_n,
+                                     int refused, int cpu_accepts, double *ret_err) {
+        size_t wsb = kvc_cuda_ladder_compact_workspace_bytes(&g->Md), nk = (size_t)(per_head ? g->H : 1) * kc;
+        void *ws;
+        uint32_t *dkeep = NULL, ret_n[LADDER_TIERS];
+        uint8_t *dtiers = NULL;
+        int32_t status = 1;
+        float *scratch = xmalloc(ladder_compact_scratch_floats(&g->Mh) * sizeof(float));
+        CK(cudaMalloc(&ws, wsb));
+        if (nk) {
+                CK(cudaMalloc((void **)&dkeep, nk * sizeof(*keep)));
+                CK(cudaMemcpy(dkeep, keep, nk * sizeof(*keep), cudaMemcpyHostToDevice));
+                CK(cudaMalloc((void **)&dtiers, nk));
+                CK(cudaMemcpy(dtiers, tiers, nk, cudaMemcpyHostToDevice));
+        }
+        int cpu = cpu_accepts ? 0 : ladder_compact(&g->Mh, keep, tiers, kc, per_head, base, scratch, ret_n);
+        if (cpu_accepts) /* the CPU has no new_n: the layer is left as it was */
+                memcpy(ret_n, new_n, sizeof(ret_n));
+        KV(kvc_cuda_ladder_compact(&g->Md, dkeep, dtiers, kc, per_head, base, new_n, ws, wsb, stream));
+        CK(cudaStreamSynchronize(stream));
+        CK(cudaMemcpy(&status, ws, 4, cudaMemcpyDeviceToHost));
+        uint8_t *got = xmalloc(g->bytes);
+        CK(cudaMemcpy(got, g->dev, g->bytes, cudaMemcpyDeviceToHost));
+        size_t diff = 0;
+        for (size_t i = 0; i < g->bytes; i++)
+                diff += got[i] != g->host[i];
+        int agree = refused ? (cpu_accepts || cpu == -EINVAL) && status == -EINVAL &&
+                                      !memcmp(g->host, g->initial, g->bytes)
+                            : cpu == 0 && status == 0 && !memcmp(ret_n, new_n, sizeof(ret_n));
+        *ret_err = agree ? (double)diff / (double)g->bytes : INFINITY;
+        if (diff)
+                fprintf(stderr, "kvc-gpucheck: ladder compaction: %zu of %zu bytes differ from the CPU's\n",
+                        diff, g->bytes);
+
+        float *t = xmalloc(runs * sizeof(*t));
+        for (int i = 0; i < runs; i++) {
+                CK(cudaMemcpyAsync(g->dev, g->pristine, g->bytes, cudaMemcpyDeviceToDevice, stream));
+                timer_start();
+                KV(kvc_cuda_ladder_compact(&g->Md, dkeep, dtiers, kc, per_head, base, new_n, ws, wsb,
+                                           stream));
+                t[i] = timer_usec();
+        }
+        float m = median(t, runs);
+        CK(cudaFree(ws));
+        if (dkeep) {
+                CK(cudaFree(dkeep));
+                CK(cudaFree(dtiers));
+        }
+        free(scratch);
+        free(got);
+        free(t);
+        return m;
+}
+
+static void ladder_compaction_row(const enum block_dtype *dts, const uint32_t *n, uint32_t T, uint32_t H,
+                                  uint32_t D, uint32_t tail, enum lkeep_kind kind, int per_head,
+                                  uint32_t by) {
+        struct gladder g;
+        char shape[128], tiers_s[64];
+        double err;
+        uint32_t n_tiers = 0, new_n[LADDER_TIERS];
+        while (n_tiers < LADDER_TIERS && dts[n_tiers])
+                n_tiers++;
+        ladder_make(&g, dts, n, n_tiers, T, H, D, MASK_SOME, 0);
+        uint32_t total = ladder_tokens(&g.Mh), base = total - tail;
+        uint32_t *keep = xmalloc((size_t)H * (total + 1) * sizeof(*keep));
+        uint8_t *tiers = xmalloc((size_t)H * (total + 1));
+        uint32_t kc = lkeep_build(&g, kind, tail, per_head, by, keep, tiers, new_n);
+        int refused = kind >= LKEEP_UNSORTED;
+        float usec = check_ladder_compaction(&g, keep, tiers, kc, per_head, base, new_n, refused,
+                                             kind == LKEEP_WRONG_N, &err);
+        ladder_name(&g, tiers_s, sizeof(tiers_s));
+        snprintf(shape, sizeof(shape), "D=%u T=%u H=%u %s, %s%s by %u%s", D, T, H, tiers_s, lkeep_names[kind],
+                 per_head ? " per head" : "", by, refused ? " (refused)" : "");
+        /* bytes: every block of the layer read and written once (an upper bound) */
+        row("ladcomp", shape, err, err == 0, usec, 2.0 * (double)g.bytes);
+        ladder_free(&g);
+        free(keep);
+        free(tiers);
+}
+
 /* ---- summary ---- */
 
 enum logit_kind { LOGITS_RANDOM, LOGITS_TIES, LOGITS_ONE_BAD };
@@ -697,6 +1166,48 @@ static void matrix(void) {
         attention_row(F16, 16, 2, 4, 64, 1, 0, MASK_NONE);
         attention_row(BF16, 16, 2, 4, 64, 1000, 900, MASK_NONE);
 
+        /* the ladder: every tier, every dtype of tier 0, head dims 64-256, groups 1-8, empty tiers,
+         * only rotated tokens, masks, a shared prefix, prompt rows, several splits */
+        const enum block_dtype Q8 = BLOCK_DTYPE_Q8, Q4 = BLOCK_DTYPE_Q4, Q3 = BLOCK_DTYPE_Q3,
+                               Q2 = BLOCK_DTYPE_Q2;
+        ladder_attention_row((enum block_dtype[]){ F16, Q8, Q4, Q3, Q2 }, (uint32_t[]){ 40, 35, 50, 17, 33 },
+                             16, 2, 8, 64, MASK_SOME, 0, 0);
+        ladder_attention_row((enum block_dtype[]){ BF16, Q4, 0 }, (uint32_t[]){ 20, 70 }, 32, 2, 6, 128,
+                             MASK_NONE, 0, 0);
+        ladder_attention_row((enum block_dtype[]){ F32, Q8, Q2, 0 }, (uint32_t[]){ 10, 16, 40 }, 16, 1, 8,
+                             256, MASK_NONE, 0, 0);
+        ladder_attention_row((enum block_dtype[]){ F16, Q3, 0 }, (uint32_t[]){ 20, 30 }, 16, 2, 4, 64,
+                             MASK_ALL, 0, 0);
+        ladder_attention_row((enum block_dtype[]){ F16, Q8, Q4, 0 }, (uint32_t[]){ 0, 20, 30 }, 16, 2, 4, 64,
+                             MASK_NONE, 0, 0);
+        ladder_attention_row((enum block_dtype[]){ F16, Q8, Q4, Q2, 0 }, (uint32_t[]){ 30, 0, 25, 5 }, 16, 2,
+                             12, 128, MASK_SOME, 0, 0);
+        ladder_attention_row((enum block_dtype[]){ BF16, Q3, 0 }, (uint32_t[]){ 0, 45 }, 16, 1, 2, 256,
+                             MASK_NONE, 0, 0);
+        ladder_attention_row((enum block_dtype[]){ F16, 0 }, (uint32_t[]){ 60 }, 16, 2, 4, 64, MASK_NONE, 40,
+                             0);
+        ladder_attention_row((enum block_dtype[]){ F16, Q8, Q4, 0 }, (uint32_t[]){ 30, 20, 40 }, 16, 2, 4, 64,
+                             MASK_SOME, 0, 5);
+        ladder_attention_row((enum block_dtype[]){ BF16, Q8, Q4, Q3, Q2 },
+                             (uint32_t[]){ 200, 300, 200, 150, 150 }, 16, 2, 8, 128, MASK_SOME, 0, 0);
+
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q4, Q3, Q2 }, (uint32_t[]){ 40, 35, 50, 17, 33 },
+                              16, 2, 64, 5, LKEEP_RANDOM, 0, 1);
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q4, Q3, Q2 }, (uint32_t[]){ 40, 35, 50, 17, 33 },
+                              16, 2, 64, 5, LKEEP_RANDOM, 1, 2);
+        ladder_compaction_row((enum block_dtype[]){ BF16, Q8, Q4, 0 }, (uint32_t[]){ 70, 40, 20 }, 32, 2, 128,
+                              0, LKEEP_DROP_FIRST, 0, 1);
+        ladder_compaction_row((enum block_dtype[]){ F32, Q4, Q2, 0 }, (uint32_t[]){ 50, 33, 16 }, 16, 1, 256,
+                              3, LKEEP_DEMOTE, 0, 1);
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q3, 0 }, (uint32_t[]){ 60, 0, 20 }, 16, 2, 64, 4,
+                              LKEEP_DEMOTE, 1, 2);
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q4, 0 }, (uint32_t[]){ 40, 30, 20 }, 16, 2, 64,
+                              4, LKEEP_UNSORTED, 1, 1);
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q4, 0 }, (uint32_t[]){ 40, 30, 20 }, 16, 2, 64,
+                              4, LKEEP_PROMOTE, 0, 1);
+        ladder_compaction_row((enum block_dtype[]){ F16, Q8, Q4, 0 }, (uint32_t[]){ 40, 30, 20 }, 16, 2, 64,
+                              4, LKEEP_WRONG_N, 0, 1);
+
         compaction_row(F16, 16, 2, 64, 200, 0, 10, KEEP_DROP_EVERY_8TH, 0, 0);
         compaction_row(F16, 16, 2, 64, 200, 120, 10, KEEP_RANDOM, 1, 10);
         compaction_row(BF16, 32, 2, 128, 300, 100, 5, KEEP_SHIFT_BY_ONE, 0, 0);
@@ -719,7 +1230,7 @@ static void table(void) {
         static const uint32_t dims[] = { 64, 128 };
         static const uint32_t lens[] = { 4096, 8192, 16384, 32768 };
         const uint32_t T = 16, H = 8, NH = 32, W = 256;
-        float t_f16[2][4], t_q8[2][4];
+        float t_f16[2][4], t_q8[2][4], t_q4[2][4];
         double worst_compact = 1e9;
 
         printf("\n-- the table: %u KV heads, %u query heads, %u-token blocks, f16 window\n", H, NH, T);
@@ -729,6 +1240,20 @@ static void table(void) {
                         uint32_t D = dims[di], n = lens[li];
                         t_f16[di][li] = attention_row(BLOCK_DTYPE_F16, T, H, NH, D, n, 0, MASK_NONE);
                         t_q8[di][li] = attention_row(BLOCK_DTYPE_F16, T, H, NH, D, n, n - W, MASK_NONE);
+                        /* the ladder: all but the window at q4, and a mix of every tier */
+                        t_q4[di][li] = ladder_attention_row(
+                                (enum block_dtype[]){ BLOCK_DTYPE_F16, BLOCK_DTYPE_Q4, 0 },
+                                (uint32_t[]){ W, n - W }, T, H, NH, D, MASK_NONE, 0, 0);
+                        ladder_attention_row((enum block_dtype[]){ BLOCK_DTYPE_F16, BLOCK_DTYPE_Q8,
+                                                                   BLOCK_DTYPE_Q4, BLOCK_DTYPE_Q3,
+                                                                   BLOCK_DTYPE_Q2 },
+                                             (uint32_t[]){ W, n / 4, n / 4, n / 4, n / 4 - W }, T, H, NH, D,
+                                             MASK_NONE, 0, 0);
+                        if (li % 2 == 0) /* demote a quarter of each tier by one, keep 3/4 */
+                                ladder_compaction_row((enum block_dtype[]){ BLOCK_DTYPE_F16, BLOCK_DTYPE_Q8,
+                                                                            BLOCK_DTYPE_Q4, 0 },
+                                                      (uint32_t[]){ n / 2, n / 4, n / 4 }, T, H, D, 16,
+                                                      LKEEP_RANDOM, 0, 1);
                         /* drop every 8th of the first n - 16 tokens: every slot moves */
                         worst_compact = fmin(worst_compact, compaction_row(BLOCK_DTYPE_F16, T, H, D, n, 0, 16,
                                                                            KEEP_DROP_EVERY_8TH, 0, 0));
@@ -748,6 +1273,13 @@ static void table(void) {
                         if (lens[li] >= 8192 && r <= 1.0)
                                 q8_ok = 0;
                 }
+                printf("\n");
+        }
+        printf("F16 time / q4 ladder time (all but %u tokens at q4):\n", W);
+        for (int di = 0; di < 2; di++) {
+                printf("  D=%-3u", dims[di]);
+                for (int li = 0; li < 4; li++)
+                        printf("   n=%-5u %.2fx", lens[li], t_f16[di][li] / t_q4[di][li]);
                 printf("\n");
         }
         printf("targets: f16 compaction >= 80%% of copy bandwidth: %s (worst %.0f%%); "

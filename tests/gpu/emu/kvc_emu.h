@@ -196,6 +196,18 @@ inline float __fmul_rn(float a, float b) {
         return a * b;
 }
 
+inline double __dmul_rn(double a, double b) {
+        return a * b;
+}
+
+inline double __dadd_rn(double a, double b) {
+        return a + b;
+}
+
+inline double __ddiv_rn(double a, double b) {
+        return a / b;
+}
+
 struct __half {
         unsigned short bits;
 };
