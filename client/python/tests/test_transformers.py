@@ -120,6 +120,21 @@ def test_cache_holds_no_copy_of_keys(smollm2, client):
     cache.close()
 
 
+def test_a_ladder_session_answers_from_every_tier(smollm2, client):
+    """tiers=["q8"] with a 16-token window: the chat's prompt is read back from INT8 (dequantized by
+    the gather), and the answer is the full cache's (INT8 costs nothing measurable on SmolLM2)."""
+    model, _ = smollm2
+    g = golden("chat-capital")
+    n = len(g["new_ids"])
+    cache = KvcdCache(client, model, policy="full", tiers=["q8"], params={"tier_window": 16})
+    got = _generate(model, g["prompt_ids"], n, cache)
+    assert cache.session.tiers == ["f32", "q8"]
+    tiers = cache.session.tier_tokens(0)
+    assert tiers["q8"] >= len(g["prompt_ids"]) - 32 and tiers["f32"] <= 32
+    cache.close()
+    assert got == g["new_ids"]
+
+
 @pytest.mark.parametrize("policy", ["window", "h2o", "conf"])
 def test_budget_below_length_runs_within_budget_deterministically(smollm2, client, policy):
     model, _ = smollm2
