@@ -1,7 +1,7 @@
 /* test_moves.c: libkvc's side of block relocation (Plan.moves), against a daemon played here.
  *
  * Owns: a plan of moves copies every moved block byte for byte and swaps the table entries (the
- * blocks the caller sees through kvc_layer_view are the new ones); and a faulty or hostile kvcd's
+ * blocks the session's table holds are the new ones); and a faulty or hostile kvcd's
  * moves are refused whole, with nothing copied and nothing changed: a `from` that is not the
  * table's entry, an entry past the table, a destination outside the pool or not aligned to the
  * block size, two moves to one place or of one entry. The session is kvc_fuzz_client_new()'s: a
@@ -95,9 +95,9 @@ static int setup(void **state) {
         uint64_t bytes;
         f->pool = kvc_fuzz_pool(f->c, &bytes);
         assert_int_equal(bytes, 8 * CHUNK);
-        struct kvc_layer_view v;
+        struct kvc_fuzz_tier v; /* the dtype's table (the fuzz session has q8 and q4 tiers too) */
         uint64_t blocks[3];
-        assert_int_equal(kvc_layer_view(f->s, 0, &v), 0);
+        assert_int_equal(kvc_fuzz_tier(f->s, 0, 0, &v), 0);
         f->block_bytes = v.block_bytes;
         for (int i = 0; i < 3; i++) /* three blocks in chunk 1, each byte marked */
                 blocks[i] = CHUNK + (uint64_t)i * f->block_bytes;
@@ -117,8 +117,8 @@ static int teardown(void **state) {
 
 /* Layer 0's table as offsets. */
 static void table(struct fixture *f, uint64_t *offs) {
-        struct kvc_layer_view v;
-        assert_int_equal(kvc_layer_view(f->s, 0, &v), 0);
+        struct kvc_fuzz_tier v;
+        assert_int_equal(kvc_fuzz_tier(f->s, 0, 0, &v), 0);
         assert_int_equal(v.n_blocks, 3);
         for (uint32_t i = 0; i < 3; i++)
                 offs[i] = (uint64_t)(v.blocks[i] - f->pool);
