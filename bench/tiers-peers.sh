@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# bench/tiers-peers.sh [BUILD [OUT]]: llama.cpp's KV cache types on the exact documents and needles of
+# `kvc-eval --task tiers` (issue 26, "Measure": the peers beside kvcd's tiers), on SmolLM2-135M-Instruct
+# Q4_1 ($KVC_SMOLLM2). `make bench-tiers-peers` runs it after `make peers` and `make all`.
+#
+#   1. kvc-eval --task tiers --documents 3 --lengths 4096 --dump-tokens: the token ids of the three
+#      4,096-token documents and the nine needles (3 at each of 1K, 2K, 4K) that the committed
+#      tiers run scored (same seed, same order: client/eval/tiers.c).
+#   2. bench/llama-tiers.c, built against BUILD/peers (llama.cpp 0c1e570, the sdist of
+#      llama-cpp-python 0.3.36), scores them with one llama.cpp context per cache type (TYPES,
+#      default f16,q8_0,q4_0,iq4_nl; K and V at the type, flash attention on for all), teacher-
+#      forced like tiers.c: documents from position 144 on, needles by greedy exact match. The
+#      sequences run in three shards at once (documents; 4K needles; 1K and 2K needles), one
+#      thread each: the machine's two cores are shared, and a shard's raw lines survive a cut.
+#      A shard whose raw file is complete is not run again (delete OUT/raw to start over).
+#   3. llama-tiers report: OUT/peers.md and OUT/peers.jsonl, each type against llama.cpp's own f16
+#      (intervals from client/eval/stats.c, clustered by document; bootstrap over needles).
+#
+# About 1 hour of CPU (about 35,000 positions through 4 contexts); on the shared 2-core machine at
+# load 5-50, 1-2 hours of wall time. OUT defaults to bench/quality/smollm2/tiers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+out=${2:-bench/quality/smollm2/tiers}
+model=${KVC_SMOLLM2:-$HOME/.cache/kvcd/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+types=${TYPES:-f16,q8_0,q4_0,iq4_nl}
+peers=$build/peers
+src=$peers/src/llama_cpp_python-0.3.36/vendor/llama.cpp
+lib=$peers/llama.cpp/bin
+tool=$peers/llama-tiers
+work=$build/tiers-peers
+
+die() {
+        echo "bench/tiers-peers.sh: $*" >&2
+        exit 2
+}
+[ -f "$lib/libllama.so" ] && [ -f "$src/include/llama.h" ] || die "no llama.cpp under $peers: make peers"
+[ -x "$build/bin/kvc-eval" ] || die "$build/bin/kvc-eval is missing: make all"
+[ -f "$model" ] || die "no model at $model: make model"
+mkdir -p "$work/raw" "$out"
+
+# the libraries of this build, whatever RUNPATH a copied build carries
+export LD_LIBRARY_PATH=$PWD/$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if ! [ -x "$tool" ] || [ bench/llama-tiers.c -nt "$tool" ] || [ client/eval/stats.c -nt "$tool" ]; then
+        cc -std=gnu11 -O2 -Wall -Wextra -Werror -Wshadow -I"$src/include" -I"$src/ggml/include" -Iclient/eval \
+                bench/llama-tiers.c client/eval/stats.c -L"$lib" -lllama -lggml -lggml-base -lm \
+                -Wl,-rpath,"$PWD/$lib" -o "$tool"
+fi
+
+"$build/bin/kvc-eval" --task tiers --model "$model" --documents 3 --lengths 4096 --dump-tokens \
+        --out "$work/tokens" >/dev/null 2>&1 || die "kvc-eval --dump-tokens failed"
+tokens=$work/tokens/tiers_tokens.txt
+grep '^doc ' "$tokens" >"$work/shard.docs"
+grep '^needle 4096 ' "$tokens" >"$work/shard.needles-4k"
+grep '^needle ' "$tokens" | grep -v '^needle 4096 ' >"$work/shard.needles-1k-2k"
+
+n_types=$(tr ',' '\n' <<<"$types" | wc -l)
+pids=()
+started=$(date +%s)
+for shard in docs needles-4k needles-1k-2k; do
+        raw=$work/raw/$shard
+        want=$(($(wc -l <"$work/shard.$shard") * n_types))
+        if [ -f "$raw" ] && [ "$(wc -l <"$raw")" -eq "$want" ]; then
+                echo "tiers-peers: $shard: already scored ($raw)"
+                continue
+        fi
+        rm -f "$raw"
+        nice "$tool" run "$model" "$work/shard.$shard" "$types" 1 "$raw" 2>"$work/$shard.log" &
+        pids+=($!)
+done
+for p in "${pids[@]}"; do
+        wait "$p" || die "llama-tiers run failed (logs: $work/*.log)"
+done
+seconds=$(($(date +%s) - started))
+
+"$tool" report "$work/raw/docs" "$work/raw/needles-4k" "$work/raw/needles-1k-2k" "$work/report"
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+{
+        echo "# llama.cpp's KV cache types on kvc-eval tiers' documents and needles: SmolLM2-135M-Instruct Q4_1"
+        echo
+        echo "bench/tiers-peers.sh ($(date -u +%Y-%m-%d), ${seconds} s, load average $load at the end; llama.cpp"
+        echo "0c1e570 from llama-cpp-python 0.3.36, CPU, flash attention on, 1 thread a shard). The token ids are"
+        echo "those of \`kvc-eval --task tiers --documents 3 --lengths 4096\` (--dump-tokens), scored as tiers.c"
+        echo "scores them; each type is compared with llama.cpp's own f16 cache. Every token of the cache is at"
+        echo "the type, the newest included (kvcd's tiers keep the last 128 at f16). Intervals: 95%, clustered"
+        echo "by document (perplexity), bootstrap over cases (needles)."
+        echo
+        cat "$work/report.md"
+} >"$out/peers.md"
+cp "$work/report.jsonl" "$out/peers.jsonl"
+cat "$out/peers.md"
