@@ -15,6 +15,11 @@
 #      A shard whose raw file is complete is not run again (delete OUT/raw to start over).
 #   3. llama-tiers report: OUT/peers.md and OUT/peers.jsonl, each type against llama.cpp's own f16
 #      (intervals from client/eval/stats.c, clustered by document; bootstrap over needles).
+#   4. With QUANTO=1: bench/tiers_quanto.py in BUILD/venv-kvpress (`make kvpress-deps`, which pins
+#      optimum-quanto): transformers' QuantizedCache, quanto backend, 4 and 2 bits, against its
+#      float32 DynamicCache, on the same sequences (needles and documents in two processes), into
+#      OUT/peers-quanto.md and .jsonl. It quantizes only after a forward pass: a needle's prompt is
+#      prefilled in full precision, and documents go in chunks of 128 (tiers_quanto.py says why).
 #
 # About 1 hour of CPU (about 35,000 positions through 4 contexts); on the shared 2-core machine at
 # load 5-50, 1-2 hours of wall time. OUT defaults to bench/quality/smollm2/tiers.
@@ -89,3 +94,44 @@ load=$(cut -d' ' -f1-3 /proc/loadavg)
 } >"$out/peers.md"
 cp "$work/report.jsonl" "$out/peers.jsonl"
 cat "$out/peers.md"
+
+[ "${QUANTO:-0}" = 1 ] || exit 0
+py=$build/venv-kvpress/bin/python
+[ -x "$py" ] && "$py" -c 'import optimum.quanto' 2>/dev/null || die "no optimum-quanto in $build/venv-kvpress: make kvpress-deps"
+mkdir -p "$work/raw-quanto"
+pids=()
+started=$(date +%s)
+for part in needles docs; do
+        raw=$work/raw-quanto/$part
+        want=$(($(grep -c "^${part%s} " "$tokens") * 3))
+        if [ -f "$raw" ] && [ "$(wc -l <"$raw")" -eq "$want" ]; then
+                echo "tiers-peers: quanto $part: already scored ($raw)"
+                continue
+        fi
+        rm -f "$raw"
+        OMP_WAIT_POLICY=PASSIVE PYTHONDONTWRITEBYTECODE=1 nice "$py" bench/tiers_quanto.py --model "$model" \
+                --tokens "$tokens" --raw "$raw" --part "$part" 2>"$work/quanto-$part.log" &
+        pids+=($!)
+done
+for p in "${pids[@]}"; do
+        wait "$p" || die "tiers_quanto.py failed (logs: $work/quanto-*.log)"
+done
+seconds=$(($(date +%s) - started))
+"$tool" report "$work/raw-quanto/docs" "$work/raw-quanto/needles" "$work/report-quanto"
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+{
+        echo "# transformers' QuantizedCache (quanto) on kvc-eval tiers' documents and needles: SmolLM2-135M-Instruct"
+        echo
+        echo "bench/tiers-peers.sh with QUANTO=1 ($(date -u +%Y-%m-%d), ${seconds} s, load average $load at the end;"
+        echo "$("$py" -c 'import importlib.metadata as m; print(", ".join(p + " " + m.version(p) for p in ("transformers", "torch", "optimum-quanto")))'),"
+        echo "float32 weights dequantized from the Q4_1 GGUF, 1 thread a process). QuantizedCache(\"quanto\", nbits 4 or 2,"
+        echo "q_group_size 64, residual_length 128, axis 0) against the float32 DynamicCache on the same token ids. It"
+        echo "quantizes only what an earlier forward pass stored: a needle's prompt is one prefill in full precision"
+        echo "and only the answer's tokens meet quantized keys and values; documents go in chunks of 128 tokens, each"
+        echo "chunk attending to the earlier ones quantized (less up to 128 residual tokens) and to itself in full"
+        echo "precision. Intervals: 95%, clustered by document (perplexity), bootstrap over cases (needles)."
+        echo
+        cat "$work/report-quanto.md"
+} >"$out/peers-quanto.md"
+cp "$work/report-quanto.jsonl" "$out/peers-quanto.jsonl"
+cat "$out/peers-quanto.md"
