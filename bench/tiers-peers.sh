@@ -9,10 +9,10 @@
 #   2. bench/llama-tiers.c, built against BUILD/peers (llama.cpp 0c1e570, the sdist of
 #      llama-cpp-python 0.3.36), scores them with one llama.cpp context per cache type (TYPES,
 #      default f16,q8_0,q4_0,iq4_nl; K and V at the type, flash attention on for all), teacher-
-#      forced like tiers.c: documents from position 144 on, needles by greedy exact match. The
-#      sequences run in three shards at once (documents; 4K needles; 1K and 2K needles), one
-#      thread each: the machine's two cores are shared, and a shard's raw lines survive a cut.
-#      A shard whose raw file is complete is not run again (delete OUT/raw to start over).
+#      forced like tiers.c: documents from position 144 on, needles by greedy exact match. One
+#      process a sequence, one thread each, JOBS (default 3) at once: the machine's two cores are
+#      shared, and a finished sequence's raw lines survive a cut. A sequence whose raw file
+#      (BUILD/tiers-peers/raw/NAME) is complete is not run again (delete that folder to start over).
 #   3. llama-tiers report: OUT/peers.md and OUT/peers.jsonl, each type against llama.cpp's own f16
 #      (intervals from client/eval/stats.c, clustered by document; bootstrap over needles).
 #   4. With QUANTO=1: bench/tiers_quanto.py in BUILD/venv-kvpress (`make kvpress-deps`, which pins
@@ -55,36 +55,36 @@ fi
 "$build/bin/kvc-eval" --task tiers --model "$model" --documents 3 --lengths 4096 --dump-tokens \
         --out "$work/tokens" >/dev/null 2>&1 || die "kvc-eval --dump-tokens failed"
 tokens=$work/tokens/tiers_tokens.txt
-grep '^doc ' "$tokens" >"$work/shard.docs"
-grep '^needle 4096 ' "$tokens" >"$work/shard.needles-4k"
-grep '^needle ' "$tokens" | grep -v '^needle 4096 ' >"$work/shard.needles-1k-2k"
-
+# one file, and one process, a sequence: documents and the longest needles first
+rm -rf "$work/seq" && mkdir -p "$work/seq"
+awk -v dir="$work/seq" '{ f = dir "/" ($1 == "doc" ? "doc-" $2 : "needle-" $2 "-" $3); print > f; close(f) }' "$tokens"
 n_types=$(tr ',' '\n' <<<"$types" | wc -l)
-pids=()
+jobs=${JOBS:-3}
 started=$(date +%s)
-for shard in docs needles-4k needles-1k-2k; do
-        raw=$work/raw/$shard
-        want=$(($(wc -l <"$work/shard.$shard") * n_types))
-        if [ -f "$raw" ] && [ "$(wc -l <"$raw")" -eq "$want" ]; then
-                echo "tiers-peers: $shard: already scored ($raw)"
+for name in $({ ls "$work/seq" | grep '^doc-'; ls "$work/seq" | grep '^needle-' | sort -t- -k2,2nr -k3,3n; }); do
+        raw=$work/raw/$name
+        if [ -f "$raw" ] && [ "$(wc -l <"$raw")" -eq "$n_types" ]; then
+                echo "tiers-peers: $name: already scored ($raw)"
                 continue
         fi
         rm -f "$raw"
-        nice "$tool" run "$model" "$work/shard.$shard" "$types" 1 "$raw" 2>"$work/$shard.log" &
-        pids+=($!)
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do
+                wait -n || die "llama-tiers run failed (logs: $work/*.log)"
+        done
+        "$tool" run "$model" "$work/seq/$name" "$types" 1 "$raw" 2>"$work/$name.log" &
 done
-for p in "${pids[@]}"; do
+for p in $(jobs -p); do
         wait "$p" || die "llama-tiers run failed (logs: $work/*.log)"
 done
 seconds=$(($(date +%s) - started))
 
-"$tool" report "$work/raw/docs" "$work/raw/needles-4k" "$work/raw/needles-1k-2k" "$work/report"
+"$tool" report "$work"/raw/* "$work/report"
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 {
         echo "# llama.cpp's KV cache types on kvc-eval tiers' documents and needles: SmolLM2-135M-Instruct Q4_1"
         echo
         echo "bench/tiers-peers.sh ($(date -u +%Y-%m-%d), ${seconds} s, load average $load at the end; llama.cpp"
-        echo "0c1e570 from llama-cpp-python 0.3.36, CPU, flash attention on, 1 thread a shard). The token ids are"
+        echo "0c1e570 from llama-cpp-python 0.3.36, CPU, flash attention on, 1 thread a process). The token ids are"
         echo "those of \`kvc-eval --task tiers --documents 3 --lengths 4096\` (--dump-tokens), scored as tiers.c"
         echo "scores them; each type is compared with llama.cpp's own f16 cache. Every token of the cache is at"
         echo "the type, the newest included (kvcd's tiers keep the last 128 at f16). Intervals: 95%, clustered"
