@@ -50,8 +50,8 @@ static const struct {
         const char *name;
         enum ggml_type type;
 } cache_types[] = {
-        { "f16", GGML_TYPE_F16 },   { "bf16", GGML_TYPE_BF16 }, { "q8_0", GGML_TYPE_Q8_0 },
-        { "q5_1", GGML_TYPE_Q5_1 }, { "q5_0", GGML_TYPE_Q5_0 }, { "q4_1", GGML_TYPE_Q4_1 },
+        { "f16", GGML_TYPE_F16 },   { "bf16", GGML_TYPE_BF16 },     { "q8_0", GGML_TYPE_Q8_0 },
+        { "q5_1", GGML_TYPE_Q5_1 }, { "q5_0", GGML_TYPE_Q5_0 },     { "q4_1", GGML_TYPE_Q4_1 },
         { "q4_0", GGML_TYPE_Q4_0 }, { "iq4_nl", GGML_TYPE_IQ4_NL },
 };
 
@@ -179,14 +179,16 @@ static int run_seq(struct run *R, const struct seq *q, struct doc_score *ds, dou
                         if (q->needle) {
                                 int want = q->ids[p + 1];
                                 for (unsigned c = 0; c < R->n_types; c++)
-                                        if ((int)argmax(llama_get_logits_ith(R->ctx[c], (int)j), R->V) != want)
+                                        if ((int)argmax(llama_get_logits_ith(R->ctx[c], (int)j), R->V) !=
+                                            want)
                                                 hit[c] = 0;
                                 continue;
                         }
                         unsigned ref_top = 0;
                         for (unsigned c = 0; c < R->n_types; c++) {
                                 float *out = c == 0 ? R->ref : R->lp;
-                                unsigned best = log_softmax(llama_get_logits_ith(R->ctx[c], (int)j), R->V, out);
+                                unsigned best =
+                                        log_softmax(llama_get_logits_ith(R->ctx[c], (int)j), R->V, out);
                                 if (c == 0)
                                         ref_top = best;
                                 ds->nll[c] -= out[q->ids[p + 1]];
@@ -209,10 +211,12 @@ static int run_main(char **argv) {
         char *list = strdup(argv[2]);
         for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
                 size_t i = 0;
-                while (i < sizeof(cache_types) / sizeof(cache_types[0]) && strcmp(cache_types[i].name, t) != 0)
+                while (i < sizeof(cache_types) / sizeof(cache_types[0]) &&
+                       strcmp(cache_types[i].name, t) != 0)
                         i++;
                 if (i == sizeof(cache_types) / sizeof(cache_types[0]) || n_types == MAX_TYPES) {
-                        fprintf(stderr, "llama-tiers: unknown cache type %s (or more than %d)\n", t, MAX_TYPES);
+                        fprintf(stderr, "llama-tiers: unknown cache type %s (or more than %d)\n", t,
+                                MAX_TYPES);
                         return 2;
                 }
                 names[n_types] = cache_types[i].name;
@@ -234,7 +238,8 @@ static int run_main(char **argv) {
                 fprintf(stderr, "llama-tiers: cannot load %s\n", argv[0]);
                 return 1;
         }
-        struct run R = { .n_types = n_types, .V = (unsigned)llama_vocab_n_tokens(llama_model_get_vocab(model)) };
+        struct run R = { .n_types = n_types,
+                         .V = (unsigned)llama_vocab_n_tokens(llama_model_get_vocab(model)) };
         for (unsigned c = 0; c < n_types; c++) {
                 struct llama_context_params cp = llama_context_default_params();
                 cp.n_ctx = N_CTX;
@@ -268,11 +273,11 @@ static int run_main(char **argv) {
                         if (q->needle)
                                 fprintf(raw, "needle %u %u %s %.0f\n", q->length, q->index, names[c], hit[c]);
                         else
-                                fprintf(raw, "doc %u %s %.0f %.9g %.9g %.0f\n", q->index, names[c], ds.n, ds.nll[c],
-                                        ds.kl[c], ds.top1[c]);
+                                fprintf(raw, "doc %u %s %.0f %.9g %.9g %.0f\n", q->index, names[c], ds.n,
+                                        ds.nll[c], ds.kl[c], ds.top1[c]);
                 fflush(raw);
-                fprintf(stderr, "llama-tiers: %s %u of %u tokens done, %ld s\n", q->needle ? "needle" : "document",
-                        q->index, q->n, (long)(time(NULL) - t0));
+                fprintf(stderr, "llama-tiers: %s %u of %u tokens done, %ld s\n",
+                        q->needle ? "needle" : "document", q->index, q->n, (long)(time(NULL) - t0));
         }
         fclose(raw);
         for (unsigned c = 0; c < n_types; c++)
@@ -336,7 +341,8 @@ static int read_raw(struct report *R, const char *path) {
                                 R->ds[i].kl[c] = kl;
                                 R->ds[i].top1[c] = top1;
                         }
-                } else if (strcmp(kind, "needle") == 0 && fscanf(f, "%u %u %15s %lf", &a, &b, name, &hit) == 4) {
+                } else if (strcmp(kind, "needle") == 0 &&
+                           fscanf(f, "%u %u %15s %lf", &a, &b, name, &hit) == 4) {
                         for (i = 0; i < R->n_needles && !(R->nd_len[i] == a && R->nd_k[i] == b); i++)
                                 ;
                         if ((c = type_index(R, name)) < 0 || i == MAX_NEEDLES)
@@ -381,7 +387,8 @@ static void write_tables(struct report *R, FILE *md, FILE *js) {
                 fprintf(md, "| %s | %.3f | %+.2f%% [%+.2f%%, %+.2f%%] | %.4f | %.3f |\n", R->names[c],
                         exp(ppl.mean), 100 * rel, 100 * lo, 100 * hi, k.mean, t1.mean);
                 fprintf(js,
-                        "{\"part\":\"longdoc\",\"cache\":\"%s\",\"documents\":%u,\"ppl\":%.5f,\"ppl_rel\":%.6f,"
+                        "{\"part\":\"longdoc\",\"cache\":\"%s\",\"documents\":%u,\"ppl\":%.5f,\"ppl_rel\":%."
+                        "6f,"
                         "\"ppl_rel_lo\":%.6f,\"ppl_rel_hi\":%.6f,\"kl\":%.6f,\"top1\":%.5f}\n",
                         R->names[c], R->n_docs, exp(ppl.mean), rel, lo, hi, k.mean, t1.mean);
         }
@@ -390,8 +397,9 @@ static void write_tables(struct report *R, FILE *md, FILE *js) {
                 return;
         /* tiers.c's order: by length, then case */
         for (unsigned i = 1; i < N; i++)
-                for (unsigned j = i; j > 0 && (R->nd_len[j - 1] > R->nd_len[j] ||
-                                                (R->nd_len[j - 1] == R->nd_len[j] && R->nd_k[j - 1] > R->nd_k[j]));
+                for (unsigned j = i;
+                     j > 0 && (R->nd_len[j - 1] > R->nd_len[j] ||
+                               (R->nd_len[j - 1] == R->nd_len[j] && R->nd_k[j - 1] > R->nd_k[j]));
                      j--) {
                         unsigned tl = R->nd_len[j], tk = R->nd_k[j];
                         double th[MAX_TYPES];
@@ -401,8 +409,10 @@ static void write_tables(struct report *R, FILE *md, FILE *js) {
                         R->nd_len[j - 1] = tl, R->nd_k[j - 1] = tk;
                         memcpy(R->hit[j - 1], th, sizeof(th));
                 }
-        fprintf(md, "\n## Needles (%u cases)\n\n| cache | exact match [95%%] | vs %s [95%%] | verdict |\n"
-                    "|---|---:|---:|---|\n", N, ref);
+        fprintf(md,
+                "\n## Needles (%u cases)\n\n| cache | exact match [95%%] | vs %s [95%%] | verdict |\n"
+                "|---|---:|---:|---|\n",
+                N, ref);
         double x[MAX_NEEDLES], dx[MAX_NEEDLES];
         for (unsigned c = 0; c < R->n_types; c++) {
                 double hits = 0;
@@ -419,7 +429,8 @@ static void write_tables(struct report *R, FILE *md, FILE *js) {
                         100 * d.hi, c ? stats_compare(&d, false) : "-");
                 fprintf(js,
                         "{\"part\":\"needle\",\"cache\":\"%s\",\"cases\":%u,\"hits\":%.0f,\"exact\":%.5f,"
-                        "\"exact_lo\":%.5f,\"exact_hi\":%.5f,\"vs_ref\":%.5f,\"vs_ref_lo\":%.5f,\"vs_ref_hi\":%.5f}\n",
+                        "\"exact_lo\":%.5f,\"exact_hi\":%.5f,\"vs_ref\":%.5f,\"vs_ref_lo\":%.5f,\"vs_ref_"
+                        "hi\":%.5f}\n",
                         R->names[c], N, hits, m.mean, m.lo, m.hi, d.mean, d.lo, d.hi);
         }
 }
