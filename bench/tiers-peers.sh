@@ -39,7 +39,9 @@ die() {
         echo "bench/tiers-peers.sh: $*" >&2
         exit 2
 }
-[ -f "$lib/libllama.so" ] && [ -f "$src/include/llama.h" ] || die "no llama.cpp under $peers: make peers"
+if ! [ -f "$lib/libllama.so" ] || ! [ -f "$src/include/llama.h" ]; then
+        die "no llama.cpp under $peers: make peers"
+fi
 [ -x "$build/bin/kvc-eval" ] || die "$build/bin/kvc-eval is missing: make all"
 [ -f "$model" ] || die "no model at $model: make model"
 mkdir -p "$work/raw" "$out"
@@ -61,7 +63,7 @@ awk -v dir="$work/seq" '{ f = dir "/" ($1 == "doc" ? "doc-" $2 : "needle-" $2 "-
 n_types=$(tr ',' '\n' <<<"$types" | wc -l)
 jobs=${JOBS:-3}
 started=$(date +%s)
-for name in $({ ls "$work/seq" | grep '^doc-'; ls "$work/seq" | grep '^needle-' | sort -t- -k2,2nr -k3,3n; }); do
+for name in $(cd "$work/seq" && printf '%s\n' doc-* && printf '%s\n' needle-* | sort -t- -k2,2nr -k3,3n); do
         raw=$work/raw/$name
         if [ -f "$raw" ] && [ "$(wc -l <"$raw")" -eq "$n_types" ]; then
                 echo "tiers-peers: $name: already scored ($raw)"
@@ -97,7 +99,9 @@ cat "$out/peers.md"
 
 [ "${QUANTO:-0}" = 1 ] || exit 0
 py=$build/venv-kvpress/bin/python
-[ -x "$py" ] && "$py" -c 'import optimum.quanto' 2>/dev/null || die "no optimum-quanto in $build/venv-kvpress: make kvpress-deps"
+if ! [ -x "$py" ] || ! "$py" -c 'import optimum.quanto' 2>/dev/null; then
+        die "no optimum-quanto in $build/venv-kvpress: make kvpress-deps"
+fi
 mkdir -p "$work/raw-quanto"
 pids=()
 started=$(date +%s)
