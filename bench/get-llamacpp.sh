@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# bench/get-llamacpp.sh BUILD: builds llama.cpp's llama-bench (and llama-completion), the speed peer
-# of kvc-run (issue 17), under BUILD/peers (`make peers`; never committed, BUILD is git-ignored).
+# bench/get-llamacpp.sh BUILD: builds llama.cpp's llama-bench (and llama-completion and
+# llama-perplexity), the speed peer of kvc-run (issue 17) and a quality peer (issue 26), under BUILD/peers (`make peers`; never committed, BUILD is git-ignored).
 # Prints one line and does nothing when the stamp says it is built with these pins and flags.
 #
 # The source is the sdist of llama-cpp-python==0.3.36 on PyPI, which vendors llama.cpp (commit
 # 0c1e570): fetched with pip download, never installed. The flags are those of
 # ../shared/notes/peers.md: Release, GGML_NATIVE=ON, no curl, no OpenSSL, no tests; cmake and ninja
 # come from Debian (bench/peers.mk installs cmake and ninja-build when missing). The targets are
-# llama-bench and llama-completion (llama-bench already builds llama.cpp's common library, so
-# llama-completion costs one file more); LLAMACPP_TARGETS changes them. The first build takes about
+# llama-bench, llama-completion and llama-perplexity (llama-bench already builds llama.cpp's common
+# library, so each of the others costs a file or two more); LLAMACPP_TARGETS changes them. The
+# libraries they share (libllama, libggml*) are what bench/tiers-peers.sh links its scorer against. The first build takes about
 # 10 minutes on 2 quiet cores (19 with other builds running).
 #
 # `--no-binary llama-cpp-python`, not `--no-binary :all:`: pip prepares an sdist's metadata even
@@ -26,7 +27,7 @@ set -euo pipefail
 
 VERSION=0.3.36
 SDIST=llama_cpp_python-$VERSION.tar.gz
-TARGETS=${LLAMACPP_TARGETS:-llama-bench llama-completion}
+TARGETS=${LLAMACPP_TARGETS:-llama-bench llama-completion llama-perplexity}
 CMAKE_FLAGS=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
         -DLLAMA_OPENSSL=OFF)
 PYTHON=${PYTHON:-python3}

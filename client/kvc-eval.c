@@ -1196,6 +1196,8 @@ static void usage(FILE *f) {
                    "  --chunk N              niah: prefill rows per configuration and pass (default 64)\n"
                    "  --threads N            niah: the engine's threads (default: every CPU)\n"
                    "  --seed N               niah: needles and haystacks (default fixed)\n"
+                   "  --dump-tokens          tiers: write the token ids of its documents and needles\n"
+                   "                         (tiers_tokens.txt) and run nothing (bench/tiers-peers.sh)\n"
                    "  -h, --help, -V, --version\n");
 }
 
@@ -1266,6 +1268,7 @@ int main(int argc, char **argv) {
                 { "chunk", required_argument, NULL, 'K' },
                 { "threads", required_argument, NULL, 'T' },
                 { "seed", required_argument, NULL, 'R' },
+                { "dump-tokens", no_argument, NULL, 'Y' },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, 'V' },
                 {},
@@ -1307,6 +1310,7 @@ int main(int argc, char **argv) {
                 case 'K': no.chunk = (uint32_t)atoi(optarg); break;
                 case 'T': no.threads = (uint32_t)atoi(optarg); break;
                 case 'R': no.seed = strtoull(optarg, NULL, 0); break;
+                case 'Y': no.dump_tokens = true; break;
                 case 'k': e.tok_path = optarg; break;
                 case 'D': e.data_path = optarg; break;
                 case 'n': e.sequences = (uint32_t)atoi(optarg); break;

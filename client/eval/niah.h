@@ -48,6 +48,7 @@ struct niah_options {
         uint64_t seed;     /* needles and haystacks */
         bool quick;        /* one short haystack, three configurations */
         const char *suite; /* "quick", "main" */
+        bool dump_tokens;  /* tiers: write the sequences it would score, run nothing */
 };
 
 /* One needle's prompt: the tokens (chat template, answer prefix; ids is the caller's to free),

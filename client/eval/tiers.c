@@ -246,6 +246,28 @@ static void write_report(struct niah *n, FILE *md, FILE *jsonl, const struct doc
         free(dx);
 }
 
+/* --dump-tokens: the token ids the task scores, so that a peer (bench/tiers-peers.sh: llama.cpp's
+ * caches) can run the same sequences. One line a sequence: "doc D N ids" (the N ids of document D,
+ * all scored past TIERS_WINDOW + 16 as run_doc scores them), "needle LENGTH K N_PROMPT N_ANSWER
+ * ids answer" (the prompt, then the answer teacher-forced after it). The documents' text, as their
+ * ids print, goes to tiers_docs.txt, one after the other (for llama-perplexity). */
+static void dump_ids(FILE *f, const int *ids, uint32_t k) {
+        for (uint32_t i = 0; i < k; i++)
+                fprintf(f, " %d", ids[i]);
+}
+
+static int dump_text(struct niah *n, FILE *f, const int *ids, uint32_t k) {
+        char buf[256];
+        for (uint32_t i = 0; i < k; i++) {
+                size_t len = 0;
+                int r = text_piece(n->tok, i ? ids[i - 1] : -1, ids[i], buf, sizeof(buf), &len);
+                if (r < 0)
+                        return r;
+                fwrite(buf, 1, len, f);
+        }
+        return 0;
+}
+
 int tiers_run(const struct niah_options *o) {
         struct niah n = { .o = o, .rng = o->seed ? o->seed : 0x13198a2e03707344ull, .local = true };
         uint32_t docs = o->needles, doc_len = o->n_lengths ? o->lengths[0] : (o->quick ? 256 : 4096);
@@ -259,10 +281,12 @@ int tiers_run(const struct niah_options *o) {
         struct doc_score *ds = calloc(docs, sizeof(*ds));
         double *hits = calloc((size_t)per_len * n_nl * TIERS_CONFIGS, sizeof(double));
         int *ids = malloc(((size_t)doc_len + 8) * sizeof(int));
-        FILE *jsonl = open_partial(o, "tiers.jsonl"), *md = open_partial(o, "tiers.md");
+        bool dump = o->dump_tokens;
+        FILE *jsonl = open_partial(o, dump ? "tiers_tokens.txt" : "tiers.jsonl"),
+             *md = open_partial(o, dump ? "tiers_docs.txt" : "tiers.md");
         if (!ds || !hits || !ids || !jsonl || !md)
                 r = -ENOMEM;
-        if (r == 0)
+        if (r == 0 && !dump)
                 r = caches_new(&n, (uint32_t)n.mc->seq_len, lc);
         n.t0 = now_s();
         n.rows_total = (double)docs * TIERS_CONFIGS * doc_len;
@@ -276,9 +300,14 @@ int tiers_run(const struct niah_options *o) {
                 free(t.s);
                 if (r == 0 && got < doc_len / 2)
                         r = -ENODATA;
-                if (r == 0)
-                        r = run_doc(&n, lc, ids, (uint32_t)(got < doc_len ? got : doc_len), TIERS_WINDOW + 16,
-                                    &ds[d]);
+                uint32_t len = (uint32_t)(got < doc_len ? got : doc_len);
+                if (r == 0 && dump) {
+                        fprintf(jsonl, "doc %u %u", d, len);
+                        dump_ids(jsonl, ids, len);
+                        fputc('\n', jsonl);
+                        r = dump_text(&n, md, ids, len);
+                } else if (r == 0)
+                        r = run_doc(&n, lc, ids, len, TIERS_WINDOW + 16, &ds[d]);
                 progress(&n, "tiers", doc_len, d + 1);
         }
         struct niah_options needle_o = *o;
@@ -287,14 +316,19 @@ int tiers_run(const struct niah_options *o) {
         for (uint32_t li = 0; r == 0 && li < n_nl; li++)
                 for (uint32_t k = 0; r == 0 && k < per_len; k++) {
                         struct needle nd = { 0 };
-                        if ((r = niah_build_needle(&n, nl[li], k, &nd)) == 0)
+                        if ((r = niah_build_needle(&n, nl[li], k, &nd)) == 0 && dump) {
+                                fprintf(jsonl, "needle %u %u %u %u", nl[li], k, nd.n_prompt, nd.n_answer);
+                                dump_ids(jsonl, nd.ids, nd.n_prompt);
+                                dump_ids(jsonl, nd.answer, nd.n_answer);
+                                fputc('\n', jsonl);
+                        } else if (r == 0)
                                 r = run_needle(&n, lc, &nd,
                                                hits + ((size_t)li * per_len + k) * TIERS_CONFIGS);
                         free(nd.ids);
                         progress(&n, "tiers", nl[li], k + 1);
                 }
         n.o = o;
-        if (r == 0) {
+        if (r == 0 && !dump) {
                 fprintf(md,
                         "# Each tier of the precision ladder alone: SmolLM2-135M-Instruct, in process\n\n"
                         "Every token but the last %u of each layer at the tier (kvc-run --local --tier), the "
@@ -317,8 +351,8 @@ int tiers_run(const struct niah_options *o) {
         if (md)
                 fclose(md);
         if (jsonl && md) {
-                finish_partial(o, "tiers.jsonl", r == 0);
-                finish_partial(o, "tiers.md", r == 0);
+                finish_partial(o, dump ? "tiers_tokens.txt" : "tiers.jsonl", r == 0);
+                finish_partial(o, dump ? "tiers_docs.txt" : "tiers.md", r == 0);
         }
         caches_free(lc);
         free(ds);

@@ -18,7 +18,9 @@
 
 /* lengths[0]: document tokens (default 4096), needles: documents; the needle lengths are 1K, 2K
  * and 4K with o->needles cases each (quick: one 256-token document, two 192-token needles).
- * Writes out_dir/tiers.{jsonl,md}. 0 or -errno. */
+ * Writes out_dir/tiers.{jsonl,md}; with o->dump_tokens, runs no model and writes the token ids of
+ * every document and needle to out_dir/tiers_tokens.txt and the documents' text to tiers_docs.txt
+ * instead (the same sequences, built in the same order from the same seed). 0 or -errno. */
 int tiers_run(const struct niah_options *o);
 
 #endif
