@@ -44,9 +44,10 @@ static int feed(struct fixture *f, Kvc__PlanBatch *pb) {
         return r;
 }
 
-/* Grants layer 0 the blocks at the given offsets. */
-static void grant(struct fixture *f, const uint64_t *blocks, size_t n) {
+/* Grants layer 0's table of tier `tier` the blocks at the given offsets. */
+static void grant_tier(struct fixture *f, uint32_t tier, const uint64_t *blocks, size_t n) {
         Kvc__LayerBlocks lb = KVC__LAYER_BLOCKS__INIT, *lbp = &lb;
+        lb.tier = tier;
         Kvc__Grant g = KVC__GRANT__INIT, *gp = &g;
         Kvc__PlanBatch pb = KVC__PLAN_BATCH__INIT;
         lb.blocks = (uint64_t *)blocks;
@@ -59,15 +60,20 @@ static void grant(struct fixture *f, const uint64_t *blocks, size_t n) {
         assert_int_equal(feed(f, &pb), 0);
 }
 
-/* A plan of n moves of layer 0's full-precision table: entry index[i] from from[i] to to[i]. */
-static int moves(struct fixture *f, size_t n, const uint32_t *index, const uint64_t *from,
-                 const uint64_t *to) {
+static void grant(struct fixture *f, const uint64_t *blocks, size_t n) {
+        grant_tier(f, 0, blocks, n);
+}
+
+/* A plan of n moves of layer 0's table of tier `tier`: entry index[i] from from[i] to to[i]. */
+static int moves_tier(struct fixture *f, uint32_t tier, size_t n, const uint32_t *index, const uint64_t *from,
+                      const uint64_t *to) {
         Kvc__BlockMove mv[8], *mvp[8];
         Kvc__Plan p = KVC__PLAN__INIT, *pp = &p;
         Kvc__PlanBatch pb = KVC__PLAN_BATCH__INIT;
         assert_true(n <= 8);
         for (size_t i = 0; i < n; i++) {
                 kvc__block_move__init(&mv[i]);
+                mv[i].tier = tier;
                 mv[i].index = index[i];
                 mv[i].from = from[i];
                 mv[i].to = to[i];
@@ -106,6 +112,11 @@ static int setup(void **state) {
                 f->pool[CHUNK + k] = (uint8_t)(k * 13 + 5);
         *state = f;
         return 0;
+}
+
+static int moves(struct fixture *f, size_t n, const uint32_t *index, const uint64_t *from,
+                 const uint64_t *to) {
+        return moves_tier(f, 0, n, index, from, to);
 }
 
 static int teardown(void **state) {
@@ -191,11 +202,34 @@ static void bad_moves_are_refused_whole(void **state) {
         free(copy);
 }
 
+/* The ladder's packed tier (q4: the fuzz session's tier 2) moves as the dtype's does: its block byte
+ * for byte, into its own table; a move naming the wrong table is refused. */
+static void a_packed_tier_block_moves_with_its_bytes(void **state) {
+        struct fixture *f = *state;
+        struct kvc_fuzz_tier v;
+        assert_int_equal(kvc_fuzz_tier(f->s, 0, 2, &v), 0);
+        uint64_t qb = v.block_bytes, blocks[2] = { 5 * CHUNK, 5 * CHUNK + qb };
+        grant_tier(f, 2, blocks, 2);
+        for (uint64_t k = 0; k < 2 * qb; k++)
+                f->pool[5 * CHUNK + k] = (uint8_t)(k * 7 + 3);
+        uint32_t index[1] = { 1 };
+        uint64_t from[1] = { 5 * CHUNK + qb }, to[1] = { 6 * CHUNK };
+        assert_int_equal(moves_tier(f, 0, 1, index, from, to), -EPROTO); /* not the dtype's entry 1 */
+        assert_int_equal(moves_tier(f, 2, 1, index, from, to), 0);
+        assert_int_equal(kvc_fuzz_tier(f->s, 0, 2, &v), 0);
+        assert_int_equal(v.n_blocks, 2);
+        assert_ptr_equal(v.blocks[0], f->pool + 5 * CHUNK);
+        assert_ptr_equal(v.blocks[1], f->pool + 6 * CHUNK);
+        for (uint64_t k = 0; k < qb; k++)
+                assert_int_equal(f->pool[6 * CHUNK + k], (uint8_t)((qb + k) * 7 + 3));
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test_setup_teardown(moved_blocks_keep_every_byte_and_take_their_table_entries,
                                                 setup, teardown),
                 cmocka_unit_test_setup_teardown(bad_moves_are_refused_whole, setup, teardown),
+                cmocka_unit_test_setup_teardown(a_packed_tier_block_moves_with_its_bytes, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
