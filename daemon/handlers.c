@@ -630,6 +630,22 @@ int send_envelope(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_le
         return r;
 }
 
+int send_unasked_plan(struct kvcd *d, const struct session *s, Kvc__Plan *p, Kvc__Grant *g) {
+        Kvc__PlanBatch pb = KVC__PLAN_BATCH__INIT;
+        pb.plans = &p;
+        pb.n_plans = 1;
+        if (g && g->n_layers) {
+                pb.grants = &g;
+                pb.n_grants = 1;
+        }
+        Kvc__Envelope env = KVC__ENVELOPE__INIT;
+        env.version = WIRE_VERSION;
+        env.request_id = 0; /* unasked */
+        env.body_case = KVC__ENVELOPE__BODY_PLAN_BATCH;
+        env.plan_batch = &pb;
+        return send_envelope(d, d->zclient, s->owner->rid, s->owner->rid_len, &env);
+}
+
 void handle_frame(struct kvcd *d, enum channel ch, void *zsock, const uint8_t *rid, size_t rid_len,
                   const uint8_t *data, size_t len) {
         struct request rq = { .d = d, .rid = rid, .rid_len = rid_len };

@@ -10,6 +10,7 @@
 #include "kvc.pb-c.h"
 
 struct kvcd;
+struct session;
 
 enum channel {
         CHANNEL_CLIENT = 1,
@@ -25,3 +26,6 @@ void handlers_retry_waits(struct kvcd *d, uint64_t now);
 /* Sends an envelope to a peer of a ROUTER; -errno when it was dropped (the peer left, or stopped
  * reading). */
 int send_envelope(struct kvcd *d, void *zsock, const uint8_t *rid, size_t rid_len, const Kvc__Envelope *env);
+/* A PlanBatch of one plan (and its grant, when g holds any layer) that no request asked for
+ * (request id 0: a relocation's moves, a demotion's next link) to s's client. */
+int send_unasked_plan(struct kvcd *d, const struct session *s, Kvc__Plan *p, Kvc__Grant *g);

@@ -297,7 +297,7 @@ struct kvcd {
         struct plan_scratch scratch;
         struct wire_arena *in;    /* the request being handled */
         struct wire_arena *out;   /* the reply being built */
-        struct wire_arena *notes; /* a message kvcd sends unasked (relocate.c); NULL: d->out is used */
+        struct wire_arena *notes; /* a message kvcd sends unasked (relocate.c, plan_follow); NULL: d->out is used */
         struct kvcd_counters n;
         struct histogram plan_latency;
         struct histogram confidence;
@@ -415,9 +415,9 @@ uint32_t session_blocks(const struct session *s);
 int session_fill_stats(struct wire_arena *a, const struct session *s, Kvc__SessionStats *ret);
 /* Slots of every layer that hold its shared prefix (the first n_shared_blocks blocks). */
 uint32_t session_shared_tokens(const struct session *s);
-/* A grant's entry for tier t's table of layer l, room for max_blocks blocks, added to g (arena
- * memory); NULL when the arena is full. */
-Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, uint32_t t,
+/* A grant's entry for tier t's table of layer l, room for max_blocks blocks, added to g (memory of
+ * arena a: d->out for a reply, d->notes for a message sent unasked); NULL when it is full. */
+Kvc__LayerBlocks *session_grant_layer(struct wire_arena *a, Kvc__Grant *g, uint32_t l, uint32_t t,
                                       uint32_t max_blocks);
 /* Makes room in table t of s for n entries (its heap grows, within the client's allowance):
  * -ENOSPC past max_layer_blocks or the allowance (the reason in d->refusal). */
@@ -463,7 +463,11 @@ void handoff_tick(struct kvcd *d, uint64_t now);
 void handoff_end(struct kvcd *d);
 
 /* relocate.c: moving a client's blocks out of a chunk so that the chunk can be given back */
-#define RELOCATE_NOTE_BYTES (64u * 1024u) /* d->notes: one plan of WIRE_MAX_MOVES moves fits */
+/* d->notes, the arena of what kvcd sends unasked: one plan of WIRE_MAX_MOVES moves (about 20 KiB),
+ * or a demotion's link with its grant, at most WIRE_MAX_LAYERS layers of a LayerPlan, its tier
+ * counts and a LayerBlocks of one block for each of WIRE_MAX_TIERS tiers (under 512 bytes a
+ * layer: 128 KiB), with room to spare */
+#define NOTE_BYTES (256u * 1024u)
 /* The pool is short of chunks and none is empty: picks one to drain, and sends its sessions their
  * moves. false when none qualifies, or one is draining already. */
 bool relocate_pick(struct kvcd *d, uint64_t now);

@@ -338,8 +338,8 @@ static bool tiers_change(const struct session *s, const struct session_layer *L,
 
 /* Grants into g the blocks the lower tiers of layer l need for n[t] tokens each. All or nothing:
  * -ENOSPC (or -ENOMEM) gives back what this call took. */
-static int grant_tiers(struct kvcd *d, struct session *s, uint32_t l, const uint32_t n[LADDER_TIERS],
-                       Kvc__Grant *g) {
+static int grant_tiers(struct kvcd *d, struct wire_arena *a, struct session *s, uint32_t l,
+                       const uint32_t n[LADDER_TIERS], Kvc__Grant *g) {
         struct session_layer *L = &s->layers[l];
         uint32_t T = s->layout.block_tokens;
         size_t first = g->n_layers;
@@ -347,7 +347,7 @@ static int grant_tiers(struct kvcd *d, struct session *s, uint32_t l, const uint
                 uint32_t need = (n[t] + T - 1) / T;
                 if (need <= L->t[t].n)
                         continue;
-                Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, t, need - L->t[t].n);
+                Kvc__LayerBlocks *lb = session_grant_layer(a, g, l, t, need - L->t[t].n);
                 int r = lb ? session_grow_table(d, s, l, t, need, lb) : -ENOMEM;
                 if (r < 0) { /* the failed tier took nothing; the ones before it give theirs back */
                         if (lb)
@@ -544,11 +544,11 @@ static Kvc__Plan *build(struct kvcd *d, struct session *s, const struct policy_s
                         memset(L->wanted, 0, sizeof(L->wanted));
                         continue;
                 }
-                if (grant_tiers(d, s, l, tiers, g) < 0) { /* no room below: demote nothing new */
+                if (grant_tiers(d, a, s, l, tiers, g) < 0) { /* no room below: demote nothing new */
                         uint32_t none[LADDER_TIERS] = { 0 };
                         capped = false;
                         plan_tiers(s, L, keep, k, none, tiers);
-                        if (!evicts || grant_tiers(d, s, l, tiers, g) < 0)
+                        if (!evicts || grant_tiers(d, a, s, l, tiers, g) < 0)
                                 continue;
                 }
                 if (capped) {
@@ -635,18 +635,12 @@ void plan_follow(struct kvcd *d, struct session *s) {
                 wire_arena_reset(d->notes);
         Kvc__Grant *g = wire_arena_alloc(a, sizeof(*g));
         Kvc__LayerBlocks **lbs = wire_arena_alloc(a, LADDER_TIERS * s->n_layers * sizeof(*lbs));
-        Kvc__Plan **plans = wire_arena_alloc(a, sizeof(*plans));
-        Kvc__Grant **grants = wire_arena_alloc(a, sizeof(*grants));
-        Kvc__PlanBatch *pb = wire_arena_alloc(a, sizeof(*pb));
-        if (!g || !lbs || !plans || !grants || !pb)
+        if (!g || !lbs)
                 return;
         kvc__grant__init(g);
         g->session_id = s->id;
         g->layers = lbs;
-        struct wire_arena *saved = d->out; /* session_grant_layer allocates in d->out */
-        d->out = a;
         Kvc__Plan *p = build(d, s, NULL, s->last_step, g, a);
-        d->out = saved;
         if (!p) { /* the chain ends here (no room, or nothing left): the client hears so */
                 for (uint32_t l = 0; l < s->n_layers; l++)
                         memset(s->layers[l].wanted, 0, sizeof(s->layers[l].wanted));
@@ -660,21 +654,7 @@ void plan_follow(struct kvcd *d, struct session *s) {
                 s->pending_plan_id = p->plan_id;
                 s->pending_since_usec = now_usec();
         }
-        kvc__plan_batch__init(pb);
-        plans[0] = p;
-        pb->plans = plans;
-        pb->n_plans = 1;
-        if (g->n_layers) {
-                grants[0] = g;
-                pb->grants = grants;
-                pb->n_grants = 1;
-        }
-        Kvc__Envelope env = KVC__ENVELOPE__INIT;
-        env.version = WIRE_VERSION;
-        env.request_id = 0; /* unasked */
-        env.body_case = KVC__ENVELOPE__BODY_PLAN_BATCH;
-        env.plan_batch = pb;
-        if (send_envelope(d, d->zclient, s->owner->rid, s->owner->rid_len, &env) < 0)
+        if (send_unasked_plan(d, s, p, g) < 0)
                 log_warning("session %llu: cannot send the next link of its demotion (its client is gone?)",
                             (unsigned long long)s->id);
 }

@@ -191,25 +191,9 @@ void relocate_kick(struct kvcd *d, struct session *s) {
         if (d->notes)
                 wire_arena_reset(d->notes);
         Kvc__Plan *p = moves_plan(d, s, a);
-        Kvc__Plan **plans = p ? wire_arena_alloc(a, sizeof(*plans)) : NULL;
-        Kvc__PlanBatch *pb = plans ? wire_arena_alloc(a, sizeof(*pb)) : NULL;
-        if (!pb) {
-                if (p) { /* built but not sent: as if refused */
-                        relocate_undo(d, s);
-                        s->pending_plan_id = 0;
-                }
+        if (!p)
                 return;
-        }
-        kvc__plan_batch__init(pb);
-        plans[0] = p;
-        pb->plans = plans;
-        pb->n_plans = 1;
-        Kvc__Envelope env = KVC__ENVELOPE__INIT;
-        env.version = WIRE_VERSION;
-        env.request_id = 0; /* unasked */
-        env.body_case = KVC__ENVELOPE__BODY_PLAN_BATCH;
-        env.plan_batch = pb;
-        if (send_envelope(d, d->zclient, s->owner->rid, s->owner->rid_len, &env) < 0) {
+        if (send_unasked_plan(d, s, p, NULL) < 0) {
                 relocate_undo(d, s); /* not sent: nothing outstanding (the deadline calls the drain off) */
                 s->pending_plan_id = 0;
                 return;

@@ -321,7 +321,7 @@ int server_start(struct kvcd *d) {
         if ((r = idmap_init(&d->sessions, 64)) < 0 || (r = prefix_init(d)) < 0 ||
             (r = wire_arena_new(WIRE_REQUEST_MAX_BYTES * 16, &d->in)) < 0 ||
             (r = wire_arena_new(WIRE_REPLY_MAX_BYTES, &d->out)) < 0 ||
-            (r = wire_arena_new(RELOCATE_NOTE_BYTES, &d->notes)) < 0 || (r = open_signals(d)) < 0)
+            (r = wire_arena_new(NOTE_BYTES, &d->notes)) < 0 || (r = open_signals(d)) < 0)
                 return r;
         if ((r = restart_begin(d)) < 0) {
                 log_error("cannot set up the fd store: %s", strerror(-r));

@@ -806,10 +806,10 @@ static Kvc__Grant *grant_new(struct kvcd *d, struct session *s) {
         return g;
 }
 
-Kvc__LayerBlocks *session_grant_layer(struct kvcd *d, Kvc__Grant *g, uint32_t l, uint32_t t,
+Kvc__LayerBlocks *session_grant_layer(struct wire_arena *a, Kvc__Grant *g, uint32_t l, uint32_t t,
                                       uint32_t max_blocks) {
-        Kvc__LayerBlocks *lb = wire_arena_alloc(d->out, sizeof(*lb));
-        uint64_t *blocks = wire_arena_alloc(d->out, max_blocks * sizeof(uint64_t));
+        Kvc__LayerBlocks *lb = wire_arena_alloc(a, sizeof(*lb));
+        uint64_t *blocks = wire_arena_alloc(a, max_blocks * sizeof(uint64_t));
         if (!lb || !blocks)
                 return NULL;
         kvc__layer_blocks__init(lb);
@@ -893,7 +893,7 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
                 uint32_t want = n_tokens > low ? (n_tokens - low + T - 1) / T : 0;
                 if (L->t[0].n >= want)
                         continue;
-                Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, 0, want - L->t[0].n);
+                Kvc__LayerBlocks *lb = session_grant_layer(d->out, g, l, 0, want - L->t[0].n);
                 int r = lb ? session_grow_table(d, s, l, 0, want, lb) : -ENOMEM;
                 if (r < 0) { /* all or nothing: undo this request's blocks (the failed layer took none) */
                         for (size_t i = 0; i < g->n_layers; i++) {
@@ -1001,7 +1001,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                 uint32_t fp_tokens = L->n_tokens - session_low_tokens(s, L, false);
                 if (planned || L->n_tokens + 1 > s->max_layer_tokens || fp_tokens + 1 <= L->t[0].n * T)
                         continue;
-                Kvc__LayerBlocks *lb = session_grant_layer(d, g, l, 0, 1);
+                Kvc__LayerBlocks *lb = session_grant_layer(d->out, g, l, 0, 1);
                 if (!lb || session_grow_table(d, s, l, 0, L->t[0].n + 1, lb) < 0) {
                         if (lb)
                                 g->n_layers--; /* no room now: the client will ask, and hear why */

@@ -137,7 +137,7 @@ static void a_table_that_cannot_grow_all_the_way_takes_nothing(void **state) {
                 Kvc__Grant g = KVC__GRANT__INIT;
                 Kvc__LayerBlocks *layers[2];
                 g.layers = layers;
-                Kvc__LayerBlocks *lb = session_grant_layer(&m->d, &g, 1, q8, want - n);
+                Kvc__LayerBlocks *lb = session_grant_layer(m->d.out, &g, 1, q8, want - n);
                 assert_non_null(lb);
                 assert_true(session_grow_table(&m->d, s, 1, q8, want, lb) < 0);
                 assert_int_equal(t->n, n);
