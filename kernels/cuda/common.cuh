@@ -177,6 +177,95 @@ inline size_t align_up(size_t x, size_t a) {
         return (x + a - 1) / a * a;
 }
 
+/* ---- split-K decode attention: what attention.cu's and ladder.cu's kernels share ----
+ * A block covers the query heads h0 .. h0 + G - 1 of one KV head and one split of the tokens; each
+ * of its WARPS warps keeps a running max m, sum l and accumulator acc (D / 32 channels a lane).
+ * P is the kernel's parameters: part_m, part_l, part_acc ([head][split], D floats each for acc),
+ * n_splits, group, out. */
+
+/* The block's warps merge (m, l, acc) and write the split's partial for its heads. wm, wl and qk are
+ * the block's shared scratch; qk's rows are free (every warp is done with them). */
+template <int D, int G, int WARPS, class P>
+__device__ __forceinline__ void split_write_partial(const P &p, uint32_t h0, uint32_t split, int warp, int lane,
+                                                    float (&wm)[WARPS][G], float (&wl)[WARPS][G],
+                                                    float (&qk)[WARPS][G][D], const float (&m)[G],
+                                                    const float (&l)[G], const float (&acc)[G][D / 32]) {
+        constexpr int CPL = D / 32;
+        if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < G; r++) {
+                        wm[warp][r] = m[r];
+                        wl[warp][r] = l[r];
+                }
+        __syncthreads(); /* every warp is done with its qk */
+#pragma unroll
+        for (int r = 0; r < G; r++)
+#pragma unroll
+                for (int k = 0; k < CPL; k++)
+                        qk[warp][r][lane * CPL + k] = acc[r][k];
+        __syncthreads();
+        for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+                int r = i / D, c = i % D;
+                float M = -INFINITY, a = 0.0f, L = 0.0f;
+                for (int w = 0; w < WARPS; w++)
+                        M = fmaxf(M, wm[w][r]);
+                if (M != -INFINITY)
+                        for (int w = 0; w < WARPS; w++) {
+                                float f = wm[w][r] == -INFINITY ? 0.0f : expf(wm[w][r] - M);
+                                a += f * qk[w][r][c];
+                                L += f * wl[w][r];
+                        }
+                uint64_t at = (uint64_t)(h0 + r) * p.n_splits + split;
+                p.part_acc[at * D + c] = a;
+                if (c == 0) {
+                        p.part_m[at] = M;
+                        p.part_l[at] = L;
+                }
+        }
+}
+
+/* The combine launch (grid: KV heads x token ranges, THREADS threads): each query head's max and
+ * sum over the splits into ml (shared: M[group], then L[group]) and, in the blocks of blockIdx.y 0,
+ * the heads' outputs. The kernel then updates the scores its own way, from ml. */
+template <int D, int THREADS, class P> __device__ __forceinline__ void split_combine(const P &p, float *ml) {
+        const int g = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        const uint32_t S = p.n_splits, group = p.group;
+        for (uint32_t r = warp; r < group; r += THREADS / 32) {
+                uint64_t h = (uint64_t)g * group + r;
+                float M = -INFINITY, L = 0.0f;
+                for (uint32_t s = lane; s < S; s += 32)
+                        M = fmaxf(M, p.part_m[h * S + s]);
+                M = warp_max(M);
+                if (M != -INFINITY)
+                        for (uint32_t s = lane; s < S; s += 32) {
+                                float ms = p.part_m[h * S + s];
+                                L += ms == -INFINITY ? 0.0f : expf(ms - M) * p.part_l[h * S + s];
+                        }
+                L = warp_sum(L);
+                if (lane == 0) {
+                        ml[r] = M;
+                        ml[group + r] = L;
+                }
+        }
+        __syncthreads();
+
+        if (blockIdx.y == 0)
+                for (uint32_t i = threadIdx.x; i < group * D; i += THREADS) {
+                        uint32_t r = i / D, c = i % D;
+                        uint64_t h = (uint64_t)g * group + r;
+                        float M = ml[r], L = ml[group + r], o = 0.0f;
+                        if (L > 0.0f) {
+                                for (uint32_t s = 0; s < S; s++) {
+                                        float ms = p.part_m[h * S + s];
+                                        if (ms != -INFINITY)
+                                                o += expf(ms - M) * p.part_acc[(h * S + s) * D + c];
+                                }
+                                o /= L;
+                        }
+                        p.out[h * D + c] = o;
+                }
+}
+
 /* -EIO when the last launch failed (the error is consumed). */
 int launch_status();
 

@@ -383,38 +383,7 @@ template <int E, int D, int G> __global__ void __launch_bounds__(WARPS * 32) lad
         if (rotated)
                 warp_unrotate_acc<D, G>(acc, qk[warp], signs);
 
-        /* merge the warps */
-        if (lane == 0)
-#pragma unroll
-                for (int r = 0; r < G; r++) {
-                        wm[warp][r] = m[r];
-                        wl[warp][r] = l[r];
-                }
-        __syncthreads(); /* every warp is done with its qk */
-#pragma unroll
-        for (int r = 0; r < G; r++)
-#pragma unroll
-                for (int k = 0; k < CPL; k++)
-                        qk[warp][r][lane * CPL + k] = acc[r][k];
-        __syncthreads();
-        for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-                int r = i / D, c = i % D;
-                float M = -INFINITY, a = 0.0f, L = 0.0f;
-                for (int w = 0; w < WARPS; w++)
-                        M = fmaxf(M, wm[w][r]);
-                if (M != -INFINITY)
-                        for (int w = 0; w < WARPS; w++) {
-                                float f = wm[w][r] == -INFINITY ? 0.0f : expf(wm[w][r] - M);
-                                a += f * qk[w][r][c];
-                                L += f * wl[w][r];
-                        }
-                uint64_t at = (uint64_t)(h0 + r) * p.n_splits + split;
-                p.part_acc[at * D + c] = a;
-                if (c == 0) {
-                        p.part_m[at] = M;
-                        p.part_l[at] = L;
-                }
-        }
+        split_write_partial<D, G, WARPS>(p, h0, split, warp, lane, wm, wl, qk, m, l, acc);
 }
 
 constexpr int COMBINE_THREADS = 256;
@@ -423,43 +392,9 @@ constexpr uint32_t TOKENS_PER_COMBINE = 2048;
 template <int D> __global__ void __launch_bounds__(COMBINE_THREADS) ladder_combine(ladder_params p) {
         KVC_DYNAMIC_SMEM(smem);
         float *ml = (float *)smem; /* M[group], L[group] */
-        const int g = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        const uint32_t S = p.n_splits, group = p.group;
-
-        for (uint32_t r = warp; r < group; r += COMBINE_THREADS / 32) {
-                uint64_t h = (uint64_t)g * group + r;
-                float M = -INFINITY, L = 0.0f;
-                for (uint32_t s = lane; s < S; s += 32)
-                        M = fmaxf(M, p.part_m[h * S + s]);
-                M = warp_max(M);
-                if (M != -INFINITY)
-                        for (uint32_t s = lane; s < S; s += 32) {
-                                float ms = p.part_m[h * S + s];
-                                L += ms == -INFINITY ? 0.0f : expf(ms - M) * p.part_l[h * S + s];
-                        }
-                L = warp_sum(L);
-                if (lane == 0) {
-                        ml[r] = M;
-                        ml[group + r] = L;
-                }
-        }
-        __syncthreads();
-
-        if (blockIdx.y == 0)
-                for (uint32_t i = threadIdx.x; i < group * D; i += COMBINE_THREADS) {
-                        uint32_t r = i / D, c = i % D;
-                        uint64_t h = (uint64_t)g * group + r;
-                        float M = ml[r], L = ml[group + r], o = 0.0f;
-                        if (L > 0.0f) {
-                                for (uint32_t s = 0; s < S; s++) {
-                                        float ms = p.part_m[h * S + s];
-                                        if (ms != -INFINITY)
-                                                o += expf(ms - M) * p.part_acc[(h * S + s) * D + c];
-                                }
-                                o /= L;
-                        }
-                        p.out[h * D + c] = o;
-                }
+        const int g = blockIdx.x;
+        const uint32_t group = p.group;
+        split_combine<D, COMBINE_THREADS>(p, ml);
 
         if (!p.update)
                 return;
