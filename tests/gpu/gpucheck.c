@@ -130,6 +130,17 @@ static void shuffle(uint32_t *x, uint32_t n) {
 
 /* n tokens of H KV heads, the first n_q8 INT8, the rest of dtype dt; the tables can hold n tokens
  * of either class. Blocks in shuffled order in one buffer; garbage in every unused byte. */
+/* Slot s's side arrays (its position, random scores, a log-weight: -inf where the mask says). */
+static void fill_side(const struct block_layout *l, uint8_t *b, uint32_t h, uint32_t in, uint32_t s, int mask) {
+        int32_t pos = (int32_t)s;
+        int masked = mask == MASK_ALL || (mask == MASK_SOME && (s % 11 == 3 || (s >= 32 && s < 48)));
+        memcpy(block_side(l, b, l->pos_offset, h, in), &pos, 4);
+        *(float *)block_side(l, b, l->sum_offset, h, in) = rng_uniform(0, 2);
+        *(float *)block_side(l, b, l->ema_offset, h, in) = rng_uniform(0, 1);
+        *(float *)block_side(l, b, l->last_offset, h, in) = rng_uniform(0, 1);
+        *(float *)block_side(l, b, l->logw_offset, h, in) = masked ? -INFINITY : rng_uniform(-2, 0);
+}
+
 static void layer_make(struct glayer *g, enum block_dtype dt, uint32_t T, uint32_t H, uint32_t D, uint32_t n,
                        uint32_t n_q8, enum mask_mode mask) {
         memset(g, 0, sizeof(*g));
@@ -210,15 +221,7 @@ static void layer_make(struct glayer *g, enum block_dtype dt, uint32_t T, uint32
                         const struct block_layout *l = s < n_q8 ? &g->lq : &g->lf;
                         uint8_t *b = s < n_q8 ? g->h_q8[s / T] : g->h_fp[(s - n_q8) / T];
                         uint32_t in = s < n_q8 ? s % T : (s - n_q8) % T;
-                        int32_t pos = (int32_t)s;
-                        int masked = mask == MASK_ALL ||
-                                     (mask == MASK_SOME && (s % 11 == 3 || (s >= 32 && s < 48)));
-                        memcpy(block_side(l, b, l->pos_offset, h, in), &pos, 4);
-                        *(float *)block_side(l, b, l->sum_offset, h, in) = rng_uniform(0, 2);
-                        *(float *)block_side(l, b, l->ema_offset, h, in) = rng_uniform(0, 1);
-                        *(float *)block_side(l, b, l->last_offset, h, in) = rng_uniform(0, 1);
-                        *(float *)block_side(l, b, l->logw_offset, h, in) =
-                                masked ? -INFINITY : rng_uniform(-2, 0);
+                        fill_side(l, b, h, in, s, mask);
                 }
         }
         free(k);
@@ -513,15 +516,7 @@ static void ladder_make(struct gladder *g, const enum block_dtype *dts, const ui
                         uint8_t *b;
                         uint32_t in;
                         ladder_at(g, s, &l, &b, &in);
-                        int32_t pos = (int32_t)s;
-                        int masked = mask == MASK_ALL ||
-                                     (mask == MASK_SOME && (s % 11 == 3 || (s >= 32 && s < 48)));
-                        memcpy(block_side(l, b, l->pos_offset, h, in), &pos, 4);
-                        *(float *)block_side(l, b, l->sum_offset, h, in) = rng_uniform(0, 2);
-                        *(float *)block_side(l, b, l->ema_offset, h, in) = rng_uniform(0, 1);
-                        *(float *)block_side(l, b, l->last_offset, h, in) = rng_uniform(0, 1);
-                        *(float *)block_side(l, b, l->logw_offset, h, in) =
-                                masked ? -INFINITY : rng_uniform(-2, 0);
+                        fill_side(l, b, h, in, s, mask);
                 }
         }
         free(k);
