@@ -413,7 +413,7 @@ static int handle_list_sessions(struct request *rq) {
                 uint64_t by_dtype[SESSION_DTYPES] = { 0 };
                 session_add_tier_bytes(s, by_dtype);
                 i->int8_bytes = by_dtype[BLOCK_DTYPE_Q8];
-                i->bits_per_value = session_bits_per_value(s);
+                i->bits_per_value = session_bits_per_value(s, by_dtype);
                 if (session_tier_list(d->out, by_dtype, &i->tier_bytes, &i->n_tier_bytes) < 0)
                         return -ENOMEM;
                 l->sessions[l->n_sessions++] = i;

@@ -374,8 +374,9 @@ void session_add_tier_bytes(const struct session *s, uint64_t by_dtype[SESSION_D
 /* The nonzero entries of by_dtype as TierBytes (arena memory). -ENOMEM when the arena is full. */
 int session_tier_list(struct wire_arena *a, const uint64_t by_dtype[SESSION_DTYPES], Kvc__TierBytes ***ret,
                       size_t *ret_n);
-/* Bits of its blocks per key or value element it holds (0 when it holds none). */
-float session_bits_per_value(const struct session *s);
+/* Bits of its blocks (by_dtype: session_add_tier_bytes' of s alone) per key or value element it
+ * holds (0 when it holds none). */
+float session_bits_per_value(const struct session *s, const uint64_t by_dtype[SESSION_DTYPES]);
 /* Layer l's tokens and tables as a ResumeLayer (HandoffImported): the tier fields, and the INT8
  * ones too when the session's only lower tier is q8. Arena memory; -ENOMEM when it is full. */
 int session_resume_layer(struct wire_arena *a, const struct session *s, uint32_t l, Kvc__ResumeLayer *out);

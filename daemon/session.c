@@ -110,11 +110,10 @@ int session_tier_list(struct wire_arena *a, const uint64_t by_dtype[SESSION_DTYP
         return 0;
 }
 
-float session_bits_per_value(const struct session *s) {
-        uint64_t values = 0, by_dtype[SESSION_DTYPES] = { 0 }, bytes = 0;
+float session_bits_per_value(const struct session *s, const uint64_t by_dtype[SESSION_DTYPES]) {
+        uint64_t values = 0, bytes = 0;
         for (uint32_t l = 0; l < s->n_layers; l++)
                 values += (uint64_t)s->layers[l].n_tokens * s->n_kv_heads * s->head_dim * 2;
-        session_add_tier_bytes(s, by_dtype);
         for (uint32_t k = 0; k < SESSION_DTYPES; k++)
                 bytes += by_dtype[k];
         return values ? (float)((double)bytes * 8.0 / (double)values) : 0.0f;
