@@ -60,6 +60,9 @@ struct run_opts {
         const char *handoff_file; /* where the ticket and the place in the sequence go */
         const char *tier;         /* --local: every token past tier_window at this tier */
         uint32_t tier_window;
+        const char *tiers;        /* the session's tiers, for the policy to use (the ladder) */
+        uint64_t budget_bytes;    /* a byte budget, or: */
+        double budget_frac;       /* a fraction of the full cache of the run's positions */
 };
 
 static void usage(FILE *f) {
@@ -88,6 +91,11 @@ static void usage(FILE *f) {
                 "  -i PROMPT           prompt text (default: start from BOS alone)\n"
                 "  --policy NAME       eviction policy (default full)\n"
                 "  --budget TOKENS     the policy's budget per layer (default: the policy's)\n"
+                "  --budget-bytes B    a byte budget for the whole cache, as kvcd charges it (64M, 1G...)\n"
+                "  --budget-frac F     a byte budget of F times the full cache of the run's positions at\n"
+                "                      --dtype (0.25: a quarter)\n"
+                "  --tiers LIST        the tiers below --dtype the policy may use, highest first (q8,q4,q2:\n"
+                "                      the ladder policy)\n"
                 "  --param KEY=VALUE   a policy parameter (repeatable)\n"
                 "  --tenant NAME       the tenant to charge\n"
                 "  --min-bytes BYTES   memory kvcd must guarantee the session (default: the least it runs "
@@ -132,6 +140,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 { "local", no_argument, NULL, 'l' },
                 { "tier", required_argument, NULL, 1001 },
                 { "tier-window", required_argument, NULL, 1002 },
+                { "tiers", required_argument, NULL, 1003 },
+                { "budget-bytes", required_argument, NULL, 1004 },
+                { "budget-frac", required_argument, NULL, 1005 },
                 { "no-stop", no_argument, NULL, 'N' },
                 { "help", no_argument, NULL, 'h' },
                 { "min-bytes", required_argument, NULL, 'A' },
@@ -165,6 +176,16 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 case 'j': o->json = true; break;
                 case 'l': o->local = true; break;
                 case 1001: o->tier = optarg; break;
+                case 1003: o->tiers = optarg; break;
+                case 1004:
+                        if (wire_parse_bytes(optarg, &o->budget_bytes) < 0 || !o->budget_bytes)
+                                return -EINVAL;
+                        break;
+                case 1005:
+                        o->budget_frac = strtod(optarg, &end);
+                        if (*end || !(o->budget_frac > 0) || o->budget_frac > 1e6)
+                                return -EINVAL;
+                        break;
                 case 1002:
                         o->tier_window = (uint32_t)strtoul(optarg, &end, 10);
                         if (*end || o->tier_window == 0 || o->tier_window > (1u << 24))
@@ -393,18 +414,22 @@ static int open_one(struct runner *r, const int *prompt, int n_prompt, struct kv
                 snprintf(window, sizeof(window), "%u", r->o.tier_window ? r->o.tier_window : 128);
                 params[n_params++] = (struct kvc_param){ .key = "tier_window", .value = window };
         }
+        /* the session never holds more than the run's positions: its limits (and a plan buffer
+         * sized by them) need no more */
+        int positions = r->o.steps > n_prompt ? r->o.steps : n_prompt + 1;
         struct kvc_session_config sc = {
                 .geometry = { .n_layers = (uint32_t)mc->n_layers,
                               .n_heads = (uint32_t)mc->n_heads,
                               .n_kv_heads = (uint32_t)mc->n_kv_heads,
                               .head_dim = (uint32_t)(mc->dim / mc->n_heads),
                               .dtype = r->o.dtype,
-                              .max_tokens = (uint32_t)mc->seq_len },
+                              .max_tokens = (uint32_t)(positions < mc->seq_len ? positions : mc->seq_len) },
                 .policy = r->o.policy,
                 .budget_tokens = r->o.budget,
+                .budget_bytes = r->o.budget_bytes,
                 .params = params,
                 .n_params = n_params,
-                .tiers = r->o.tier,
+                .tiers = r->o.tier ? r->o.tier : r->o.tiers,
                 .tenant = r->o.tenant,
                 .handoff = r->o.export_at > 0,
                 .share_prefix = r->o.share,
@@ -416,6 +441,9 @@ static int open_one(struct runner *r, const int *prompt, int n_prompt, struct kv
                 .prompt_token_ids = (const uint32_t *)prompt,
                 .n_prompt_token_ids = (size_t)n_prompt,
         };
+        if (r->o.budget_frac > 0)
+                sc.budget_bytes = (uint64_t)(r->o.budget_frac *
+                                             (double)kvc_full_cache_bytes(&sc.geometry, sc.geometry.max_tokens));
         int e = kvc_session_open(r->client, &sc, ret);
         if (e < 0)
                 fail(r, "cannot open a session", e);

@@ -86,6 +86,7 @@ static Kvc__SessionOpened *opened_reply(struct kvcd *d, struct session *s) {
         o->max_layer_tokens = s->max_layer_tokens;
         o->policy = s->policy_name;
         o->budget_tokens = s->budget_tokens;
+        o->budget_bytes = s->budget_bytes;
         o->q8_block_bytes = s->n_tiers == 2 && s->tiers[1].dtype == BLOCK_DTYPE_Q8 ? s->tiers[1].block_bytes : 0;
         if (s->n_tiers > 1) {
                 char **names = wire_arena_alloc(d->out, (s->n_tiers - 1) * sizeof(*names));

@@ -144,6 +144,8 @@ struct session_layer {
         uint32_t planned[LADDER_TIERS];  /* the same after the outstanding plan */
         uint32_t wanted[LADDER_TIERS];   /* a demotion cut into links: kept tokens at tier >= t it
                                             aims for (cumulative, like plan.c's), 0: none pending */
+        bool relink;                     /* per-token tiers: a plan's demotion was capped, the next
+                                            link asks the policy again */
 };
 
 /* A block that changes place (relocate.c): entry index of a layer's table goes from `from` to
@@ -176,6 +178,12 @@ struct session {
         struct block_layout tiers[LADDER_TIERS];   /* tiers[0] is layout */
         uint64_t rotation_seed;                    /* of the rotated tiers (OpenSession) */
         uint32_t tier_window;                      /* the tier_window parameter: 0, none */
+        bool token_tiers;                          /* the policy gives each kept token its tier */
+        uint64_t tier_offset;                      /* their bytes, from the plan buffer's start */
+        uint64_t tier_block_bytes[LADDER_TIERS];   /* tiers[t].block_bytes, as policies take them */
+        uint64_t budget_bytes;                     /* OpenSession.budget_bytes (0: none) */
+        struct policy_step link_step;              /* the step a link of a per-token demotion asks
+                                                      the policy with (layer_tokens not kept) */
         char tenant[WIRE_MAX_NAME + 1];
         char policy_name[WIRE_MAX_NAME + 1];
         struct policy *policy;

@@ -65,6 +65,8 @@ void plan_scratch_done(struct plan_scratch *sc) {
         free(sc->logw_delta);
         free(sc->slot_of);
         free(sc->keep2);
+        free(sc->tier_now);
+        free(sc->tier_new);
         memset(sc, 0, sizeof(*sc));
 }
 
@@ -82,8 +84,10 @@ int plan_scratch_reserve(struct plan_scratch *sc, size_t entries) {
         n.logw_delta = malloc(entries * sizeof(float));
         n.slot_of = malloc(entries * sizeof(uint32_t));
         n.keep2 = malloc(entries * sizeof(uint32_t));
+        n.tier_now = malloc(entries);
+        n.tier_new = malloc(entries);
         if (!n.pos || !n.sum || !n.ema || !n.last || !n.logw || !n.keep || !n.work || !n.logw_delta ||
-            !n.slot_of || !n.keep2) {
+            !n.slot_of || !n.keep2 || !n.tier_now || !n.tier_new) {
                 plan_scratch_done(&n);
                 return -ENOMEM;
         }
@@ -99,6 +103,9 @@ uint64_t plan_buffer_units(struct session *s) {
         uint64_t entries = (uint64_t)s->n_layers * s->keep_cap * (s->per_head ? s->n_kv_heads : 1);
         s->mask_offset = (entries * 4 + 7) / 8 * 8; /* then the masks of shared slots, per layer and head */
         uint64_t bytes = s->mask_offset + (uint64_t)s->n_layers * s->n_kv_heads * s->mask_stride;
+        s->tier_offset = bytes; /* then, with per-token tiers, a byte per entry */
+        if (s->token_tiers)
+                bytes += entries;
         return (bytes + s->layout.block_bytes - 1) / s->layout.block_bytes;
 }
 
@@ -212,7 +219,17 @@ void plan_gather_some(struct kvcd *d, const struct session *s, uint32_t l, uint3
                 for (uint32_t j = 0; j < n; j++)
                         sc->slot_of[j] = j;
         }
+        const uint8_t *tier = NULL;
+        if (s->n_tiers > 1) { /* lowest tier first (kernels/ladder.h) */
+                uint32_t at = 0;
+                for (uint32_t t = s->n_tiers - 1; t >= 1; t--)
+                        for (uint32_t j = 0; j < L->low[t] && at < n; j++)
+                                sc->tier_now[at++] = (uint8_t)t;
+                memset(sc->tier_now + at, 0, n - at);
+                tier = sc->tier_now;
+        }
         *out = (struct policy_layer){ .layer = l,
+                                      .tier = tier,
                                       .n_tokens = w,
                                       .n_kv_heads = s->n_kv_heads,
                                       .n_low = session_low_tokens(s, L, false),
@@ -326,6 +343,41 @@ static void plan_wanted(const struct session *s, const struct session_layer *L, 
         for (uint32_t t = last; t > 1; t--) /* cumulative: falling with t */
                 if (ret[t] > ret[t - 1])
                         ret[t - 1] = ret[t];
+}
+
+/* Per-token tiers: the counts ret_n[t] of the kept tokens' tiers (tier, one per keep entry) after
+ * the cap of a link: a lower tier grows by at most one block in a plan, the newest of the tokens
+ * sent there beyond it staying a tier higher (never above their tier now: now, per slot). true
+ * when the cap cut the demotion short (the policy is asked again in the next link). */
+static bool token_tiers_cap(const struct session *s, const struct session_layer *L, const uint32_t *keep,
+                            uint32_t k, const uint8_t *now, uint8_t *tier, uint32_t ret_n[LADDER_TIERS]) {
+        uint32_t T = s->layout.block_tokens;
+        bool capped = false;
+        memset(ret_n, 0, LADDER_TIERS * sizeof(uint32_t));
+        for (uint32_t i = 0; i < k; i++)
+                ret_n[tier[i]]++;
+        for (uint32_t t = s->n_tiers - 1; t >= 1; t--) {
+                uint64_t cap = ((uint64_t)L->t[t].n + 1) * T;
+                for (uint32_t i = k; i-- > 0 && ret_n[t] > cap;)
+                        if (tier[i] == t && now[keep[i]] < t) {
+                                tier[i] = (uint8_t)(t - 1);
+                                ret_n[t]--;
+                                ret_n[t - 1]++;
+                                capped = true;
+                        }
+        }
+        return capped;
+}
+
+/* Whether a per-token plan keeping k of the layer's n slots changes anything. */
+static bool token_tiers_change(uint32_t n, const uint32_t *keep, uint32_t k, const uint8_t *now,
+                               const uint8_t *tier) {
+        if (k != n)
+                return true;
+        for (uint32_t i = 0; i < k; i++)
+                if (tier[i] != now[keep[i]])
+                        return true;
+        return false;
 }
 
 /* Whether the tiers after a plan differ from the layer's now. */
@@ -453,8 +505,10 @@ static uint32_t *plan_select(struct kvcd *d, struct session *s, const struct pol
         struct policy_target t = targets[l];
         if (s->summarize && k >= 2)
                 t.keep = k - 1; /* one slot for the summary */
-        int r = s->policy->ops->select(s->policy->state, ps, &view, &t, keep, d->scratch.logw_delta,
-                                       d->scratch.work);
+        int r = s->token_tiers ? s->policy->ops->select_tiers(s->policy->state, ps, &view, &t, keep,
+                                                              d->scratch.tier_new, d->scratch.work)
+                               : s->policy->ops->select(s->policy->state, ps, &view, &t, keep,
+                                                        d->scratch.logw_delta, d->scratch.work);
         if (r < 0 && d->scratch.forced[l]) { /* a policy that cannot shrink on demand: the newest stay */
                 for (uint32_t h = 0; h < heads; h++)
                         for (uint32_t i = 0; i < t.keep; i++)
@@ -497,6 +551,99 @@ static uint32_t *plan_select(struct kvcd *d, struct session *s, const struct pol
         return keep;
 }
 
+/* The prompt blocks a keep-set (k per head, heads of them) leaves whole: s->plan_intact. */
+static void note_intact(struct session *s, const uint32_t *keep, uint32_t k, uint32_t heads) {
+        for (uint32_t h = 0; h < heads && s->prompt_alive; h++) {
+                uint32_t same = 0;
+                while (same < k && keep[(size_t)h * k + same] == same)
+                        same++;
+                if (same / 16 < s->plan_intact)
+                        s->plan_intact = same / 16;
+        }
+}
+
+/* A layer's entry in the plan *pp (made on the first): layer l, built on n tokens, keeping k, with
+ * tiers[t] of them in each lower tier after it. NULL when the arena is full. */
+static Kvc__LayerPlan *layer_plan_add(const struct session *s, struct wire_arena *a, Kvc__Plan **pp, uint32_t l,
+                                      uint32_t n, uint32_t k, const uint32_t tiers[LADDER_TIERS]) {
+        Kvc__Plan *p = *pp;
+        if (!p) {
+                p = wire_arena_alloc(a, sizeof(*p));
+                Kvc__LayerPlan **layers = wire_arena_alloc(a, s->n_layers * sizeof(*layers));
+                if (!p || !layers)
+                        return NULL;
+                kvc__plan__init(p);
+                p->layers = layers;
+                *pp = p;
+        }
+        Kvc__LayerPlan *lp = wire_arena_alloc(a, sizeof(*lp));
+        uint32_t *tt = s->n_tiers > 1 ? wire_arena_alloc(a, (s->n_tiers - 1) * sizeof(uint32_t)) : NULL;
+        if (!lp || (s->n_tiers > 1 && !tt))
+                return NULL;
+        kvc__layer_plan__init(lp);
+        lp->layer = l;
+        lp->base_tokens = n;
+        lp->keep_count = k;
+        lp->per_head = s->per_head;
+        if (s->n_tiers > 1) {
+                memcpy(tt, tiers + 1, (s->n_tiers - 1) * sizeof(uint32_t));
+                lp->tier_tokens = tt;
+                lp->n_tier_tokens = s->n_tiers - 1;
+        }
+        /* clients before the ladder: their only tier is INT8 */
+        lp->q8_tokens = s->n_tiers == 2 && s->tiers[1].dtype == BLOCK_DTYPE_Q8 ? tiers[1] : 0;
+        p->layers[p->n_layers++] = lp;
+        return lp;
+}
+
+/* A layer of a session whose policy gives each kept token its tier (the ladder): asks the policy
+ * when its target (or a link: ps NULL) says, caps the demotion to a block per tier (the rest in
+ * the next link: L->relink), grants the lower tiers' blocks into g, writes the keep-set and the
+ * tiers into the plan buffer and adds the layer to *pp. 0, or -ENOMEM when the arena is full. */
+static int build_token_tiers(struct kvcd *d, struct session *s, const struct policy_step *ps, uint32_t l,
+                             Kvc__Grant *g, struct wire_arena *a, Kvc__Plan **pp) {
+        struct session_layer *L = &s->layers[l];
+        uint32_t n = L->n_tokens, tiers[LADDER_TIERS], summary;
+        bool link = !ps, deltas;
+        if (link) {
+                if (!L->relink)
+                        return 0;
+                d->scratch.targets[l] = (struct policy_target){ .keep = n };
+                s->link_step.layer_tokens = NULL; /* a link decides nothing: select reads its layer */
+                ps = &s->link_step;
+        }
+        L->relink = false;
+        if (d->scratch.targets[l].keep == POLICY_NO_PLAN || d->scratch.targets[l].keep > n)
+                return 0;
+        uint32_t k;
+        uint32_t *keep = plan_select(d, s, ps, l, &k, &summary, &deltas);
+        if (!keep)
+                return 0;
+        uint8_t *tier = d->scratch.tier_new, *now = d->scratch.tier_now;
+        bool capped = token_tiers_cap(s, L, keep, k, now, tier, tiers);
+        if (!token_tiers_change(n, keep, k, now, tier))
+                return 0;
+        if (grant_tiers(d, a, s, l, tiers, g) < 0) { /* no room below: demote nothing new */
+                for (uint32_t i = 0; i < k; i++)
+                        tier[i] = now[keep[i]];
+                capped = token_tiers_cap(s, L, keep, k, now, tier, tiers);
+                if (k == n || grant_tiers(d, a, s, l, tiers, g) < 0)
+                        return 0;
+        }
+        L->relink = capped;
+        memcpy(L->planned, tiers, sizeof(L->planned));
+        note_intact(s, keep, k, 1);
+        uint64_t at = (uint64_t)l * s->keep_cap;
+        pool_write(d->pool, s->plan_offset + at * 4u, keep, (size_t)k * sizeof(uint32_t));
+        pool_write(d->pool, s->plan_offset + s->tier_offset + at, tier, k);
+        Kvc__LayerPlan *lp = layer_plan_add(s, a, pp, l, n, k, tiers);
+        if (!lp)
+                return -ENOMEM;
+        lp->keep_offset = (uint32_t)at;
+        lp->tier_offset = (uint32_t)(1 + s->tier_offset + at);
+        return 0;
+}
+
 /* Builds the plan for the layers with a target below their length, or tiers to lower; NULL when
  * none has. The lower tiers' blocks the plan needs are granted into g. With ps NULL: a link of a
  * demotion (plan_follow), the policy not asked. */
@@ -513,6 +660,12 @@ static Kvc__Plan *build(struct kvcd *d, struct session *s, const struct policy_s
 
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 struct session_layer *L = &s->layers[l];
+                if (s->token_tiers) {
+                        if (build_token_tiers(d, s, ps, l, g, a, &p) < 0)
+                                return NULL;
+                        more |= L->relink;
+                        continue;
+                }
                 uint32_t n = L->n_tokens, live = plan_live_tokens(s, l), k = ps ? targets[l].keep : POLICY_NO_PLAN;
                 bool evicts = k != POLICY_NO_PLAN && k < live && k <= s->max_keep;
                 uint32_t wanted[LADDER_TIERS], tiers[LADDER_TIERS];
@@ -558,47 +711,19 @@ static Kvc__Plan *build(struct kvcd *d, struct session *s, const struct policy_s
                         memset(L->wanted, 0, sizeof(L->wanted));
                 }
                 memcpy(L->planned, tiers, sizeof(L->planned));
-                for (uint32_t h = 0; h < heads && s->prompt_alive; h++) { /* prompt blocks left whole */
-                        uint32_t same = 0;
-                        while (same < k && keep[(size_t)h * k + same] == same)
-                                same++;
-                        if (same / 16 < s->plan_intact)
-                                s->plan_intact = same / 16;
-                }
+                note_intact(s, keep, k, heads);
                 if (deltas)
                         add_logw(d, s, l, keep, k, d->scratch.logw_delta);
                 if (written) /* for a device pool's compactor, and clients before the ladder */
                         pool_write(d->pool, s->plan_offset + l * per_layer * 4u, keep,
                                    (size_t)k * heads * sizeof(uint32_t));
 
-                if (!p) {
-                        p = wire_arena_alloc(a, sizeof(*p));
-                        Kvc__LayerPlan **layers = wire_arena_alloc(a, s->n_layers * sizeof(*layers));
-                        if (!p || !layers)
-                                return NULL;
-                        kvc__plan__init(p);
-                        p->layers = layers;
-                }
-                Kvc__LayerPlan *lp = wire_arena_alloc(a, sizeof(*lp));
-                uint32_t *tt = s->n_tiers > 1 ? wire_arena_alloc(a, (s->n_tiers - 1) * sizeof(uint32_t)) : NULL;
-                if (!lp || (s->n_tiers > 1 && !tt))
+                Kvc__LayerPlan *lp = layer_plan_add(s, a, &p, l, n, k, tiers);
+                if (!lp)
                         return NULL;
-                kvc__layer_plan__init(lp);
-                lp->layer = l;
-                lp->base_tokens = n;
                 lp->keep_offset = written ? (uint32_t)(l * per_layer) : 0;
-                lp->keep_count = k;
-                lp->per_head = s->per_head;
-                if (s->n_tiers > 1) {
-                        memcpy(tt, tiers + 1, (s->n_tiers - 1) * sizeof(uint32_t));
-                        lp->tier_tokens = tt;
-                        lp->n_tier_tokens = s->n_tiers - 1;
-                }
-                /* clients before the ladder: their only tier is INT8 */
-                lp->q8_tokens = s->n_tiers == 2 && s->tiers[1].dtype == BLOCK_DTYPE_Q8 ? tiers[1] : 0;
                 lp->summary_slot = summary == UINT32_MAX ? 0 : summary + 1;
                 lp->shared_tokens = S;
-                p->layers[p->n_layers++] = lp;
         }
         if (p) {
                 p->session_id = s->id;

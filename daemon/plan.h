@@ -23,6 +23,8 @@ struct plan_scratch {
         float *logw_delta;
         uint32_t *slot_of; /* a shared prefix's view: the slot of each token the policy sees */
         uint32_t *keep2;   /* the keep-set rewritten for a shared prefix */
+        uint8_t *tier_now; /* each slot's tier (the policy's view) */
+        uint8_t *tier_new; /* each kept slot's tier after the plan (per-token tiers) */
         struct policy_target targets[WIRE_MAX_LAYERS];
         bool forced[WIRE_MAX_LAYERS]; /* the arbiter's cap, not the policy, asked for this layer's plan */
 };

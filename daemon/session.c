@@ -354,7 +354,7 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
         snprintf(s->model_id, sizeof(s->model_id), "%s", m->model_id ? m->model_id : "");
         s->opened_usec = now_usec();
 
-        r = block_layout_init(&s->layout, 16, g->n_kv_heads, g->head_dim, dtype_of(g->dtype));
+        r = block_layout_init(&s->layout, WIRE_BLOCK_TOKENS, g->n_kv_heads, g->head_dim, dtype_of(g->dtype));
         if (r == 0 && s->layout.block_bytes > pool_chunk_bytes(d->pool))
                 r = -EINVAL;
         if (r < 0) {
@@ -364,6 +364,15 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
                 return -EINVAL;
         }
 
+        /* a byte budget buys a token policy the tokens per layer whose blocks and keep-set entries
+         * (4 bytes each) fit it, a block of slack included (the policies plan a block late) */
+        uint32_t budget_tokens = m->budget_tokens;
+        s->budget_bytes = m->budget_bytes;
+        if (m->budget_bytes && !budget_tokens) {
+                uint64_t T = s->layout.block_tokens, bb = s->layout.block_bytes, per = m->budget_bytes / g->n_layers;
+                uint64_t tok = per > bb ? (per - bb) * T / (bb + 4 * T) : 0;
+                budget_tokens = tok < 1 ? 1 : tok > g->max_tokens ? g->max_tokens : (uint32_t)tok;
+        }
         struct policy_setup setup = {
                 .n_layers = g->n_layers,
                 .n_heads = g->n_heads,
@@ -371,7 +380,8 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
                 .head_dim = g->head_dim,
                 .max_tokens = g->max_tokens,
                 .block_tokens = s->layout.block_tokens,
-                .budget_tokens = m->budget_tokens,
+                .budget_tokens = budget_tokens,
+                .budget_bytes = m->budget_bytes,
                 .prompt_tokens = m->prompt_tokens,
                 .session_id = d->next_session_id + 1,
         };
@@ -427,6 +437,17 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
                 session_free(s);
                 return -EINVAL;
         }
+        if (lim.token_tiers && (s->n_tiers < 2 || !m->token_tiers || lim.per_head)) {
+                snprintf(why, why_len,
+                         "policy %s gives each token its tier: it needs tiers below the dtype (OpenSession.tiers), "
+                         "and a client that applies them (OpenSession.token_tiers), one keep-set a layer",
+                         s->policy_name);
+                session_free(s);
+                return -EINVAL;
+        }
+        s->token_tiers = lim.token_tiers;
+        for (uint32_t t = 0; t < s->n_tiers; t++)
+                s->tier_block_bytes[t] = s->tiers[t].block_bytes;
         if (s->tier_window && s->n_tiers < 2) {
                 snprintf(why, why_len, "tier_window needs a tier below the dtype (OpenSession.tiers)");
                 session_free(s);
@@ -840,6 +861,25 @@ static uint64_t bytes_for(const struct session *s, const struct policy_target *t
         return bytes;
 }
 
+/* What a per-token-tier session's blocks may hold now: its byte budget or the arbiter's cap, the
+ * lower, less its plan buffer (UINT64_MAX: neither). */
+static uint64_t blocks_budget(const struct session *s) {
+        uint64_t b = s->budget_bytes ? s->budget_bytes : UINT64_MAX, plan = (uint64_t)s->plan_units * s->layout.block_bytes;
+        if (s->cap_bytes && s->cap_bytes < b)
+                b = s->cap_bytes;
+        return b == UINT64_MAX ? b : b > plan ? b - plan : 0;
+}
+
+/* A per-token-tier session's demand: its plan buffer and every token (and the next) at its
+ * dtype, within its byte budget. */
+static uint64_t ladder_demand(const struct session *s) {
+        uint32_t T = s->layout.block_tokens;
+        uint64_t full = (uint64_t)s->plan_units * s->layout.block_bytes;
+        for (uint32_t l = 0; l < s->n_layers; l++)
+                full += (uint64_t)((s->layers[l].n_tokens + T) / T) * s->layout.block_bytes;
+        return s->budget_bytes && s->budget_bytes < full ? s->budget_bytes : full;
+}
+
 /* The arbiter's cap overrides the policy: a layer that would outgrow it is compacted, leaving
  * half a block of room so that the next plans are not one token apart. */
 static void apply_cap(struct kvcd *d, struct session *s, struct policy_target *targets, uint64_t wanted) {
@@ -976,6 +1016,9 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         .confidence = s->confidence,
                         .appended = s->appended,
                         .layer_tokens = live,
+                        .n_tiers = s->n_tiers,
+                        .tier_block_bytes = s->tier_block_bytes,
+                        .budget_bytes = blocks_budget(s),
                 };
                 const struct policy_ops *ops = s->policy->ops;
                 if (ops->observes && ops->observes(s->policy->state, &ps)) {
@@ -985,11 +1028,21 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                                 ops->observe(s->policy->state, &ps, &view, d->scratch.work);
                         }
                 }
-                ops->decide(s->policy->state, &ps, targets);
-                uint64_t want = bytes_for(s, targets, 0);
-                budget_demand(d, s, want);
-                budget_arbitrate(d);
-                apply_cap(d, s, targets, want);
+                uint64_t want;
+                if (s->token_tiers) { /* the policy fits the cap itself, lowering precision first */
+                        budget_demand(d, s, ladder_demand(s));
+                        budget_arbitrate(d);
+                        ps.budget_bytes = blocks_budget(s);
+                        ops->decide(s->policy->state, &ps, targets);
+                        memset(d->scratch.forced, 0, s->n_layers * sizeof(d->scratch.forced[0]));
+                        s->link_step = ps;
+                } else {
+                        ops->decide(s->policy->state, &ps, targets);
+                        want = bytes_for(s, targets, 0);
+                        budget_demand(d, s, want);
+                        budget_arbitrate(d);
+                        apply_cap(d, s, targets, want);
+                }
                 *ret_plan = plan_build(d, s, &ps, g);
         }
 

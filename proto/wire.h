@@ -30,6 +30,7 @@
 #define WIRE_MAX_HEAD_DIM     1024u
 #define WIRE_MAX_TOKENS       (1u << 20)
 #define WIRE_MAX_BLOCK_TOKENS 1024u
+#define WIRE_BLOCK_TOKENS     16u /* the tokens of kvcd's blocks (SessionOpened.block_tokens) */
 #define WIRE_MAX_PARAMS       32u
 #define WIRE_MAX_NAME         64u   /* names, tenants, keys, short texts */
 #define WIRE_MAX_MESSAGE      256u  /* error messages */

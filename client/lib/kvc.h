@@ -138,7 +138,17 @@ struct kvc_session_config {
          * but the newest N at the lowest tier). Host pools only. */
         const char *tiers;
         uint64_t rotation_seed; /* of the rotated tiers (q4, q3, q2), recorded with the session */
+        /* a byte budget (docs/policies.md, "Byte budgets"): the most bytes the session's cache
+         * should hold as kvcd charges them, 0: none. The ladder policy fits it by lowering
+         * precision first (with tiers); token policies get the tokens per layer it buys at the
+         * dtype. kvc_full_cache_bytes gives the bytes of a whole cache to take a fraction of. */
+        uint64_t budget_bytes;
 };
+
+/* The bytes kvcd charges for n_tokens tokens in every layer at the geometry's dtype (whole
+ * 16-token blocks, no plan buffer): the full cache a byte budget is a fraction of. 0 for a
+ * geometry kvcd would refuse. */
+uint64_t kvc_full_cache_bytes(const struct kvc_geometry *g, uint32_t n_tokens);
 
 struct kvc_session_stats {
         uint64_t steps;

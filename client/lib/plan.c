@@ -198,6 +198,7 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
         uint64_t entries_cap = s->plan_bytes / 4, used = 0;
         bool seen[WIRE_MAX_LAYERS] = { false };
         const uint32_t *keeps[WIRE_MAX_LAYERS]; /* entry i's keep-set: copied out, or the identity */
+        const uint8_t *tiers[WIRE_MAX_LAYERS];  /* entry i's per-token tiers, copied out, or NULL */
         if (s->awaiting_link) { /* the link kvcd said would come */
                 s->awaiting_link = false;
                 c->n_links--;
@@ -222,7 +223,9 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                     lp->base_tokens > s->layers[lp->layer].n_tokens ||
                     (!identity && ((uint64_t)lp->keep_offset + n > entries_cap || used + n > entries_cap)) ||
                     (lp->n_tier_tokens && lp->n_tier_tokens != s->n_tiers - 1) ||
-                    (lp->summary_slot && (lp->per_head || s->n_tiers > 1))) {
+                    (lp->summary_slot && (lp->per_head || s->n_tiers > 1)) ||
+                    (lp->tier_offset && (s->n_tiers < 2 || lp->per_head || c->dev ||
+                                         lp->tier_offset - 1ull + lp->keep_count > s->plan_bytes))) {
                         status = EPROTO;
                         client_error(c, -EPROTO, "plan %llu: layer entry %zu out of range",
                                      (unsigned long long)p->plan_id, i);
@@ -242,6 +245,34 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                         client_error(c, -EPROTO, "plan %llu: layer %u asks for tiers it cannot hold",
                                      (unsigned long long)p->plan_id, lp->layer);
                         break;
+                }
+                tiers[i] = NULL;
+                if (lp->tier_offset) { /* after the keep-sets in the copy: a byte a kept token */
+                        uint64_t words = (lp->keep_count + 3u) / 4u;
+                        uint8_t *tier = (uint8_t *)(s->plan_copy + used);
+                        uint32_t count[LADDER_TIERS] = { 0 };
+                        if (used + words > entries_cap ||
+                            mapping_copy_out(c, s->plan_offset + lp->tier_offset - 1, tier, lp->keep_count) < 0) {
+                                status = EPROTO;
+                                client_error(c, -EPROTO, "plan %llu: layer %u's tiers do not fit the plan buffer",
+                                             (unsigned long long)p->plan_id, lp->layer);
+                                break;
+                        }
+                        used += words;
+                        for (uint32_t j = 0; j < lp->keep_count; j++)
+                                if (tier[j] < s->n_tiers)
+                                        count[tier[j]]++;
+                                else
+                                        status = EPROTO;
+                        for (uint32_t t = 1; t < s->n_tiers && status == 0; t++)
+                                if (count[t] != want[t])
+                                        status = EPROTO;
+                        if (status) {
+                                client_error(c, -EPROTO, "plan %llu: layer %u's tiers do not match its counts",
+                                             (unsigned long long)p->plan_id, lp->layer);
+                                break;
+                        }
+                        tiers[i] = tier;
                 }
                 if (identity) {
                         keeps[i] = NULL; /* filled in when applied */
@@ -363,7 +394,9 @@ int plan_apply(struct kvc_client *c, const Kvc__Plan *p) {
                 } else {
                         uint32_t want[LADDER_TIERS], got[LADDER_TIERS];
                         plan_tier_counts(s, lp, want);
-                        for (uint32_t h = 0; h < heads; h++) { /* the oldest kept go lowest */
+                        if (tiers[i])
+                                memcpy(s->plan_tier, tiers[i], lp->keep_count);
+                        for (uint32_t h = 0; h < heads && !tiers[i]; h++) { /* the oldest kept go lowest */
                                 uint8_t *tier = s->plan_tier + (size_t)h * lp->keep_count;
                                 uint32_t at = 0;
                                 for (uint32_t t = s->n_tiers - 1; t >= 1; t--)

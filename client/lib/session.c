@@ -115,6 +115,13 @@ static Kvc__Dtype wire_dtype(enum kvc_dtype d) {
 static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, const Kvc__SessionOpened *o,
                        struct kvc_session **ret);
 
+uint64_t kvc_full_cache_bytes(const struct kvc_geometry *g, uint32_t n_tokens) {
+        struct block_layout layout;
+        if (!g || block_layout_init(&layout, WIRE_BLOCK_TOKENS, g->n_kv_heads, g->head_dim, (enum block_dtype)g->dtype) < 0)
+                return 0;
+        return (uint64_t)g->n_layers * ((n_tokens + WIRE_BLOCK_TOKENS - 1) / WIRE_BLOCK_TOKENS) * layout.block_bytes;
+}
+
 int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg, struct kvc_session **ret) {
         Kvc__Geometry g = KVC__GEOMETRY__INIT;
         Kvc__OpenSession os = KVC__OPEN_SESSION__INIT;
@@ -154,6 +161,8 @@ int kvc_session_open(struct kvc_client *c, const struct kvc_session_config *cfg,
                         return client_error(c, -ENOTSUP, "tiers need a host pool (the CUDA compactor knows INT8 alone)");
         }
         os.rotation_seed = cfg->rotation_seed;
+        os.budget_bytes = cfg->budget_bytes;
+        os.token_tiers = os.n_tiers > 0; /* plan.c applies LayerPlan.tier_offset */
         os.params = pp;
         for (size_t i = 0; i < cfg->n_params; i++) {
                 char *end;

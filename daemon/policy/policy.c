@@ -13,7 +13,7 @@
 static const struct policy_ops *const policies[] = {
         &policy_full_ops,   &policy_window_ops, &policy_streaming_ops, &policy_h2o_ops,
         &policy_tova_ops,   &policy_snapkv_ops, &policy_pyramid_ops,   &policy_conf_ops,
-        &policy_conf_l_ops, &policy_scope_ops,  &policy_prob_ops,      &policy_pyramid_taper_ops,
+        &policy_conf_l_ops, &policy_scope_ops,  &policy_prob_ops,      &policy_pyramid_taper_ops, &policy_ladder_ops,
 };
 
 const char *const *policy_names(void) {

@@ -37,6 +37,7 @@ struct policy_setup {
         uint32_t block_tokens;  /* slots per block: the natural hysteresis */
         uint32_t budget_tokens; /* requested; 0 = the policy's default */
         uint32_t prompt_tokens; /* the prompt's length if the client said (0: unknown) */
+        uint64_t budget_bytes;  /* OpenSession.budget_bytes (0: none; the ladder reads it) */
         uint64_t session_id;    /* for a default seed */
 };
 
@@ -57,6 +58,13 @@ struct policy_step {
         float confidence;             /* with the session's weights */
         uint64_t appended;            /* tokens appended to layer 0 since the session opened */
         const uint32_t *layer_tokens; /* n_layers lengths after the step */
+        /* The session's tiers and what its blocks may hold (the ladder policy's inputs): n_tiers
+         * (1: the dtype alone), each tier's bytes per block of block_tokens tokens in one layer
+         * (falling), and the bytes all its layers' blocks may hold now: its byte budget or the
+         * arbiter's cap, the lower, less its plan buffer (UINT64_MAX: no limit in bytes). */
+        uint32_t n_tiers;
+        const uint64_t *tier_block_bytes;
+        uint64_t budget_bytes;
 };
 
 /* One layer's side arrays, [n_kv_heads][n_tokens] each, copied out of the pool. */
@@ -65,6 +73,7 @@ struct policy_layer {
         uint32_t n_tokens;
         uint32_t n_kv_heads;
         uint32_t n_low; /* slots [0, n_low) are held below the dtype now (any lower tier) */
+        const uint8_t *tier; /* each slot's tier now (NULL: every slot at the dtype) */
         const int32_t *pos;
         const float *sum;
         const float *ema;
@@ -86,6 +95,8 @@ struct policy_limits {
         bool lower;                /* plans may move tokens to a lower tier (the session must have one) */
         bool summarize;            /* evicted tokens go into a summary slot (kernels/summarize.h):
                                       kvcd keeps that slot beside the policy's keep-set */
+        bool token_tiers;          /* select_tiers gives each kept token its tier (the session
+                                      must have tiers and a client that applies them) */
 };
 
 /* The side arrays of a layer view (struct policy_layer), as bits of policy_ops.reads. */
@@ -123,6 +134,13 @@ struct policy_ops {
          * words, aligned for a double. */
         int (*select)(void *state, const struct policy_step *step, const struct policy_layer *layer,
                       const struct policy_target *target, uint32_t *keep, float *logw_delta, void *scratch);
+        /* Instead of select, for a policy with limits.token_tiers: the keep-set as select writes
+         * it (target->keep slots, ascending, per layer) and tier[i], the tier kept slot keep[i] is
+         * to hold after the plan (never above its tier now: layer->tier). 0 or -EINVAL. A target of
+         * every slot may come without a decide (a link of a demotion: kvcd caps what one plan
+         * demotes, and asks again once the client has applied it). */
+        int (*select_tiers)(void *state, const struct policy_step *step, const struct policy_layer *layer,
+                            const struct policy_target *target, uint32_t *keep, uint8_t *tier, void *scratch);
 };
 
 struct policy {
@@ -205,3 +223,27 @@ extern const struct policy_ops policy_conf_ops;
 extern const struct policy_ops policy_conf_l_ops;
 extern const struct policy_ops policy_scope_ops;
 extern const struct policy_ops policy_prob_ops;
+extern const struct policy_ops policy_ladder_ops;
+
+/* ---- the ladder's allocation (ladder.c) ---- */
+
+#define POLICY_MAX_TIERS 5u /* the dtype and four below it (kernels/ladder.h's LADDER_TIERS) */
+
+/* How the ladder splits a layer's candidates (the tokens neither sinks nor the recent window)
+ * among the tiers, in whole tokens and exact integer arithmetic on the tiers' costs. cost[t] is
+ * tier t's bytes per block of T tokens (falling with t); budget the bytes the candidates may hold
+ * (the block rounding already taken out); m the candidates; bulk the tier most of them hold when
+ * the budget is about that tier's cost; high how many of the most important to hold one tier
+ * above the bulk when the budget is below the bulk's. ret[t] is how many of the ranked candidates
+ * go to tier t, the most important first (ret[0] to the dtype, and so on down); their sum is the
+ * candidates kept: m, or fewer when even the lowest tier cannot hold them all (eviction).
+ *
+ *   budget >= m cost[0]:        all at the dtype;
+ *   m cost[bulk] <= budget:     all at the bulk, then the most important lifted a tier at a time
+ *                               (all to bulk - 1 before any goes to bulk - 2) with what is left;
+ *   else:                       `high` at bulk - 1, the rest at the bulk with the least important
+ *                               lowered a tier at a time (all to bulk + 1 before any to bulk + 2);
+ *                               without `high` if it does not fit with it;
+ *   m cost[last] > budget:      floor(budget / cost[last]) at the lowest tier, the rest evicted. */
+void ladder_allocate(const uint64_t *cost, uint32_t n_tiers, uint32_t T, uint64_t budget, uint32_t m,
+                     uint32_t bulk, uint32_t high, uint32_t ret[POLICY_MAX_TIERS]);
