@@ -744,10 +744,13 @@ Kvc__Plan *plan_build(struct kvcd *d, struct session *s, const struct policy_ste
 
 /* Whether a layer of s has a demotion cut into links still to go. */
 static bool links_pending(const struct session *s) {
-        for (uint32_t l = 0; l < s->n_layers; l++)
+        for (uint32_t l = 0; l < s->n_layers; l++) {
+                if (s->layers[l].relink)
+                        return true;
                 for (uint32_t t = 1; t < s->n_tiers; t++)
                         if (s->layers[l].wanted[t])
                                 return true;
+        }
         return false;
 }
 
@@ -767,8 +770,10 @@ void plan_follow(struct kvcd *d, struct session *s) {
         g->layers = lbs;
         Kvc__Plan *p = build(d, s, NULL, s->last_step, g, a);
         if (!p) { /* the chain ends here (no room, or nothing left): the client hears so */
-                for (uint32_t l = 0; l < s->n_layers; l++)
+                for (uint32_t l = 0; l < s->n_layers; l++) {
                         memset(s->layers[l].wanted, 0, sizeof(s->layers[l].wanted));
+                        s->layers[l].relink = false;
+                }
                 p = wire_arena_alloc(a, sizeof(*p));
                 if (!p)
                         return;

@@ -1135,6 +1135,7 @@ int session_plan_applied(struct kvcd *d, struct session *s, const Kvc__PlanAppli
                 for (uint32_t l = 0; l < s->n_layers; l++) { /* nothing moved */
                         memcpy(s->layers[l].planned, s->layers[l].low, sizeof(s->layers[l].low));
                         memset(s->layers[l].wanted, 0, sizeof(s->layers[l].wanted));
+                        s->layers[l].relink = false;
                 }
                 if (s->mask) /* nor was anything masked */
                         memcpy(s->mask_next, s->mask, (size_t)s->n_layers * s->mask_stride);
