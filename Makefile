@@ -160,7 +160,7 @@ TEST_LIBS := $(LIB)/libkvc.a
 $(BUILD)/tests/test_model $(BUILD)/tests/test_gguf $(BUILD)/tests/test_bpe $(BUILD)/tests/test_smollm2 \
 	$(BUILD)/tests/test_laddercache: $(MODEL_OBJ)
 $(BUILD)/tests/test_pool $(BUILD)/tests/test_notify $(BUILD)/tests/test_replay: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
-$(BUILD)/tests/test_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
+$(BUILD)/tests/test_policy $(BUILD)/tests/test_ladder_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_stats: $(call obj,client/eval/stats.c)
 $(BUILD)/tests/test_cuda_backend: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_events: $(call obj,daemon/events_vllm.c daemon/events_ring.c)
