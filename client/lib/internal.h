@@ -71,6 +71,7 @@ struct kvc_session {
         float ema_gamma;
         uint64_t plan_offset;
         uint64_t plan_bytes;
+        uint64_t budget_bytes; /* SessionOpened.budget_bytes */
         uint32_t *plan_copy; /* plan_bytes: the keep-sets copied out of the shared buffer */
         uint8_t *plan_tier;  /* a layer's kept tokens' tiers, for ladder_compact (identity_slots) */
         uint32_t *identity;  /* identity_slots: the keep-set of every slot, per head (plan.c) */

@@ -222,6 +222,11 @@ uint32_t kvc_layer_q8_tokens(const struct kvc_session *s, uint32_t layer);
 uint32_t kvc_session_tiers(const struct kvc_session *s);
 const char *kvc_session_tier_name(const struct kvc_session *s, uint32_t tier);
 uint32_t kvc_layer_tier_tokens(const struct kvc_session *s, uint32_t layer, uint32_t tier);
+/* The bytes kvcd charges the session now, as this client holds them: every tier's blocks of every
+ * layer and the plan buffer (what a byte budget bounds: kvc_session_config.budget_bytes). */
+uint64_t kvc_session_bytes(const struct kvc_session *s);
+/* The byte budget in force (SessionOpened.budget_bytes; 0: none). */
+uint64_t kvc_session_budget_bytes(const struct kvc_session *s);
 
 /* How a layer lies in the pool, for a kernel of the caller's own (see kernels/block.h and
  * kernels/mixed.h): slots [0, n_q8) are INT8 in q8_blocks, slots [n_q8, n_tokens) full precision

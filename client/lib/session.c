@@ -244,6 +244,7 @@ static int session_new(struct kvc_client *c, const struct kvc_geometry *geo, con
         s->n_tiers = n_tiers;
         memcpy(s->tiers, tiers, sizeof(tiers));
         s->budget = o->budget_tokens;
+        s->budget_bytes = o->budget_bytes;
         s->max_layer_tokens = o->max_layer_tokens;
         s->max_layer_blocks = (o->max_layer_tokens + layout.block_tokens - 1) / layout.block_tokens;
         s->ema_gamma = o->ema_gamma;
@@ -659,6 +660,18 @@ uint32_t kvc_layer_tier_tokens(const struct kvc_session *s, uint32_t layer, uint
                 return 0;
         const struct layer *L = &s->layers[layer];
         return tier ? L->low[tier] : L->n_tokens - session_low_tokens(s, L);
+}
+
+uint64_t kvc_session_bytes(const struct kvc_session *s) {
+        uint64_t b = s->plan_bytes;
+        for (uint32_t l = 0; l < s->g.n_layers; l++)
+                for (uint32_t t = 0; t < s->n_tiers; t++)
+                        b += (uint64_t)s->layers[l].t[t].n * s->tiers[t].block_bytes;
+        return b;
+}
+
+uint64_t kvc_session_budget_bytes(const struct kvc_session *s) {
+        return s->budget_bytes;
 }
 
 int kvc_layer_view(const struct kvc_session *s, uint32_t layer, struct kvc_layer_view *ret) {

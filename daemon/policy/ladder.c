@@ -13,7 +13,8 @@
  * per layer at the dtype when none is given; kvcd lowers it to the arbiter's cap while the node
  * or the tenant is short (policy_step.budget_bytes), so the same arithmetic answers both. Each
  * tier's blocks are whole, so a layer's budget gives up one block of every tier before the
- * allocation (what rounding up can cost): the layer never holds more than its share.
+ * allocation (what rounding up can cost), and the dtype one more (the block the newest tokens
+ * fill until the next plan): the layer never holds more than its share, at any step.
  *
  * CONF-KV's confidence moves the split: `high` (a fraction of the candidates) plus `conf_gain`
  * times (1 - confidence) of them are held a tier above the bulk while the budget is below the
@@ -179,7 +180,7 @@ static uint64_t layer_budget(const struct ladder *p, const struct policy_step *s
 static uint32_t plan_counts(const struct ladder *p, const struct policy_step *st, uint32_t n,
                             uint32_t counts[POLICY_MAX_TIERS], uint32_t *ret_protected) {
         uint32_t T = p->block_tokens, P = p->sinks + p->window < n ? p->sinks + p->window : n;
-        uint64_t B = layer_budget(p, st), slack = 0, c0 = st->tier_block_bytes[0];
+        uint64_t B = layer_budget(p, st), c0 = st->tier_block_bytes[0], slack = c0;
         for (uint32_t t = 0; t < st->n_tiers; t++)
                 slack += st->tier_block_bytes[t];
         B = B > slack ? B - slack : 0;

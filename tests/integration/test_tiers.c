@@ -86,10 +86,11 @@ static void step(struct kvc_client *c, struct kvc_session *s, uint64_t t, enum k
 
 /* Every slot of every layer reads back as the token at its position: exactly at the dtype, and in
  * a lower tier within a relative error of its rounding (a row's error norm over its norm: the
- * 4-bit Lloyd-Max codes of a rotated row err by about 0.1, INT8 by under 0.01). The positions are
+ * 4-bit Lloyd-Max codes of a rotated row err by about 0.1, the 2-bit ones by about 0.35 (0.55 seen in a 32-dim row), INT8 by
+ * under 0.01). The positions are
  * read from the block's side arrays of the slot (kvc_layer_view), so order and identity are
  * checked too. */
-static void assert_reads_back(struct kvc_session *s, uint32_t n_tokens_seen) {
+static void assert_reads_back_as(struct kvc_session *s, uint32_t n_tokens_seen, bool per_token, uint8_t *ret_tier) {
         for (uint32_t l = 0; l < LAYERS; l++) {
                 uint32_t n = kvc_layer_tokens(s, l);
                 float *k = malloc((size_t)H * n * D * sizeof(float)), *v = malloc((size_t)H * n * D * sizeof(float));
@@ -100,7 +101,11 @@ static void assert_reads_back(struct kvc_session *s, uint32_t n_tokens_seen) {
                 for (uint32_t t = kvc_session_tiers(s) - 1;; t--) {
                         uint32_t cnt = kvc_layer_tier_tokens(s, l, t);
                         const char *name = kvc_session_tier_name(s, t);
-                        double bound = strcmp(name, "q8") == 0 ? 0.01 : strcmp(name, "q4") == 0 ? 0.2 : 0.0;
+                        double bound = strcmp(name, "q8") == 0   ? 0.01
+                                       : strcmp(name, "q4") == 0 ? 0.2
+                                       : strcmp(name, "q3") == 0 ? 0.3
+                                       : strcmp(name, "q2") == 0 ? 0.7
+                                                                 : 0.0;
                         for (uint32_t slot = first; slot < first + cnt; slot++) {
                                 /* the nearest token: the one the row came from, when the error is small */
                                 for (uint32_t h = 0; h < H; h++) {
@@ -122,11 +127,13 @@ static void assert_reads_back(struct kvc_session *s, uint32_t n_tokens_seen) {
                                         if (sqrt(best / norm) > bound + 1e-6)
                                                 fail_msg("layer %u tier %s slot %u head %u: error %g over %g", l, name,
                                                          slot, h, sqrt(best / norm), bound);
-                                        if (h == 0 && slot > 0 && best_t <= last_pos)
+                                        if (h == 0 && slot > (per_token ? first : 0) && best_t <= last_pos)
                                                 fail_msg("layer %u slot %u: token %u after token %u", l, slot, best_t,
                                                          last_pos);
                                         if (h == 0)
                                                 last_pos = best_t;
+                                        if (h == 0 && l == 0 && ret_tier)
+                                                ret_tier[best_t] = (uint8_t)t;
                                         const float *gv = v + ((size_t)h * n + slot) * D;
                                         double ev = 0;
                                         for (uint32_t j = 0; j < D; j++)
@@ -144,6 +151,11 @@ static void assert_reads_back(struct kvc_session *s, uint32_t n_tokens_seen) {
                 free(k);
                 free(v);
         }
+}
+
+/* In slot order, position order throughout (the oldest go lowest) */
+static void assert_reads_back(struct kvc_session *s, uint32_t n_tokens_seen) {
+        assert_reads_back_as(s, n_tokens_seen, false, NULL);
 }
 
 static void a_prompt_goes_down_in_links_and_the_peak_stays_within_a_block_per_tier(void **state) {
@@ -255,6 +267,72 @@ static void conf_with_int8_and_a_4_bit_window_fills_three_tiers(void **state) {
         kvc_disconnect(c);
 }
 
+/* The ladder policy under a byte budget: a prompt in chunks of 64, then decoding. After every step
+ * (links included) the session holds no more than its budget; while the lowest tier can hold every
+ * token nothing is evicted, and the sinks and the newest window stay at the dtype; every token reads
+ * back within its tier's rounding (each tier in position order). Under a smaller budget it evicts,
+ * still within it. */
+static void run_ladder(struct kvc_client *c, uint64_t budget, uint32_t n, bool evicts) {
+        const struct kvc_param params[] = { { "sinks", "4" }, { "window", "32" } };
+        struct kvc_session_config cfg = {
+                .geometry = { .n_layers = LAYERS, .n_heads = 4, .n_kv_heads = H, .head_dim = D,
+                              .dtype = KVC_DTYPE_F32, .max_tokens = 1024 },
+                .policy = "ladder",
+                .params = params,
+                .n_params = 2,
+                .tiers = "q8,q4,q2",
+                .rotation_seed = 7,
+                .budget_bytes = budget,
+        };
+        struct kvc_session *s = NULL;
+        assert_int_equal(kvc_session_open(c, &cfg, &s), 0);
+        assert_int_equal(kvc_session_budget_bytes(s), budget);
+        make_tokens(n);
+        uint64_t step_no = 0;
+        for (uint32_t t = 0; t < n;) {
+                uint32_t k = t < n - 40 ? 64 : 1; /* the prompt in chunks, the last 40 decoded */
+                if (k > n - 40 - t && t < n - 40)
+                        k = n - 40 - t;
+                assert_int_equal(kvc_session_reserve(s, kvc_layer_tokens(s, 0) + k), 0);
+                for (uint32_t j = 0; j < k; j++)
+                        append(s, t + j);
+                t += k;
+                step(c, s, step_no++, k > 1 ? KVC_PHASE_PREFILL : KVC_PHASE_DECODE);
+                if (kvc_session_bytes(s) > budget)
+                        fail_msg("after %u tokens: %llu bytes over the budget of %llu", t,
+                                 (unsigned long long)kvc_session_bytes(s), (unsigned long long)budget);
+        }
+        uint8_t tier_of[1024];
+        memset(tier_of, 0xff, sizeof(tier_of));
+        assert_reads_back_as(s, n, true, tier_of);
+        uint32_t lower = 0;
+        for (uint32_t t = 1; t < kvc_session_tiers(s); t++)
+                lower += kvc_layer_tier_tokens(s, 0, t);
+        assert_true(lower > 0);
+        if (!evicts) {
+                assert_int_equal(kvc_layer_tokens(s, 0), n);
+                for (uint32_t i = 0; i < 4; i++)
+                        assert_int_equal(tier_of[i], 0);
+                for (uint32_t i = n - 32; i < n; i++)
+                        assert_int_equal(tier_of[i], 0);
+        } else {
+                assert_true(kvc_layer_tokens(s, 0) < n);
+        }
+        struct kvc_session_stats end;
+        assert_int_equal(kvc_session_close(s, &end), 0);
+}
+
+static void ladder_lowers_precision_before_it_evicts_within_its_byte_budget(void **state) {
+        struct kvc_client *c = client(*state);
+        enum { N = 800 }; /* long enough for the sinks, the window and the slack to be a small part */
+        struct block_layout fl;
+        assert_int_equal(block_layout_init(&fl, 16, H, D, BLOCK_DTYPE_F32), 0);
+        uint64_t full = (uint64_t)LAYERS * (N / 16 + 1) * fl.block_bytes;
+        run_ladder(c, full * 30 / 100, N, false); /* every token fits at 2 bits: none evicted */
+        run_ladder(c, full * 12 / 100, N, true);  /* not even there: the least important go */
+        kvc_disconnect(c);
+}
+
 static void unknown_and_rising_tiers_are_refused(void **state) {
         struct kvc_client *c = client(*state);
         struct kvc_session *s = NULL;
@@ -281,6 +359,7 @@ int main(void) {
                 cmocka_unit_test(a_prompt_goes_down_in_links_and_the_peak_stays_within_a_block_per_tier),
                 cmocka_unit_test(decode_demotes_a_block_at_a_time_and_reads_back),
                 cmocka_unit_test(conf_with_int8_and_a_4_bit_window_fills_three_tiers),
+                cmocka_unit_test(ladder_lowers_precision_before_it_evicts_within_its_byte_budget),
                 cmocka_unit_test(unknown_and_rising_tiers_are_refused),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
