@@ -256,7 +256,9 @@ int budget_may_grow(struct kvcd *d, const struct session *s, uint64_t n, char *w
         const struct tenant *t = s->ten;
         if (!t)
                 return 0;
-        if (s->bytes + n > s->cap_bytes) {
+        /* a session that lowers precision meets the arbiter's cap at its next plan: its tokens come
+         * in at the dtype first (the node's capacity still holds the line) */
+        if (s->bytes + n > (s->token_tiers ? budget_max(d, s) : s->cap_bytes)) {
                 bool arbiter = s->cap_bytes < budget_max(d, s);
                 d->refusal_own = true;
                 d->refusal_reason = REFUSAL_SESSION_MAX;
@@ -351,24 +353,79 @@ static int shrink_order(const void *a, const void *b) {
         return x->id < y->id ? -1 : x->id > y->id;
 }
 
-/* Cuts excess bytes from the caps of v (sorted), never below a minimum, only from sessions
- * whose policy can shrink (a policy that never plans cannot give memory back). Returns what is
- * left of the excess. */
-static uint64_t cut(struct budget *b, struct session **v, uint32_t n, const struct tenant *only,
-                    uint64_t excess) {
+/* How far the arbiter may lower a session's cap: to its minimum when it must evict; before that
+ * (evict false), only as far as lowering precision takes it: a session whose policy gives each
+ * token its tier holds every token at the lowest tier its policy would use at lowest_bytes, and
+ * one that cannot lower precision gives nothing in that round. */
+static uint64_t floor_of(const struct session *s, bool evict) {
+        if (evict)
+                return s->min_bytes;
+        uint64_t low = s->token_tiers ? s->lowest_bytes : UINT64_MAX;
+        return low > s->min_bytes ? low : s->min_bytes;
+}
+
+/* Cuts excess bytes from the caps of v (sorted), never below floor_of, only from sessions whose
+ * policy can shrink (a policy that never plans cannot give memory back). Returns what is left of
+ * the excess. */
+static uint64_t cut(struct budget *b, struct session **v, uint32_t n, const struct tenant *only, uint64_t excess,
+                    bool evict) {
         for (uint32_t i = 0; i < n && excess; i++) {
                 struct session *s = v[i];
-                if ((only && s->ten != only) || !s->plan_units || s->cap_bytes <= s->min_bytes)
+                uint64_t floor = floor_of(s, evict);
+                if ((only && s->ten != only) || !s->plan_units || s->cap_bytes <= floor)
                         continue;
-                uint64_t give = s->cap_bytes - s->min_bytes;
+                uint64_t give = s->cap_bytes - floor;
                 if (give > excess)
                         give = excess;
                 if (s->cap_bytes == s->demand_bytes)
-                        b->cuts++;
+                        evict ? b->cuts++ : b->demotions++;
                 s->cap_bytes -= give;
                 excess -= give;
         }
         return excess;
+}
+
+/* Takes excess bytes from the caps of v: by lowering precision first, in every session that can,
+ * and only then by eviction. */
+static void cut_both(struct budget *b, struct session **v, uint32_t n, const struct tenant *only,
+                     uint64_t excess) {
+        cut(b, v, n, only, cut(b, v, n, only, excess, false), true);
+}
+
+uint32_t budget_lowering_chunks(struct kvcd *d) {
+        struct session *s;
+        uint32_t n = 0;
+        for (uint32_t it = 0; (s = idmap_next(&d->sessions, &it));)
+                for (uint32_t t = 1; s->token_tiers && t < s->n_tiers; t++) {
+                        uint64_t owner = session_pool_owner(s);
+                        uint32_t unit = session_unit_bytes(s, t);
+                        if (pool_owner_carved(d->pool, owner, unit))
+                                continue;
+                        /* counted once per owner and size: a session before it with the same */
+                        bool seen = false;
+                        struct session *x;
+                        for (uint32_t it2 = 0; !seen && (x = idmap_next(&d->sessions, &it2)) && x != s;)
+                                for (uint32_t u = 1; x->token_tiers && u < x->n_tiers && !seen; u++)
+                                        seen = session_pool_owner(x) == owner && session_unit_bytes(x, u) == unit;
+                        n += !seen;
+                }
+        return n;
+}
+
+/* The capacity the arbiter counts: the pool's, less what no unit can use, the chunks kept back
+ * for lowering precision and the squeeze. */
+static uint64_t arbiter_capacity(struct kvcd *d) {
+        uint64_t cap = capacity(d), off = pool_waste_bytes(d->pool) + d->budget.squeeze +
+                                          (uint64_t)budget_lowering_chunks(d) * pool_chunk_bytes(d->pool);
+        return cap > off ? cap - off : 0;
+}
+
+uint64_t budget_squeeze_for(struct kvcd *d, uint64_t wanted) {
+        uint64_t keep = d->budget.squeeze, u = used(d);
+        d->budget.squeeze = 0;
+        uint64_t eff = arbiter_capacity(d), target = u > wanted ? u - wanted : 0;
+        d->budget.squeeze = keep;
+        return eff > target ? eff - target : 0;
 }
 
 void budget_limits_changed(struct kvcd *d) {
@@ -381,8 +438,7 @@ void budget_arbitrate(struct kvcd *d) {
         if (!b->dirty)
                 return;
         b->dirty = false;
-        uint64_t cap = capacity(d), waste = pool_waste_bytes(d->pool);
-        cap = cap > waste ? cap - waste : 0;
+        uint64_t cap = arbiter_capacity(d);
         bool short_ = b->demand_bytes > cap;
         for (uint32_t i = 0; i < b->n_tenants && !short_; i++)
                 short_ = b->tenants[i]->demand_bytes > budget_quota(b, b->tenants[i]);
@@ -407,12 +463,12 @@ void budget_arbitrate(struct kvcd *d) {
                         struct tenant *t = b->tenants[i];
                         uint64_t q = budget_quota(b, t);
                         if (t->demand_bytes > q)
-                                cut(b, v, n, t, t->demand_bytes - q);
+                                cut_both(b, v, n, t, t->demand_bytes - q);
                 }
                 for (uint32_t i = 0; i < n; i++)
                         total += v[i]->cap_bytes;
                 if (total > cap)
-                        cut(b, v, n, NULL, total - cap);
+                        cut_both(b, v, n, NULL, total - cap);
         }
         free(v);
 }

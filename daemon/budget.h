@@ -10,7 +10,11 @@
  * Each step a session's policy demands bytes (what it wants to hold after this step). While the
  * demands fit, every session may grow to its maximum. When they do not, the arbiter cuts demands,
  * first from the sessions of lowest priority and, among equals, highest confidence (the ones that
- * lose least by forgetting), never below a minimum, until they fit; a cut session's cap becomes
+ * lose least by forgetting), never below a minimum, until they fit. It lowers precision before it
+ * makes anyone evict: a first round cuts only the sessions whose policy gives each token its tier
+ * (the ladder), each no lower than the bytes it needs with every token at its lowest tier, and a
+ * second round, only if that was not enough, cuts every session towards its minimum (the ladder
+ * then evicts, the others as ever). A cut session's cap becomes
  * the tokens its policy must compact to, so it is shrunk by ordinary plans, and its memory counts
  * as free once the client acknowledged the plan. Caps are recomputed whenever demands change, so
  * sessions grow back as soon as memory frees up.
@@ -60,7 +64,12 @@ struct budget {
         bool pressure; /* the last arbitration cut something */
         bool dirty;    /* demands or limits changed since the last arbitration */
         uint64_t arbitrations;
-        uint64_t cuts; /* sessions given a cap below their demand, over all arbitrations */
+        uint64_t cuts;       /* sessions given a cap that makes them evict, over all arbitrations */
+        uint64_t demotions;  /* sessions given a cap they meet by lowering precision (the ladder) */
+        /* Growth the pool refused though the bytes were free (its chunks are carved for other block
+         * sizes, or kept back): the arbiter takes squeeze off the capacity while requests wait, so
+         * that sessions give back blocks of the size wanted; 0 once nobody waits. */
+        uint64_t wanted_room, squeeze;
 };
 
 void budget_init(struct budget *b);
@@ -92,6 +101,14 @@ void budget_leave(struct kvcd *d, struct session *s);
 /* Whether the session may take n more bytes now: its cap, its tenant's quota, and the minimums
  * of the others. -ENOSPC with the limit that bit (d->refusal_own set when it was its own cap). */
 int budget_may_grow(struct kvcd *d, const struct session *s, uint64_t n, char *why, size_t why_len);
+/* The chunks the pool keeps back from growth at the dtype: one for each owner and lower tier's
+ * block size of the sessions that lower precision per token that has no chunk carved for it yet
+ * (the pool carves a chunk for one block size, and a demotion's blocks come before the ones it
+ * frees: without a chunk to put them in, a full pool could not lower precision at all). */
+uint32_t budget_lowering_chunks(struct kvcd *d);
+/* The squeeze that makes the arbiter count the capacity as the bytes in use less wanted (growth
+ * the pool refused for want of chunks of its block size, though bytes were free). */
+uint64_t budget_squeeze_for(struct kvcd *d, uint64_t wanted);
 /* The tenant's published prefix blocks change by delta (prefix.c): they count in its use. */
 void budget_charge_shared(struct kvcd *d, struct tenant *t, int64_t delta);
 /* The session's bytes change by delta (blocks granted, or freed after PlanApplied). */

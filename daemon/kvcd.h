@@ -200,6 +200,7 @@ struct session {
 
         uint32_t prompt_tokens;
         uint64_t appended; /* tokens appended to layer 0 since the session opened */
+        uint32_t last_growth; /* ... by its last step */
         uint64_t last_step;
         uint64_t last_step_usec; /* when it came (kvcctl top marks sessions idle for long) */
         bool stepped;
@@ -215,6 +216,7 @@ struct session {
         uint64_t max_bytes;
         uint64_t cap_bytes;    /* the arbiter's limit: max_bytes unless memory is short */
         uint64_t demand_bytes; /* what its policy wanted at its last step, clamped to min..max */
+        uint64_t lowest_bytes; /* per-token tiers: what it holds with every token at its lowest tier */
         int32_t priority;
         /* a request answered later, when memory frees up (the arbiter is shrinking others) */
         struct session_wait {
@@ -426,6 +428,10 @@ int session_fill_stats(struct wire_arena *a, const struct session *s, Kvc__Sessi
 uint32_t session_shared_tokens(const struct session *s);
 /* A grant's entry for tier t's table of layer l, room for max_blocks blocks, added to g (memory of
  * arena a: d->out for a reply, d->notes for a message sent unasked); NULL when it is full. */
+/* What a per-token-tier session's blocks may hold after its next plan: its byte budget or the
+ * arbiter's cap, the lower, less its plan buffer and the room of its next step (UINT64_MAX: no
+ * bound). The ladder's policy_step.budget_bytes. */
+uint64_t session_blocks_budget(const struct session *s);
 Kvc__LayerBlocks *session_grant_layer(struct wire_arena *a, Kvc__Grant *g, uint32_t l, uint32_t t,
                                       uint32_t max_blocks);
 /* Makes room in table t of s for n entries (its heap grows, within the client's allowance):

@@ -306,6 +306,11 @@ int metrics_render(const struct kvcd *d, char *buf, size_t cap) {
         counter(&o, "kvcd_prefix_hit_tokens_total",
                 "Prompt tokens attached from shared prefixes (not computed).", d->n.prefix_hit_tokens);
 
+        family(&o, "kvcd_arbiter_cuts_total", "counter",
+               "Sessions the arbiter gave a cap below their demand, by how they meet it: round lower, by "
+               "lowering precision (the ladder); round evict, by evicting.");
+        labelled(&o, "kvcd_arbiter_cuts_total", "round", "lower", (double)d->budget.demotions);
+        labelled(&o, "kvcd_arbiter_cuts_total", "round", "evict", (double)d->budget.cuts);
         counter(&o, "kvcd_steps_total", "Step summaries taken.", d->n.steps);
         counter(&o, "kvcd_plans_total", "Compaction plans sent.", d->n.plans);
         counter(&o, "kvcd_plans_applied_total", "Compaction plans clients acknowledged.", d->n.plans_applied);

@@ -754,20 +754,69 @@ static bool links_pending(const struct session *s) {
         return false;
 }
 
-void plan_follow(struct kvcd *d, struct session *s) {
-        if (s->pending_plan_id || !s->owner->bound || !links_pending(s))
-                return;
-        /* its own arena, as relocate_kick's: it may come in the middle of a request */
+/* The arena and the empty grant of a plan kvcd sends unasked: its own arena, as relocate_kick's,
+ * since it may come in the middle of a request. NULL when the arena is full. */
+static Kvc__Grant *unasked_grant(struct kvcd *d, const struct session *s, struct wire_arena **ret_a) {
         struct wire_arena *a = d->notes ? d->notes : d->out;
         if (d->notes)
                 wire_arena_reset(d->notes);
         Kvc__Grant *g = wire_arena_alloc(a, sizeof(*g));
         Kvc__LayerBlocks **lbs = wire_arena_alloc(a, LADDER_TIERS * s->n_layers * sizeof(*lbs));
         if (!g || !lbs)
-                return;
+                return NULL;
         kvc__grant__init(g);
         g->session_id = s->id;
         g->layers = lbs;
+        *ret_a = a;
+        return g;
+}
+
+/* A session whose policy gives each token its tier and holds more than the arbiter's cap now:
+ * its policy asked at once, on its last step's summary, and the plan sent unasked, so that the
+ * memory comes back without waiting for the session's next step (another session may be waiting
+ * for it). */
+static void shrink_now(struct kvcd *d, struct session *s) {
+        /* not one waiting for memory: its grant would cross the plan (the client releases the
+         * tails of its tables as it knows them) */
+        if (!s->token_tiers || !s->stepped || s->pending_plan_id || !s->owner->bound || s->bytes <= s->cap_bytes ||
+            s->wait.kind != WAIT_NONE)
+                return;
+        struct wire_arena *a;
+        Kvc__Grant *g = unasked_grant(d, s, &a);
+        if (!g)
+                return;
+        uint32_t live[WIRE_MAX_LAYERS];
+        for (uint32_t l = 0; l < s->n_layers; l++) {
+                live[l] = plan_live_tokens(s, l);
+                d->scratch.targets[l] = (struct policy_target){ .keep = POLICY_NO_PLAN };
+        }
+        struct policy_step ps = s->link_step;
+        ps.layer_tokens = live;
+        ps.budget_bytes = session_blocks_budget(s);
+        s->policy->ops->decide(s->policy->state, &ps, d->scratch.targets);
+        s->link_step = ps;
+        Kvc__Plan *p = build(d, s, &ps, s->last_step, g, a);
+        if (p && send_unasked_plan(d, s, p, g) < 0)
+                log_warning("session %llu: cannot send the plan that meets the arbiter's cap (its client is gone?)",
+                            (unsigned long long)s->id);
+}
+
+void plan_shrink_all(struct kvcd *d, const struct session *except) {
+        if (!d->budget.pressure)
+                return;
+        struct session *s;
+        for (uint32_t it = 0; (s = idmap_next(&d->sessions, &it));)
+                if (s != except)
+                        shrink_now(d, s);
+}
+
+void plan_follow(struct kvcd *d, struct session *s) {
+        if (s->pending_plan_id || !s->owner->bound || !links_pending(s))
+                return;
+        struct wire_arena *a;
+        Kvc__Grant *g = unasked_grant(d, s, &a);
+        if (!g)
+                return;
         Kvc__Plan *p = build(d, s, NULL, s->last_step, g, a);
         if (!p) { /* the chain ends here (no room, or nothing left): the client hears so */
                 for (uint32_t l = 0; l < s->n_layers; l++) {

@@ -52,3 +52,7 @@ Kvc__Plan *plan_build(struct kvcd *d, struct session *s, const struct policy_ste
  * link and sends it unasked with its grant; when it cannot (no room), an empty plan that ends the
  * chain. Nothing when no link is due or a plan is outstanding. */
 void plan_follow(struct kvcd *d, struct session *s);
+/* While memory is short: every session but except whose policy gives each token its tier and
+ * that holds more than the arbiter's cap gets a plan that meets it, sent unasked (the ladder lowers
+ * precision without waiting for its client's next step). */
+void plan_shrink_all(struct kvcd *d, const struct session *except);

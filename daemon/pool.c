@@ -255,6 +255,18 @@ static int alloc_elsewhere(struct pool *p, uint64_t owner, uint32_t unit_bytes, 
         return -ENOSPC;
 }
 
+bool pool_owner_carved(const struct pool *p, uint64_t owner, uint32_t unit_bytes) {
+        for (uint32_t i = 0; i < p->n_chunks; i++)
+                if (p->chunks[i].owner == owner && p->chunks[i].unit_bytes == unit_bytes && !p->chunks[i].reclaiming)
+                        return true;
+        return false;
+}
+
+uint32_t pool_free_chunks(const struct pool *p) {
+        uint64_t fit = p->capacity_bytes / p->chunk_bytes;
+        return fit > p->chunks_owned ? (uint32_t)(fit - p->chunks_owned) : 0;
+}
+
 int pool_alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
                      uint64_t *ret_offset) {
         if (!valid_request(p, owner, unit_bytes, n_units))

@@ -55,6 +55,10 @@ int pool_alloc(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_u
  * happens when an operator lowered the capacity and kvcd gathers blocks to give chunks back). */
 int pool_alloc_owned(struct pool *p, uint64_t owner, uint32_t unit_bytes, uint32_t n_units,
                      uint64_t *ret_offset);
+/* Whether owner holds a chunk carved for units of unit_bytes (not wanted back). */
+bool pool_owner_carved(const struct pool *p, uint64_t owner, uint32_t unit_bytes);
+/* The chunks the capacity could still give: free ones, within it. */
+uint32_t pool_free_chunks(const struct pool *p);
 
 /* Frees what pool_alloc returned. -EINVAL (and nothing changes) when a unit of the range is not
  * allocated to owner with that unit size. The bitmap does not record where allocations begin, so

@@ -159,7 +159,18 @@ static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, uin
         int r = budget_may_grow(d, s, (uint64_t)n * unit, d->refusal, sizeof(d->refusal));
         if (r < 0)
                 return r;
-        r = pool_alloc(d->pool, owner, unit, n, ret_off, &new_chunk);
+        uint32_t kept = tier == 0 && pool_free_chunks(d->pool) ? budget_lowering_chunks(d) : 0;
+        if (kept && pool_free_chunks(d->pool) <= kept) { /* growth at the dtype leaves them be */
+                new_chunk = -1;
+                r = pool_alloc_owned(d->pool, owner, unit, n, ret_off);
+                if (r == -ENOSPC)
+                        snprintf(d->refusal, sizeof(d->refusal),
+                                 "the pool keeps its last %u chunks for sessions lowering precision", kept);
+        } else {
+                r = pool_alloc(d->pool, owner, unit, n, ret_off, &new_chunk);
+        }
+        if (r == -ENOSPC) /* the bytes were free, not the chunks: worth_waiting squeezes the arbiter */
+                d->budget.wanted_room += (uint64_t)n * unit;
         if (r < 0)
                 return r;
         if (new_chunk >= 0) {
@@ -547,9 +558,18 @@ static int session_register(struct kvcd *d, struct session *s, uint64_t id) {
 static bool worth_waiting(struct kvcd *d, int r) {
         if (r != -ENOSPC || d->refusal_own)
                 return false;
+        struct budget *b = &d->budget;
+        if (b->wanted_room) { /* the pool's chunks are short though its bytes are not: the arbiter
+                                 counts the capacity as what is in use less what was asked */
+                b->squeeze = budget_squeeze_for(d, b->wanted_room);
+                b->wanted_room = 0;
+                b->dirty = true;
+        }
         budget_arbitrate(d); /* always: the caps follow the demand this request added */
-        if (d->budget.pressure)
+        if (d->budget.pressure) {
+                plan_shrink_all(d, NULL); /* the ladders give back what they can at once */
                 return true;
+        }
         if (!pool_short_of_chunks(d->pool))
                 return false;
         struct pool_stats ps;
@@ -569,8 +589,10 @@ void session_wait_for_memory(struct kvcd *d, struct session *s, int kind, uint32
 }
 
 void session_wait_done(struct kvcd *d, struct session *s) {
-        if (s->wait.kind != WAIT_NONE)
-                d->n_waiting--;
+        if (s->wait.kind != WAIT_NONE && --d->n_waiting == 0 && d->budget.squeeze) {
+                d->budget.squeeze = 0; /* nobody waits: the capacity is the arbiter's again */
+                budget_limits_changed(d);
+        }
         s->wait.kind = WAIT_NONE;
 }
 
@@ -849,8 +871,9 @@ static uint64_t bytes_for(const struct session *s, const struct policy_target *t
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 const struct session_layer *L = &s->layers[l];
                 uint32_t want = n_tokens;
-                if (targets)
-                        want = targets[l].keep < L->n_tokens ? targets[l].keep : L->n_tokens + 1;
+                if (targets) /* and room for the next step's tokens, as many as the last step's */
+                        want = targets[l].keep < L->n_tokens ? targets[l].keep
+                                                              : L->n_tokens + (s->last_growth > 1 ? s->last_growth : 1);
                 if (want > s->max_layer_tokens)
                         want = s->max_layer_tokens;
                 uint32_t low = session_low_tokens(s, L, false), fp = want > low ? want - low : 0;
@@ -861,13 +884,20 @@ static uint64_t bytes_for(const struct session *s, const struct policy_target *t
         return bytes;
 }
 
-/* What a per-token-tier session's blocks may hold now: its byte budget or the arbiter's cap, the
- * lower, less its plan buffer (UINT64_MAX: neither). */
-static uint64_t blocks_budget(const struct session *s) {
-        uint64_t b = s->budget_bytes ? s->budget_bytes : UINT64_MAX, plan = (uint64_t)s->plan_units * s->layout.block_bytes;
+/* What a per-token-tier session's blocks may hold after a plan: its byte budget or the arbiter's
+ * cap, the lower, less its plan buffer and the room the next step's tokens take at the dtype (as
+ * many whole blocks as the last step brought: a prompt's chunk; decoding's token is the policy's
+ * slack), so that the budget bounds what it holds at any time (UINT64_MAX: no bound). */
+static uint64_t aside_bytes(const struct session *s) {
+        return ((uint64_t)s->plan_units + (uint64_t)s->n_layers * (s->last_growth / s->layout.block_tokens)) *
+               s->layout.block_bytes;
+}
+
+uint64_t session_blocks_budget(const struct session *s) {
+        uint64_t b = s->budget_bytes ? s->budget_bytes : UINT64_MAX;
         if (s->cap_bytes && s->cap_bytes < b)
                 b = s->cap_bytes;
-        return b == UINT64_MAX ? b : b > plan ? b - plan : 0;
+        return b == UINT64_MAX ? b : b > aside_bytes(s) ? b - aside_bytes(s) : 0;
 }
 
 /* A per-token-tier session's demand: its plan buffer and every token (and the next) at its
@@ -875,8 +905,9 @@ static uint64_t blocks_budget(const struct session *s) {
 static uint64_t ladder_demand(const struct session *s) {
         uint32_t T = s->layout.block_tokens;
         uint64_t full = (uint64_t)s->plan_units * s->layout.block_bytes;
+        uint32_t next = s->last_growth > 1 ? s->last_growth : 1; /* the next step's room, as bytes_for */
         for (uint32_t l = 0; l < s->n_layers; l++)
-                full += (uint64_t)((s->layers[l].n_tokens + T) / T) * s->layout.block_bytes;
+                full += (uint64_t)((s->layers[l].n_tokens + next + T - 1) / T) * s->layout.block_bytes;
         return s->budget_bytes && s->budget_bytes < full ? s->budget_bytes : full;
 }
 
@@ -923,6 +954,11 @@ int session_reserve(struct kvcd *d, struct session *s, uint32_t n_tokens, Kvc__G
                 return -ENOSPC;
         }
         budget_demand(d, s, bytes_for(s, NULL, n_tokens));
+        /* a session that lowers precision may have a plan in flight kvcd sent unasked (the
+         * arbiter's): its client releases the tails of its tables as it knows them, so no block is
+         * granted under it; the request waits for its PlanApplied */
+        if (s->token_tiers && s->pending_plan_id)
+                return -EINPROGRESS;
         Kvc__Grant *g = grant_new(d, s);
         if (!g)
                 return -ENOMEM;
@@ -977,8 +1013,8 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         return -EPROTO;
                 }
         }
-        if (st->layer_tokens[0] > s->layers[0].n_tokens)
-                s->appended += st->layer_tokens[0] - s->layers[0].n_tokens;
+        s->last_growth = st->layer_tokens[0] > s->layers[0].n_tokens ? st->layer_tokens[0] - s->layers[0].n_tokens : 0;
+        s->appended += s->last_growth;
         for (uint32_t l = 0; l < s->n_layers; l++) {
                 s->layers[l].n_tokens = st->layer_tokens[l];
                 if (st->layer_tokens[l] > s->stats.peak_tokens)
@@ -1018,7 +1054,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         .layer_tokens = live,
                         .n_tiers = s->n_tiers,
                         .tier_block_bytes = s->tier_block_bytes,
-                        .budget_bytes = blocks_budget(s),
+                        .budget_bytes = session_blocks_budget(s),
                 };
                 const struct policy_ops *ops = s->policy->ops;
                 if (ops->observes && ops->observes(s->policy->state, &ps)) {
@@ -1030,9 +1066,10 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                 }
                 uint64_t want;
                 if (s->token_tiers) { /* the policy fits the cap itself, lowering precision first */
+                        s->lowest_bytes = aside_bytes(s) + (ops->lowest_bytes ? ops->lowest_bytes(s->policy->state, &ps) : 0);
                         budget_demand(d, s, ladder_demand(s));
                         budget_arbitrate(d);
-                        ps.budget_bytes = blocks_budget(s);
+                        ps.budget_bytes = session_blocks_budget(s);
                         ops->decide(s->policy->state, &ps, targets);
                         memset(d->scratch.forced, 0, s->n_layers * sizeof(d->scratch.forced[0]));
                         s->link_step = ps;
@@ -1044,6 +1081,8 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         apply_cap(d, s, targets, want);
                 }
                 *ret_plan = plan_build(d, s, &ps, g);
+                /* after this session's plan: the scratch its targets are in is the others' now */
+                plan_shrink_all(d, s);
         }
 
         /* keep room for the next token in the layers no plan is about to shrink */

@@ -175,14 +175,21 @@ static uint64_t layer_budget(const struct ladder *p, const struct policy_step *s
         return b;
 }
 
+/* The bytes a layer keeps aside from the allocation: a block of every tier for the rounding, and
+ * one more of the dtype for the newest tokens (file header). */
+static uint64_t layer_slack(const struct policy_step *st) {
+        uint64_t slack = st->tier_block_bytes[0];
+        for (uint32_t t = 0; t < st->n_tiers; t++)
+                slack += st->tier_block_bytes[t];
+        return slack;
+}
+
 /* A layer of n tokens: how many are protected (sinks and window), and the candidates' split
  * (counts[t]); returns the tokens kept. */
 static uint32_t plan_counts(const struct ladder *p, const struct policy_step *st, uint32_t n,
                             uint32_t counts[POLICY_MAX_TIERS], uint32_t *ret_protected) {
         uint32_t T = p->block_tokens, P = p->sinks + p->window < n ? p->sinks + p->window : n;
-        uint64_t B = layer_budget(p, st), c0 = st->tier_block_bytes[0], slack = c0;
-        for (uint32_t t = 0; t < st->n_tiers; t++)
-                slack += st->tier_block_bytes[t];
+        uint64_t B = layer_budget(p, st), c0 = st->tier_block_bytes[0], slack = layer_slack(st);
         B = B > slack ? B - slack : 0;
         memset(counts, 0, POLICY_MAX_TIERS * sizeof(uint32_t));
         uint64_t protected_cost = ((uint64_t)P * c0 + T - 1) / T;
@@ -310,6 +317,18 @@ static int ladder_select_tiers(void *state, const struct policy_step *st, const 
         return w == k ? 0 : -EINVAL;
 }
 
+static uint64_t ladder_lowest_bytes(const void *state, const struct policy_step *st) {
+        const struct ladder *p = state;
+        uint32_t T = p->block_tokens, last = st->n_tiers - 1;
+        uint64_t bytes = 0;
+        for (uint32_t l = 0; l < p->n_layers; l++) {
+                uint32_t n = st->layer_tokens[l], P = p->sinks + p->window < n ? p->sinks + p->window : n;
+                bytes += layer_slack(st) + ((uint64_t)P * st->tier_block_bytes[0] + T - 1) / T +
+                         ((uint64_t)(n - P) * st->tier_block_bytes[last] + T - 1) / T;
+        }
+        return bytes;
+}
+
 const struct policy_ops policy_ladder_ops = {
         .name = "ladder",
         .reads = POLICY_READS_POS | POLICY_READS_SUM | POLICY_READS_EMA,
@@ -318,4 +337,5 @@ const struct policy_ops policy_ladder_ops = {
         .limits = ladder_limits,
         .decide = ladder_decide,
         .select_tiers = ladder_select_tiers,
+        .lowest_bytes = ladder_lowest_bytes,
 };

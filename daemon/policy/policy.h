@@ -141,6 +141,10 @@ struct policy_ops {
          * demotes, and asks again once the client has applied it). */
         int (*select_tiers)(void *state, const struct policy_step *step, const struct policy_layer *layer,
                             const struct policy_target *target, uint32_t *keep, uint8_t *tier, void *scratch);
+        /* Optional, with token_tiers: the bytes the session's blocks need to keep every token of
+         * step->layer_tokens, each at the lowest tier the policy would send it to (the arbiter
+         * lowers a session's cap to there before it makes anyone evict). */
+        uint64_t (*lowest_bytes)(const void *state, const struct policy_step *step);
 };
 
 struct policy {

@@ -268,7 +268,8 @@ static void conf_with_int8_and_a_4_bit_window_fills_three_tiers(void **state) {
 }
 
 /* The ladder policy under a byte budget: a prompt in chunks of 64, then decoding. After every step
- * (links included) the session holds no more than its budget; while the lowest tier can hold every
+ * (links included), and with the room for the next chunk granted, the session holds no more than
+ * its budget; while the lowest tier can hold every
  * token nothing is evicted, and the sinks and the newest window stay at the dtype; every token reads
  * back within its tier's rounding (each tier in position order). Under a smaller budget it evicts,
  * still within it. */
@@ -294,6 +295,9 @@ static void run_ladder(struct kvc_client *c, uint64_t budget, uint32_t n, bool e
                 if (k > n - 40 - t && t < n - 40)
                         k = n - 40 - t;
                 assert_int_equal(kvc_session_reserve(s, kvc_layer_tokens(s, 0) + k), 0);
+                if (kvc_session_bytes(s) > budget) /* the room for a chunk is left aside */
+                        fail_msg("at %u tokens with room for %u more: %llu bytes over the budget of %llu", t, k,
+                                 (unsigned long long)kvc_session_bytes(s), (unsigned long long)budget);
                 for (uint32_t j = 0; j < k; j++)
                         append(s, t + j);
                 t += k;
@@ -328,9 +332,84 @@ static void ladder_lowers_precision_before_it_evicts_within_its_byte_budget(void
         struct block_layout fl;
         assert_int_equal(block_layout_init(&fl, 16, H, D, BLOCK_DTYPE_F32), 0);
         uint64_t full = (uint64_t)LAYERS * (N / 16 + 1) * fl.block_bytes;
-        run_ladder(c, full * 30 / 100, N, false); /* every token fits at 2 bits: none evicted */
-        run_ladder(c, full * 12 / 100, N, true);  /* not even there: the least important go */
+        run_ladder(c, full * 40 / 100, N, false); /* every token fits at 2 bits: none evicted */
+        run_ladder(c, full * 28 / 100, N, true);  /* not even there: the least important go */
         kvc_disconnect(c);
+}
+
+/* The arbiter's cuts of one round in kvcctl --json metrics' text (its quotes escaped there). */
+static double arbiter_cuts(const char *text, const char *round) {
+        char pat[128];
+        snprintf(pat, sizeof(pat), "kvcd_arbiter_cuts_total{round=\\\"%s\\\"} ", round);
+        const char *at = strstr(text, pat);
+        if (!at)
+                fail_msg("no %s in the metrics", pat);
+        return strtod(at + strlen(pat), NULL);
+}
+
+/* A node oversubscribed 1.2x (16 full caches of 0.9 MiB in 12 MiB): two eviction-only sessions
+ * (window, budgets above what they hold) and 14 ladder sessions, each wanting its full cache,
+ * driven a chunk at a time in turn.
+ * The arbiter lowers the ladders' precision and makes nobody evict: every session keeps every
+ * token, the ladders hold tokens below their dtype, the window sessions hold all of theirs, the
+ * pool never refuses, and the metrics count the cuts as lowering, none as eviction. */
+static void the_arbiter_lowers_precision_before_anyone_evicts(void **state) {
+        const struct daemon *d = *state;
+        struct kvc_client *c = client(d);
+        enum { N = 800, S = 16, LADDERS = 14 };
+        struct block_layout fl;
+        assert_int_equal(block_layout_init(&fl, 16, H, D, BLOCK_DTYPE_F32), 0);
+        uint64_t full = (uint64_t)LAYERS * (N / 16 + 1) * fl.block_bytes;
+        const struct kvc_param params[] = { { "sinks", "4" }, { "window", "32" } };
+        struct kvc_session *s[S];
+        for (uint32_t i = 0; i < S; i++) {
+                bool ladder = i < LADDERS;
+                struct kvc_session_config cfg = {
+                        .geometry = { .n_layers = LAYERS, .n_heads = 4, .n_kv_heads = H, .head_dim = D,
+                                      .dtype = KVC_DTYPE_F32, .max_tokens = 1024 },
+                        .policy = ladder ? "ladder" : "window",
+                        .budget_tokens = ladder ? 0 : 1000,
+                        .params = ladder ? params : NULL,
+                        .n_params = ladder ? 2 : 0,
+                        .tiers = ladder ? "q8,q4,q2" : NULL,
+                        .rotation_seed = 7,
+                        .budget_bytes = ladder ? 2 * full : 0,
+                };
+                assert_int_equal(kvc_session_open(c, &cfg, &s[i]), 0);
+        }
+        make_tokens(N);
+        for (uint32_t t = 0; t < N; t += 64)
+                for (uint32_t i = 0; i < S; i++) {
+                        uint32_t k = N - t < 64 ? N - t : 64;
+                        if (kvc_session_reserve(s[i], t + k) < 0) {
+                                char *st = harness_kvcctl(d, "sessions"), *ss = harness_kvcctl(d, "status");
+                                fail_msg("session %u at %u tokens: %s\n%s\n%s", i, t, kvc_last_error(c), st, ss);
+                        }
+                        for (uint32_t j = 0; j < k; j++)
+                                append(s[i], t + j);
+                        step(c, s[i], t / 64, KVC_PHASE_PREFILL);
+                }
+        for (uint32_t i = 0; i < S; i++) {
+                uint32_t lower = 0;
+                for (uint32_t t = 1; t < kvc_session_tiers(s[i]); t++)
+                        lower += kvc_layer_tier_tokens(s[i], 0, t);
+                assert_int_equal(kvc_layer_tokens(s[i], 0), N); /* nobody evicted */
+                if (i < LADDERS)
+                        assert_true(lower > N / 2);
+        }
+        char *text = harness_kvcctl(d, "metrics");
+        assert_non_null(text);
+        assert_true(arbiter_cuts(text, "lower") >= LADDERS);
+        assert_true(arbiter_cuts(text, "evict") == 0);
+        free(text);
+        for (uint32_t i = 0; i < S; i++)
+                assert_int_equal(kvc_session_close(s[i], NULL), 0);
+        kvc_disconnect(c);
+}
+
+static int setup_node(void **state) {
+        const char *extra[] = { "--capacity", "12M", "--chunk-bytes", "2M", NULL };
+        return harness_group_start(state, extra);
 }
 
 static void unknown_and_rising_tiers_are_refused(void **state) {
@@ -361,6 +440,8 @@ int main(void) {
                 cmocka_unit_test(conf_with_int8_and_a_4_bit_window_fills_three_tiers),
                 cmocka_unit_test(ladder_lowers_precision_before_it_evicts_within_its_byte_budget),
                 cmocka_unit_test(unknown_and_rising_tiers_are_refused),
+                cmocka_unit_test_setup_teardown(the_arbiter_lowers_precision_before_anyone_evicts, setup_node,
+                                                teardown),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
