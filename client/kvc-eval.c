@@ -86,8 +86,11 @@ static void usage(FILE *f) {
                    "  --chunk N              niah: prefill rows per configuration and pass (default 64)\n"
                    "  --threads N            niah: the engine's threads (default: every CPU)\n"
                    "  --seed N               niah: needles and haystacks (default fixed)\n"
-                   "  --dump-tokens          tiers: write the token ids of its documents and needles\n"
-                   "                         (tiers_tokens.txt) and run nothing (bench/tiers-peers.sh)\n"
+                   "  --dump-tokens          tiers, niah: write the token ids of its documents and needles\n"
+                   "                         (tiers_tokens.txt; niah_tokens.txt and niah_questions.txt) and\n"
+                   "                         run nothing (bench/tiers-peers.sh, bench/niah-peers.sh)\n"
+                   "  --suite main|ladder    niah: the families (default main; ladder: window, h2o,\n"
+                   "                         conf-int8 at token budgets and the ladder at byte budgets)\n"
                    "  -h, --help, -V, --version\n");
 }
 
@@ -159,6 +162,7 @@ int main(int argc, char **argv) {
                 { "threads", required_argument, NULL, 'T' },
                 { "seed", required_argument, NULL, 'R' },
                 { "dump-tokens", no_argument, NULL, 'Y' },
+                { "suite", required_argument, NULL, 'U' },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, 'V' },
                 {},
@@ -201,6 +205,13 @@ int main(int argc, char **argv) {
                 case 'T': no.threads = (uint32_t)atoi(optarg); break;
                 case 'R': no.seed = strtoull(optarg, NULL, 0); break;
                 case 'Y': no.dump_tokens = true; break;
+                case 'U':
+                        if (strcmp(optarg, "main") != 0 && strcmp(optarg, "ladder") != 0) {
+                                fprintf(stderr, "kvc-eval: --suite main|ladder\n");
+                                return 2;
+                        }
+                        no.suite = optarg;
+                        break;
                 case 'k': e.tok_path = optarg; break;
                 case 'D': e.data_path = optarg; break;
                 case 'n': e.sequences = (uint32_t)atoi(optarg); break;

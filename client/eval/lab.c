@@ -143,9 +143,13 @@ int lab_session_open(struct niah *n, const struct niah_config *cf, uint32_t prom
                               .n_kv_heads = (uint32_t)mc->n_kv_heads,
                               .head_dim = (uint32_t)(mc->dim / mc->n_heads),
                               .dtype = KVC_DTYPE_F16,
-                              .max_tokens = (uint32_t)mc->seq_len },
+                              .max_tokens = n->max_tokens && n->max_tokens < (uint32_t)mc->seq_len
+                                                    ? n->max_tokens
+                                                    : (uint32_t)mc->seq_len },
                 .policy = cf->fam ? cf->fam->policy : "full",
                 .budget_tokens = cf->budget,
+                .budget_bytes = cf->budget_bytes,
+                .tiers = cf->fam ? cf->fam->tiers : NULL,
                 .params = cf->params,
                 .n_params = cf->fam ? cf->fam->n_params : 0,
                 .prompt_tokens = prompt_tokens,
@@ -168,18 +172,14 @@ uint32_t lab_chunk(struct kvc_session *const *ss, uint32_t n_sessions, uint32_t 
         return k ? k : 1;
 }
 
+/* What kvcd charges the session now (every tier's blocks and its plan buffer), and the tokens a
+ * layer holds on average. */
 static double charged_bytes(struct kvc_session *s, uint32_t n_layers, double *ret_tokens) {
-        double b = 0, t = 0;
-        for (uint32_t l = 0; l < n_layers; l++) {
-                struct kvc_layer_view v;
-                if (kvc_layer_view(s, l, &v) < 0)
-                        continue;
-                b += (double)v.n_blocks * (double)v.block_bytes +
-                     (double)v.n_q8_blocks * (double)v.q8_block_bytes;
-                t += v.n_tokens;
-        }
+        double t = 0;
+        for (uint32_t l = 0; l < n_layers; l++)
+                t += kvc_layer_tokens(s, l);
         *ret_tokens = t / n_layers;
-        return b;
+        return (double)kvc_session_bytes(s);
 }
 
 void held_add(struct kvc_session *s, uint32_t n_layers, uint32_t k, double *charged, double *tokens) {

@@ -31,6 +31,8 @@ struct niah_family {
         const char *label, *policy;
         const char *keys[3], *values[3];
         size_t n_params;
+        const char *tiers; /* the session's tiers below FP16 (the ladder), NULL: none */
+        bool bytes;        /* the fraction is of the full cache's bytes (a byte budget), not of its tokens */
 };
 
 struct niah_config {
@@ -38,6 +40,7 @@ struct niah_config {
         const struct niah_family *fam; /* NULL: the full cache */
         double fraction;
         uint32_t budget;
+        uint64_t budget_bytes; /* the family's fraction of the full cache's bytes, with fam->bytes */
         struct kvc_param params[3];
         char value_buf[3][24]; /* parameter values computed per configuration (params[i].value may
                                   point here) */
@@ -58,6 +61,7 @@ struct niah {
         uint64_t rng;
         const char *task; /* lab_open's */
         bool local;       /* the task keeps its caches in process: lab_open connects to no kvcd */
+        uint32_t max_tokens; /* the positions of the current sequence (sessions' max_tokens), 0: the model's */
         double t0, rows_done, rows_total, last_progress;
 };
 
