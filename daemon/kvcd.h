@@ -38,7 +38,7 @@ struct prefix_block;
 struct restart;
 struct events;
 
-#define KVCD_VERSION                 "0.2.0"
+#define KVCD_VERSION                 "0.3.0"
 #define KVCD_MAX_CLIENTS             256u
 #define KVCD_MAX_SESSIONS            4096u
 #define KVCD_MAX_SESSIONS_PER_CLIENT 1024u
@@ -181,6 +181,7 @@ struct session {
         bool token_tiers;                          /* the policy gives each kept token its tier */
         uint64_t tier_offset;                      /* their bytes, from the plan buffer's start */
         uint64_t tier_block_bytes[LADDER_TIERS];   /* tiers[t].block_bytes, as policies take them */
+        uint8_t tier_bits[LADDER_TIERS];           /* and their bits per value */
         uint64_t budget_bytes;                     /* OpenSession.budget_bytes (0: none) */
         struct policy_step link_step;              /* the step a link of a per-token demotion asks
                                                       the policy with (layer_tokens not kept) */

@@ -457,8 +457,10 @@ static int session_create(struct kvcd *d, struct client *c, const Kvc__OpenSessi
                 return -EINVAL;
         }
         s->token_tiers = lim.token_tiers;
-        for (uint32_t t = 0; t < s->n_tiers; t++)
+        for (uint32_t t = 0; t < s->n_tiers; t++) {
                 s->tier_block_bytes[t] = s->tiers[t].block_bytes;
+                s->tier_bits[t] = (uint8_t)block_dtype_bits(s->tiers[t].dtype);
+        }
         if (s->tier_window && s->n_tiers < 2) {
                 snprintf(why, why_len, "tier_window needs a tier below the dtype (OpenSession.tiers)");
                 session_free(s);
@@ -1054,6 +1056,7 @@ int session_step(struct kvcd *d, struct session *s, const Kvc__Step *st, Kvc__Pl
                         .layer_tokens = live,
                         .n_tiers = s->n_tiers,
                         .tier_block_bytes = s->tier_block_bytes,
+                        .tier_bits = s->tier_bits,
                         .budget_bytes = session_blocks_budget(s),
                 };
                 const struct policy_ops *ops = s->policy->ops;

@@ -31,7 +31,7 @@
 extern "C" {
 #endif
 
-#define KVC_VERSION "0.2.0"
+#define KVC_VERSION "0.3.0"
 
 enum kvc_dtype {
         KVC_DTYPE_F32 = 1,

@@ -155,12 +155,10 @@ void ladder_allocate(const uint64_t *cost, uint32_t n_tiers, uint32_t T, uint64_
         }
 }
 
-/* The tier holding about bulk_bits bits: the highest whose block costs at most (bits + 2) / 16 of
- * the dtype's (the scales and the score arrays ride on every tier: a q4 block is a third of an f16
- * one, a q8 block over half), else the lowest. */
+/* The tier of the bulk: the highest with at most bulk_bits bits a value, else the lowest. */
 static uint32_t bulk_tier(const struct ladder *p, const struct policy_step *st) {
-        for (uint32_t t = 1; t < st->n_tiers; t++)
-                if (st->tier_block_bytes[t] * 16u <= st->tier_block_bytes[0] * (p->bulk_bits + 2u))
+        for (uint32_t t = 1; st->tier_bits && t < st->n_tiers; t++)
+                if (st->tier_bits[t] <= p->bulk_bits)
                         return t;
         return st->n_tiers - 1;
 }

@@ -64,6 +64,7 @@ struct policy_step {
          * arbiter's cap, the lower, less its plan buffer (UINT64_MAX: no limit in bytes). */
         uint32_t n_tiers;
         const uint64_t *tier_block_bytes;
+        const uint8_t *tier_bits; /* each tier's bits per value (tier 0: the dtype's) */
         uint64_t budget_bytes;
 };
 

@@ -1,7 +1,7 @@
 /* test_libkvc.c: libkvc as a library others link. A small program (tests/lib/kvc-hello.c) that
  * includes <kvc.h> alone is built twice and run against a real kvcd each time:
  *   - against the build tree ($KVC_BUILD/lib, -lkvc): the loader must find libkvc's soname there
- *     (libkvc.so.0, a link to libkvc.so.0.2.0), or the program does not start;
+ *     (libkvc.so.0, a link to libkvc.so.0.3.0), or the program does not start;
  *   - against `make install DESTDIR=...`, with the flags `pkg-config --cflags --libs kvc` gives for
  *     that copy (PKG_CONFIG_SYSROOT_DIR), and run with only that copy on the loader's path.
  * The layout of the names (file, soname link, link-time link) and the soname in the ELF header are
@@ -58,10 +58,10 @@ static const char *cc(void) {
 
 /* The three names of libkvc in dir: the links point where they should, the soname is .so.0. */
 static void assert_layout(const char *dir) {
-        char *out = sh("readlink %s/libkvc.so && readlink %s/libkvc.so.0 && test -f %s/libkvc.so.0.2.0 && "
-                       "LC_ALL=C readelf -d %s/libkvc.so.0.2.0 | sed -n 's/.*SONAME.*\\[\\(.*\\)\\]/\\1/p'",
+        char *out = sh("readlink %s/libkvc.so && readlink %s/libkvc.so.0 && test -f %s/libkvc.so.0.3.0 && "
+                       "LC_ALL=C readelf -d %s/libkvc.so.0.3.0 | sed -n 's/.*SONAME.*\\[\\(.*\\)\\]/\\1/p'",
                        dir, dir, dir, dir);
-        assert_string_equal(out, "libkvc.so.0\nlibkvc.so.0.2.0\nlibkvc.so.0\n");
+        assert_string_equal(out, "libkvc.so.0\nlibkvc.so.0.3.0\nlibkvc.so.0\n");
         free(out);
 }
 
@@ -120,7 +120,7 @@ static void a_program_built_with_pkg_config_against_an_install_runs(void **state
         char env[sizeof(tmp) + sizeof(lib) + 64];
         snprintf(env, sizeof(env), pc, tmp, lib);
         char *version = sh("%s pkg-config --modversion kvc", env);
-        assert_string_equal(version, "0.2.0\n");
+        assert_string_equal(version, "0.3.0\n");
         free(version);
         char *flags = sh("%s pkg-config --cflags --libs kvc", env);
         char want[sizeof(tmp) * 2 + 64];

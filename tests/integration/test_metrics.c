@@ -284,7 +284,7 @@ static void endpoint_and_kvcctl_metrics_pass_promtool_and_hold_the_series(void *
         assert_true(sample(m, "kvcd_sessions") == 2);
         assert_true(sample(m, "kvcd_requests_waiting_for_memory") == 0);
         assert_true(sample(m, "kvcd_prefix_lookups_total") == 0);
-        assert_non_null(strstr(m, "\nkvcd_build_info{version=\"0.2.0\",compiler=\""));
+        assert_non_null(strstr(m, "\nkvcd_build_info{version=\"0.3.0\",compiler=\""));
         assert_true(sample(m, "kvcd_backend_info{backend=\"host\"}") == 1);
         double start = sample(m, "kvcd_start_time_seconds");
         assert_true(start > (double)time(NULL) - 600 && start <= (double)time(NULL) + 1);

@@ -19,6 +19,7 @@
 /* Block costs of an f16 dtype and q8, q4, q2 tiers for one KV head of 64 dims (bytes per 16
  * tokens, side arrays included): the shape of kernels/tier.h's, exactly as the policy sees them. */
 static const uint64_t cost4[] = { 4416, 2496, 1536, 1024 };
+static const uint8_t bits4[] = { 16, 8, 4, 2 };
 
 static uint64_t spent(const uint64_t *cost, const uint32_t *n, uint32_t tiers) {
         uint64_t b = 0;
@@ -148,6 +149,7 @@ static struct policy_step step_of(const uint32_t *tokens, uint64_t budget_bytes)
                                      .layer_tokens = tokens,
                                      .n_tiers = 4,
                                      .tier_block_bytes = cost4,
+                                     .tier_bits = bits4,
                                      .budget_bytes = budget_bytes };
 }
 

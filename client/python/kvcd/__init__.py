@@ -27,6 +27,7 @@ from .client import (
     Summary,
     connect,
     default_runtime_dir,
+    full_cache_bytes,
     summarize,
 )
 from .errors import (
@@ -52,11 +53,12 @@ from .errors import (
 from ._lib import LibraryNotFound
 from . import admin
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "Block", "Client", "Geometry", "Handoff", "LayerView", "Session", "SessionStats", "Summary",
-    "admin", "connect", "default_runtime_dir", "summarize", "error_for", "LibraryNotFound",
+    "admin", "connect", "default_runtime_dir",
+    "full_cache_bytes", "summarize", "error_for", "LibraryNotFound",
     "KvcError", "KvcAlready", "KvcBusy", "KvcDtypeError", "KvcInvalid", "KvcMessageSize", "KvcNoDevice",
     "KvcNoSpace", "KvcNotConnected", "KvcNotFound", "KvcNotPermitted", "KvcNotSupported", "KvcPermission",
     "KvcProtocol", "KvcShutdown", "KvcStale", "KvcTimeout",

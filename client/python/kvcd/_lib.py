@@ -92,6 +92,7 @@ class SessionConfig(Structure):
         ("model_id", c_char_p),
         ("tiers", c_char_p),
         ("rotation_seed", c_uint64),
+        ("budget_bytes", c_uint64),
     ]
 
 
@@ -164,6 +165,9 @@ _PROTOTYPES = {
     "kvc_session_tiers": (c_uint32, [_session_p]),
     "kvc_session_tier_name": (c_char_p, [_session_p, c_uint32]),
     "kvc_layer_tier_tokens": (c_uint32, [_session_p, c_uint32, c_uint32]),
+    "kvc_session_bytes": (c_uint64, [_session_p]),
+    "kvc_session_budget_bytes": (c_uint64, [_session_p]),
+    "kvc_full_cache_bytes": (c_uint64, [POINTER(CGeometry), c_uint32]),
     "kvc_layer_view": (c_int, [_session_p, c_uint32, POINTER(CLayerView)]),
     "kvc_layer_gather": (c_int, [_session_p, c_uint32, c_uint32, c_uint32, c_uint32, _f32_p, _f32_p]),
     "kvc_pool_is_device": (c_int, [_client_p]),

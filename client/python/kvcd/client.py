@@ -442,6 +442,16 @@ class Session(_Closes):
         lib, p = _lib.load(), self._p()
         return [lib.kvc_session_tier_name(p, t).decode() for t in range(lib.kvc_session_tiers(p))]
 
+    @property
+    def bytes(self) -> int:
+        """The bytes kvcd charges the session now: every tier's blocks and its plan buffer."""
+        return int(_lib.load().kvc_session_bytes(self._p()))
+
+    @property
+    def budget_bytes(self) -> int:
+        """The byte budget in force (0: none)."""
+        return int(_lib.load().kvc_session_budget_bytes(self._p()))
+
     def tier_tokens(self, layer: int) -> Dict[str, int]:
         """How many of the layer's tokens each tier holds, by tier name."""
         self._layer(layer)
@@ -628,6 +638,16 @@ class Session(_Closes):
         return self._final
 
 
+def full_cache_bytes(geometry: Geometry, n_tokens: int, fraction: float = 1.0) -> int:
+    """``fraction`` of the bytes kvcd charges for ``n_tokens`` tokens in every layer at the
+    geometry's dtype (whole 16-token blocks): what a byte budget is a fraction of."""
+    g = geometry._c()
+    full = int(_lib.load().kvc_full_cache_bytes(ctypes.byref(g), _u32("n_tokens", n_tokens)))
+    if not full:
+        raise KvcInvalid(22, "kvcd would refuse this geometry")
+    return int(fraction * full)
+
+
 class Client(_Closes):
     """One connection to kvcd (kvcd.connect). A context manager; close() closes every session."""
 
@@ -701,7 +721,8 @@ class Client(_Closes):
                      prompt_tokens: int = 0, prompt_token_ids: Optional[Iterable[int]] = None,
                      share_prefix: bool = False, model_id: Optional[str] = None, min_bytes: int = 0,
                      max_bytes: int = 0, priority: int = 0, handoff: bool = False,
-                     tiers: Optional[Iterable[str]] = None, rotation_seed: int = 0) -> Session:
+                     tiers: Optional[Iterable[str]] = None, rotation_seed: int = 0, budget_bytes: int = 0,
+                     budget_fraction: Optional[float] = None) -> Session:
         """Opens a session: ``policy`` ("full", "window", "h2o", "conf", ... docs/policies.md)
         with ``budget`` tokens per layer (0: the policy's default) and its ``params`` (numbers or
         words); ``tenant`` (None: the default); ``prompt_tokens`` / ``prompt_token_ids`` the
@@ -710,7 +731,10 @@ class Client(_Closes):
         "Budgets"); ``handoff`` lets the session be exported; ``tiers`` the precision ladder's
         tiers below the dtype, highest first (``["q4"]``, ``["q8", "q4"]``: docs/protocol.md,
         "Tiers"; with ``params={"tier_window": N}`` every token but the newest N at the lowest)
-        and ``rotation_seed`` the seed of the rotated tiers."""
+        and ``rotation_seed`` the seed of the rotated tiers. ``budget_bytes`` a byte budget for the
+        whole cache as kvcd charges it, or ``budget_fraction`` one as a fraction of the full cache
+        of ``geometry.max_tokens`` tokens (docs/policies.md, "Byte budgets": the ``ladder`` policy
+        fits it by lowering precision first; token policies get the tokens it buys)."""
         if not isinstance(geometry, Geometry):
             raise KvcDtypeError(22, f"geometry must be a kvcd.Geometry, not {type(geometry).__name__}")
         cfg = _lib.SessionConfig()
@@ -769,6 +793,12 @@ class Client(_Closes):
                 raise KvcDtypeError(22, f"tiers must be names such as 'q4', not {names!r}")
             cfg.tiers = _bytes(",".join(names), "tiers") if names else None
         cfg.rotation_seed = _u64("rotation_seed", rotation_seed)
+        cfg.budget_bytes = _u64("budget_bytes", budget_bytes)
+        if budget_fraction is not None:
+            if budget_bytes or isinstance(budget_fraction, bool) or not isinstance(budget_fraction, (int, float)) \
+                    or not 0 < budget_fraction <= 1e6:
+                raise KvcInvalid(22, "budget_fraction: a number above 0 (and not with budget_bytes)")
+            cfg.budget_bytes = full_cache_bytes(geometry, geometry.max_tokens, budget_fraction)
         out = ctypes.c_void_p()
         with self._lock:
             self._check(_lib.load().kvc_session_open(self._p(), ctypes.byref(cfg), ctypes.byref(out)),

@@ -333,6 +333,32 @@ def test_window_plans_keep_the_most_recent_tokens_within_the_limit(client, admin
     assert s.stats() == final
 
 
+def test_the_ladder_keeps_a_byte_budget_by_lowering_precision(client):
+    g = kvcd.Geometry(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, max_tokens=640)
+    full = kvcd.full_cache_bytes(g, 640)
+    assert full == kvcd.full_cache_bytes(g, 640, 1.0) and kvcd.full_cache_bytes(g, 640, 0.5) == full // 2
+    rng = np.random.default_rng(27)
+    with client.open_session(g, policy="ladder", tiers=["q8", "q4", "q2"], budget_fraction=0.4,
+                             params={"sinks": 4, "window": 32}) as s:
+        assert s.budget_bytes == int(0.4 * full)
+        keys, values = kv(rng, 640, g)
+        for t in range(0, 640, 64):  # a prompt in chunks: kvcd plans between them
+            s.reserve(t + 64)
+            for i in range(t, t + 64):
+                for layer in range(g.n_layers):
+                    s.append(layer, i, keys[i], values[i])
+            s.step(t // 64, rng.standard_normal(50).astype(np.float32), phase="prefill")
+            client.flush()
+            assert s.bytes <= s.budget_bytes
+        tiers = s.tier_tokens(0)
+        assert sum(tiers.values()) == 640  # nothing evicted: lowered instead
+        assert tiers["f32"] >= 36 and tiers["q8"] + tiers["q4"] + tiers["q2"] > 300
+    with pytest.raises(kvcd.KvcInvalid):
+        client.open_session(g, policy="ladder", tiers=["q4"], budget_fraction=-1)
+    with pytest.raises(kvcd.KvcInvalid):
+        client.open_session(g, policy="ladder", budget_bytes=1 << 20)  # no tiers to lower to
+
+
 def test_a_session_with_tiers_keeps_its_window_and_reads_every_tier_back(client, admin):
     g = kvcd.Geometry(n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, max_tokens=256)
     rng = np.random.default_rng(26)

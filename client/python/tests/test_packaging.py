@@ -24,7 +24,7 @@ def test_the_package_builds_a_wheel_and_installs_offline(tmp_path):
     subprocess.run(PIP + ["wheel", "--no-build-isolation", "--no-deps", "--no-index", "-q", "-w", str(wheels), str(src)],
                    check=True, timeout=120)
     (whl,) = wheels.iterdir()
-    assert whl.name.startswith("kvcd-0.2.0-py3-none-any")
+    assert whl.name.startswith("kvcd-0.3.0-py3-none-any")
     names = set(zipfile.ZipFile(whl).namelist())
     for f in ("__init__.py", "_lib.py", "client.py", "errors.py", "admin.py", "py.typed"):
         assert f"kvcd/{f}" in names
