@@ -40,7 +40,7 @@ static const char *const score_words[] = { "sum", "ema", NULL };
 #define MAX_LAYERS     256u /* proto/wire.h's WIRE_MAX_LAYERS */
 #define DEFAULT_BUDGET 256u
 #define DEFAULT_SINKS  4u
-#define DEFAULT_WINDOW 64u
+#define DEFAULT_WINDOW 32u
 
 struct ladder {
         uint32_t budget; /* tokens per layer at the dtype, when no bytes are given */
