@@ -2,8 +2,9 @@
 # client/demo.sh BUILD: the main job, end to end on the host backend. Starts kvcd in a temporary
 # runtime directory; two kvc-run processes chat with SmolLM2 ($KVC_SMOLLM2) through it under the
 # same system prompt (the second attaches the first's published prompt blocks), one with the full
-# cache, one with CONF-KV under a budget, with kvcctl status and sessions while they run; then the
-# tiny stories260K with the window and conf policies, how the cache size moved, and kvcd's status;
+# cache, one with CONF-KV under a budget, with kvcctl status and sessions while they run; a needle in
+# a haystack through the window and through the ladder (issue 27) at the same bytes, kvcctl top
+# showing the ladder's bits per value; then the tiny stories260K with the window and conf policies, how the cache size moved, and kvcd's status;
 # then stops kvcd with SIGTERM.
 set -euo pipefail
 build=${1:-build}
@@ -64,6 +65,43 @@ fold -s -w 100 "$dir/a.txt" | sed 's/^/  /'
 echo "== B answered (the cache size per layer every 40 steps, and what kvcd charged, below):"
 fold -s -w 100 "$dir/b.txt" | sed 's/^/  /'
 sed 's/^/  /' "$dir/b.err"
+echo
+
+# the precision ladder (issue 27): one haystack of TinyStories with a needle, the same prompt at
+# the same bytes through the window and through the ladder
+frac=${KVC_DEMO_LADDER_FRAC:-0.30}
+data=${KVC_DEMO_DATA:-../shared/data/tinystories/validation-sample.txt}
+awk 'BEGIN { RS = ""; ORS = "\n\n" } NR > 400 { print }' "$data" | head -c 6000 >"$dir/hay.txt"
+{
+        printf 'Read the text below. Somewhere in it is a secret code.\n\n'
+        head -c 2500 "$dir/hay.txt"
+        printf ' The secret code of the blue door is 4721. '
+        tail -c +2501 "$dir/hay.txt"
+        printf '\n\nQuestion: what is the secret code of the blue door? Answer with the number only.'
+} >"$dir/needle.txt"
+needle() { # POLICY-ARGS...: the answer, and kvcd's accounting line
+        "$bin/kvc-run" --socket "$dir/run" --model "$model" --threads 2 --dtype f16 --prefill-chunk 32 \
+                --chat "$(cat "$dir/needle.txt")" -n 1560 --trace 100000 "$@" 2>"$dir/needle.err"
+}
+echo "== The precision ladder: a needle (\"The secret code of the blue door is 4721.\") in ~1,500 tokens"
+echo "   of stories, prefilled in chunks of 32 (the policy plans before it sees the question), at"
+echo "   $frac of the full FP16 cache's bytes:"
+echo
+printf '   %-44s %s\n' "full cache (reference):" "$(needle | tail -1)"
+printf '   %-44s %s\n' "window at $frac of the bytes:" "$(needle --policy window --budget-frac "$frac" | tail -1)"
+grep '^kvcd accounting' "$dir/needle.err" | sed 's/^/     /'
+"$bin/kvc-run" --socket "$dir/run" --model "$model" --threads 2 --dtype f16 --prefill-chunk 32 \
+        --chat "$(cat "$dir/needle.txt")" -n 1560 --trace 100000 --policy ladder --tiers q8,q4,q2 \
+        --budget-frac "$frac" --stop-at 1500 >"$dir/ladder.txt" 2>"$dir/ladder.err" &
+l=$!
+for _ in $(seq 600); do [ "$(ps -o stat= -p "$l" 2>/dev/null | cut -c1)" = T ] && break; sleep 0.1; done
+echo
+echo "   kvcctl top while the ladder holds the prompt (BITS: the bits per value it holds):"
+ctl top -n 1 | sed 's/^/     /'
+kill -CONT "$l"
+wait "$l" || { cat "$dir/ladder.err" >&2; exit 1; }
+printf '   %-44s %s\n' "ladder (q8, q4, q2 by importance) at $frac:" "$(tail -1 "$dir/ladder.txt")"
+grep '^kvcd accounting' "$dir/ladder.err" | sed 's/^/     /'
 echo
 
 budget=64
