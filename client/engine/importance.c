@@ -27,11 +27,13 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "text.h"
 #include "threads.h"
 
-#define RECON_ROW_TILE 8u /* rows of one task */
+#define RECON_ROW_TILE 8u  /* rows of one task */
+#define RECON_KEY_TILE 64u /* slots whose logits are computed together */
 #define INSTR_MAX      64u
 
 struct recon {
@@ -43,12 +45,15 @@ struct recon {
         int pos0;               /* the pass's first position */
         uint32_t *nc;           /* [n_layers] cached slots when the pass began */
         uint32_t nc_cap;        /* slots the buffers below hold */
+        uint32_t kt_cap;        /* nc_cap + cap_rows: keys of a head, cached and the pass's own */
         uint32_t n_cached_layers; /* layers gathered at once: 1 or n_layers */
         int *tag;               /* [n_cached_layers] the layer each gathered slot holds, -1 none */
-        float *ck, *cv;         /* [n_cached_layers][n_kv][nc_cap][D] */
+        float *kt;              /* [n_cached_layers][n_kv][D][kt_cap] keys, transposed */
+        float *cv;              /* [n_cached_layers][n_kv][nc_cap][D] values */
         float *best;            /* [n_layers][n_kv][nc_cap] the largest probability of each slot */
         float *tbest;           /* [threads][n_kv][nc_cap] a thread's maxima of one call */
-        float *tscratch;        /* [threads][nc_cap + cap_rows] a thread's row of logits */
+        float *tscratch;        /* [threads][RECON_ROW_TILE * group][kt_cap] a thread's logits */
+        float *gathered;        /* [n_kv][nc_cap][D] keys as the store gives them */
         struct threads *pool;
         uint32_t n_threads;
         void *store_ctx;
@@ -70,6 +75,7 @@ struct importance {
         size_t n_first, n_later, n_suffix;
         int quote[IMPORTANCE_QUOTE];
         uint32_t n_quote;
+        double seconds; /* spent beyond the chunks' own passes */
         struct recon r;
 };
 
@@ -178,8 +184,9 @@ struct importance *importance_free(struct importance *imp) {
         free(r->own_n);
         free(r->nc);
         free(r->tag);
-        free(r->ck);
+        free(r->kt);
         free(r->cv);
+        free(r->gathered);
         free(r->best);
         free(r->tbest);
         free(r->tscratch);
@@ -193,6 +200,16 @@ struct importance *importance_free(struct importance *imp) {
 
 enum importance_kind importance_kind(const struct importance *imp) {
         return imp->kind;
+}
+
+double importance_seconds(const struct importance *imp) {
+        return imp->seconds;
+}
+
+static double now(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 uint32_t importance_max_rows(const struct importance *imp) {
@@ -249,19 +266,23 @@ static int reserve_slots(struct importance *imp, uint32_t n) {
         int e = 0;
         if (imp->kind == IMPORTANCE_KIND_RECON) {
                 struct recon *r = &imp->r;
-                size_t gathered = (size_t)r->n_cached_layers * H * cap * r->D;
-                e = ensure(&r->ck, gathered);
+                uint32_t kt_cap = (cap + r->cap_rows + RECON_KEY_TILE - 1) / RECON_KEY_TILE * RECON_KEY_TILE;
+                size_t per_layer = H * kt_cap * r->D;
+                e = ensure(&r->kt, (size_t)r->n_cached_layers * per_layer);
                 if (e == 0)
-                        e = ensure(&r->cv, gathered);
+                        e = ensure(&r->cv, (size_t)r->n_cached_layers * per_layer);
+                if (e == 0)
+                        e = ensure(&r->gathered, H * cap * r->D);
                 if (e == 0)
                         e = ensure(&r->best, L * H * cap);
                 if (e == 0)
                         e = ensure(&r->tbest, (size_t)r->n_threads * H * cap);
                 if (e == 0)
-                        e = ensure(&r->tscratch, (size_t)r->n_threads * (cap + r->cap_rows));
+                        e = ensure(&r->tscratch, (size_t)r->n_threads * RECON_ROW_TILE * r->group * kt_cap);
                 if (e < 0)
                         return e;
                 r->nc_cap = cap;
+                r->kt_cap = kt_cap;
         }
         /* the snapshot keeps its contents: it is only grown before it is filled */
         e = ensure(&imp->snap, L * H * cap);
@@ -274,20 +295,23 @@ static int reserve_slots(struct importance *imp, uint32_t n) {
 
 /* ---- the recon pass's cache: model_cache_ops over its own rows and the gathered session ---- */
 
-static float dot(const float *a, const float *b, uint32_t n) {
-        float acc[8] = { 0 };
-        uint32_t i = 0;
-        for (; i + 8 <= n; i += 8)
-                for (uint32_t k = 0; k < 8; k++)
-                        acc[k] += a[i + k] * b[i + k];
-        float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-        for (; i < n; i++)
-                s += a[i] * b[i];
-        return s;
+/* y += a x over a constant count, restrict: loops -O2's vectorizer takes (it refuses a count it
+ * does not know, and pointers that may overlap). */
+static inline void axpy8(float *restrict y, float a, const float *restrict x) {
+        for (uint32_t k = 0; k < 8; k++)
+                y[k] += a * x[k];
 }
 
-static void axpy(float *y, float a, const float *x, uint32_t n) {
-        for (uint32_t i = 0; i < n; i++)
+static inline void axpy_tile(float *restrict y, float a, const float *restrict x) {
+        for (uint32_t k = 0; k < RECON_KEY_TILE; k++)
+                y[k] += a * x[k];
+}
+
+static inline void axpy(float *y, float a, const float *x, uint32_t n) {
+        uint32_t i = 0;
+        for (; i + 8 <= n; i += 8)
+                axpy8(y + i, a, x + i);
+        for (; i < n; i++)
                 y[i] += a * x[i];
 }
 
@@ -305,35 +329,39 @@ static int recon_store(void *ctx, int layer, int pos, const float *k, const floa
         return 0;
 }
 
-/* The gathered keys and values of a layer ([n_kv][nc_cap][D] each), read when not held. */
-static int gathered(struct recon *r, uint32_t layer, const float **ret_k, const float **ret_v) {
-        uint32_t at = layer % r->n_cached_layers;
-        size_t off = (size_t)at * r->n_kv * r->nc_cap * r->D;
+/* A layer's keys transposed ([n_kv][D][kt_cap]: the cached slots, then the pass's rows stored so
+ * far) and its cached values ([n_kv][nc_cap][D]); the cached part read when not held. */
+static int layer_keys(struct recon *r, uint32_t layer, const float **ret_kt, const float **ret_cv) {
+        uint32_t at = layer % r->n_cached_layers, nc = r->nc[layer], D = r->D;
+        float *kt = r->kt + (size_t)at * r->n_kv * D * r->kt_cap, *cv = r->cv + (size_t)at * r->n_kv * D * r->kt_cap;
         if (r->tag[at] != (int)layer) {
-                uint32_t n = r->nc[layer];
-                float *k = r->ck + off, *v = r->cv + off;
-                if (n) { /* the store's layout has rows of n a head; spread to nc_cap a head */
-                        int e = r->store->gather(r->store_ctx, layer, n, k, v);
-                        if (e < 0)
-                                return e;
-                        for (uint32_t h = r->n_kv; h-- > 1;) {
-                                memmove(k + (size_t)h * r->nc_cap * r->D, k + (size_t)h * n * r->D,
-                                        (size_t)n * r->D * sizeof(float));
-                                memmove(v + (size_t)h * r->nc_cap * r->D, v + (size_t)h * n * r->D,
-                                        (size_t)n * r->D * sizeof(float));
-                        }
-                }
+                /* the store's layout, [n_kv][nc][D] each: the values in place, spread to nc_cap rows
+                 * a head (the last head first: nothing is overwritten), the keys transposed */
+                int e = nc ? r->store->gather(r->store_ctx, layer, nc, r->gathered, cv) : 0;
+                if (e < 0)
+                        return e;
+                for (uint32_t h = r->n_kv; h-- > 1;)
+                        memmove(cv + (size_t)h * r->nc_cap * D, cv + (size_t)h * nc * D, (size_t)nc * D * sizeof(float));
+                for (uint32_t h = 0; h < r->n_kv; h++)
+                        for (uint32_t t = 0; t < nc; t++)
+                                for (uint32_t c = 0; c < D; c++)
+                                        kt[((size_t)h * D + c) * r->kt_cap + t] = r->gathered[((size_t)h * nc + t) * D + c];
                 r->tag[at] = (int)layer;
         }
-        *ret_k = r->ck + off;
-        *ret_v = r->cv + off;
+        const float *own = r->own_k + (size_t)layer * r->cap_rows * r->kv_dim;
+        for (uint32_t h = 0; h < r->n_kv; h++) /* the pass's rows, after the cached slots */
+                for (uint32_t t = 0; t < r->own_n[layer]; t++)
+                        for (uint32_t c = 0; c < D; c++)
+                                kt[((size_t)h * D + c) * r->kt_cap + nc + t] = own[(size_t)t * r->kv_dim + h * D + c];
+        *ret_kt = kt;
+        *ret_cv = cv;
         return 0;
 }
 
 struct recon_job {
         struct recon *r;
         uint32_t layer, first, n; /* rows [first, first + n) of the pass */
-        const float *q, *ck, *cv;
+        const float *q, *kt, *cv;
         float *out;
         uint32_t n_tiles;
         atomic_uint next;
@@ -341,41 +369,47 @@ struct recon_job {
 
 /* Rows [r0, r1) of the pass attend for KV head g: every query head of its group, over the cached
  * slots and the pass's rows up to their own, exactly; the probabilities of the cached slots go
- * into best (this thread's maxima). */
+ * into best (this thread's maxima). The logits of all the tile's queries are computed together,
+ * a tile of keys at a time (s[query][slot] += q[c] * k[c][slot]: each key read once for them
+ * all, loops the compiler vectorizes); then each query's softmax and output, on its own. */
 static void recon_rows(struct recon_job *j, uint32_t g, uint32_t r0, uint32_t r1, float *s, float *best) {
         struct recon *r = j->r;
-        uint32_t nc = r->nc[j->layer], D = r->D;
-        const float *ck = j->ck + (size_t)g * r->nc_cap * D, *cv = j->cv + (size_t)g * r->nc_cap * D;
-        const float *ok = r->own_k + (size_t)j->layer * r->cap_rows * r->kv_dim + (size_t)g * D;
+        uint32_t nc = r->nc[j->layer], D = r->D, G = r->group, nq = (r1 - r0) * G, n_max = nc + r1;
+        const float *kt = j->kt + (size_t)g * D * r->kt_cap, *cv = j->cv + (size_t)g * r->nc_cap * D;
         const float *ov = r->own_v + (size_t)j->layer * r->cap_rows * r->kv_dim + (size_t)g * D;
         float scale = 1.0f / sqrtf((float)D);
-        for (uint32_t i = r0; i < r1; i++) {
-                uint32_t row = i - j->first, n = nc + i + 1;
-                for (uint32_t a = 0; a < r->group; a++) {
-                        uint32_t qh = g * r->group + a;
-                        const float *q = j->q + (size_t)row * r->n_heads * D + (size_t)qh * D;
-                        float *o = j->out + (size_t)row * r->n_heads * D + (size_t)qh * D;
-                        float m = -INFINITY, l = 0.0f;
-                        for (uint32_t t = 0; t < nc; t++)
-                                s[t] = dot(q, ck + (size_t)t * D, D) * scale;
-                        for (uint32_t t = 0; t <= i; t++)
-                                s[nc + t] = dot(q, ok + (size_t)t * r->kv_dim, D) * scale;
-                        for (uint32_t t = 0; t < n; t++)
-                                m = s[t] > m ? s[t] : m;
-                        for (uint32_t t = 0; t < n; t++) {
-                                s[t] = expf(s[t] - m);
-                                l += s[t];
+        for (uint32_t t0 = 0; t0 < n_max; t0 += RECON_KEY_TILE) { /* whole tiles: kt_cap is a multiple */
+                for (uint32_t x = 0; x < nq; x++)
+                        memset(s + (size_t)x * r->kt_cap + t0, 0, RECON_KEY_TILE * sizeof(float));
+                for (uint32_t c = 0; c < D; c++) {
+                        const float *kc = kt + (size_t)c * r->kt_cap + t0;
+                        for (uint32_t x = 0; x < nq; x++) {
+                                uint32_t row = r0 + x / G - j->first, qh = g * G + x % G;
+                                axpy_tile(s + (size_t)x * r->kt_cap + t0, j->q[((size_t)row * r->n_heads + qh) * D + c], kc);
                         }
-                        float inv = 1.0f / l;
-                        memset(o, 0, D * sizeof(float));
-                        for (uint32_t t = 0; t < nc; t++) {
-                                float p = s[t] * inv;
-                                best[t] = p > best[t] ? p : best[t];
-                                axpy(o, p, cv + (size_t)t * D, D);
-                        }
-                        for (uint32_t t = 0; t <= i; t++)
-                                axpy(o, s[nc + t] * inv, ov + (size_t)t * r->kv_dim, D);
                 }
+        }
+        for (uint32_t x = 0; x < nq; x++) {
+                uint32_t i = r0 + x / G, row = i - j->first, qh = g * G + x % G, n = nc + i + 1;
+                float *sx = s + (size_t)x * r->kt_cap, *o = j->out + ((size_t)row * r->n_heads + qh) * D;
+                float m = -INFINITY, l = 0.0f;
+                for (uint32_t t = 0; t < n; t++) {
+                        sx[t] *= scale;
+                        m = sx[t] > m ? sx[t] : m;
+                }
+                for (uint32_t t = 0; t < n; t++) {
+                        sx[t] = expf(sx[t] - m);
+                        l += sx[t];
+                }
+                float inv = 1.0f / l;
+                memset(o, 0, D * sizeof(float));
+                for (uint32_t t = 0; t < nc; t++) {
+                        float p = sx[t] * inv;
+                        best[t] = p > best[t] ? p : best[t];
+                        axpy(o, p, cv + (size_t)t * D, D);
+                }
+                for (uint32_t t = 0; t <= i; t++)
+                        axpy(o, sx[nc + t] * inv, ov + (size_t)t * r->kv_dim, D);
         }
 }
 
@@ -383,7 +417,7 @@ static void recon_job_run(void *ctx, uint32_t idx, uint32_t n_threads) {
         (void)n_threads;
         struct recon_job *j = ctx;
         struct recon *r = j->r;
-        float *s = r->tscratch + (size_t)idx * (r->nc_cap + r->cap_rows);
+        float *s = r->tscratch + (size_t)idx * RECON_ROW_TILE * r->group * r->kt_cap;
         float *best = r->tbest + (size_t)idx * r->n_kv * r->nc_cap;
         for (uint32_t k; (k = atomic_fetch_add(&j->next, 1)) < r->n_kv * j->n_tiles;) {
                 uint32_t g = k / j->n_tiles, r0 = j->first + (k % j->n_tiles) * RECON_ROW_TILE;
@@ -399,7 +433,7 @@ static int recon_attend_rows(void *ctx, int layer, int pos, uint32_t n, const fl
                 return -EINVAL;
         struct recon_job j = { .r = r, .layer = (uint32_t)layer, .first = (uint32_t)(pos - r->pos0), .n = n,
                                .q = q, .out = out, .n_tiles = (n + RECON_ROW_TILE - 1) / RECON_ROW_TILE };
-        int e = gathered(r, (uint32_t)layer, &j.ck, &j.cv);
+        int e = layer_keys(r, (uint32_t)layer, &j.kt, &j.cv);
         if (e < 0)
                 return e;
         uint32_t nc = r->nc[layer];
@@ -414,8 +448,8 @@ static int recon_attend_rows(void *ctx, int layer, int pos, uint32_t n, const fl
                 for (uint32_t g = 0; g < r->n_kv; g++) {
                         const float *tb = r->tbest + ((size_t)t * r->n_kv + g) * r->nc_cap;
                         float *b = best + (size_t)g * r->nc_cap;
-                        for (uint32_t s = 0; s < nc; s++)
-                                b[s] = tb[s] > b[s] ? tb[s] : b[s];
+                        for (uint32_t x = 0; x < nc; x++)
+                                b[x] = tb[x] > b[x] ? tb[x] : b[x];
                 }
         return 0;
 }
@@ -481,6 +515,7 @@ int importance_prefill(struct importance *imp, struct model_row *rows, uint32_t 
         bool scoring = imp->kind != IMPORTANCE_KIND_ATTENTION;
         uint32_t L = (uint32_t)imp->cfg.n_layers, H = (uint32_t)imp->cfg.n_kv_heads, V = (uint32_t)imp->cfg.vocab_size;
         void *ctx = rows[0].ctx;
+        double t0 = now();
         int e = 0;
         uint32_t most = 0;
         for (uint32_t l = 0; scoring && l < L; l++) {
@@ -494,10 +529,12 @@ int importance_prefill(struct importance *imp, struct model_row *rows, uint32_t 
         for (uint32_t i = 0; i < n; i++)
                 rows[i].logits = imp->kind == IMPORTANCE_KIND_SURPRISAL || i == n - 1;
         float *logits;
+        double t1 = now();
         if (e == 0)
                 e = model_forward_rows(imp->m, rows, n, cache, &logits);
         if (e < 0)
                 return e;
+        double t2 = now();
         for (uint32_t l = 0; scoring && l < L; l++)
                 if (store->tokens(ctx, l) != imp->n_old[l] + n)
                         return -ESTALE;
@@ -541,5 +578,6 @@ int importance_prefill(struct importance *imp, struct model_row *rows, uint32_t 
                         imp->quote[imp->n_quote - 1] = rows[i].token;
                 }
         }
+        imp->seconds += (t1 - t0) + (now() - t2);
         return e;
 }

@@ -86,6 +86,9 @@ int importance_new(struct model *m, const struct text *tok, enum importance_kind
                    struct importance **ret);
 struct importance *importance_free(struct importance *imp);
 enum importance_kind importance_kind(const struct importance *imp);
+/* Wall seconds importance_prefill spent beyond the chunks' own forward passes: the recon passes,
+ * the scores read and written (what the scoring costs on top of the prefill). */
+double importance_seconds(const struct importance *imp);
 
 /* The most rows importance_prefill takes at once: MODEL_MAX_ROWS, and for surprisal the rows a
  * pass can give logits for (MODEL_MAX_LOGIT_ROWS for a GGUF, 1 for a llama2.c checkpoint). */

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
 
@@ -249,6 +250,73 @@ static void a_shared_prefix_keeps_its_publishers_scores(void **state) {
         kvc_disconnect(c);
 }
 
+/* kvc-run (stories260K) with the extra arguments: its stdout, or NULL unless it exited with
+ * `status`. */
+static char *kvc_run(const struct daemon *d, int status, const char *const *extra) {
+        const char *argv[32] = { harness_bin("kvc-run"), "--socket", d->dir, "-i", "Once upon a time, Lily saw a big red ball", "-n", "96", "--json" };
+        size_t n = 8;
+        for (; *extra && n < 31; extra++)
+                argv[n++] = *extra;
+        argv[n] = NULL;
+        char *out = NULL;
+        int st = -1;
+        assert_int_equal(harness_run(argv, &out, &st), 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != status) {
+                free(out);
+                return NULL;
+        }
+        return out;
+}
+
+/* The text of kvc-run's JSON (malloc'd). */
+static char *text_of(const char *json) {
+        const char *at = strstr(json, "\"text\":\"");
+        assert_non_null(at);
+        at += 8;
+        const char *end = strstr(at, "\",\"kvcd\"");
+        assert_non_null(end);
+        return strndup(at, (size_t)(end - at));
+}
+
+static void kvc_run_scores_the_prompt_without_changing_what_it_computes(void **state) {
+        const struct daemon *d = *state;
+        /* with full (nothing evicted) every kind prints attention's text: the recon pass appends
+         * nothing to the session, and the scores decide only what a plan keeps */
+        char *want = NULL;
+        for (const char *const *k = (const char *const[]){ "attention", "surprisal", "recon", NULL }; *k; k++) {
+                const char *extra[] = { "--importance", *k, NULL };
+                char *out = kvc_run(d, 0, extra);
+                assert_non_null(out);
+                char *text = text_of(out);
+                if (!want)
+                        want = strdup(text);
+                else if (strcmp(text, want) != 0)
+                        fail_msg("--importance %s printed\n%s\nnot\n%s", *k, text, want);
+                if (strcmp(*k, "attention") != 0 && !strstr(out, "\"importance_seconds\":"))
+                        fail_msg("no importance_seconds in %s", out);
+                free(text);
+                free(out);
+        }
+        free(want);
+        /* with a policy that evicts by the scores, each kind runs its course */
+        for (const char *const *k = (const char *const[]){ "surprisal", "recon", NULL }; *k; k++) {
+                const char *extra[] = { "--importance", *k, "--policy", "h2o", "--budget", "32", NULL };
+                char *out = kvc_run(d, 0, extra);
+                assert_non_null(out);
+                assert_true(harness_json_int(out, "plans_applied") > 0);
+                free(out);
+        }
+        /* refused: a kind it does not know, the in-process cache, a plan lag, batches */
+        const char *const bad[][5] = { { "--importance", "question", NULL },
+                                       { "--importance", "recon", "--local", NULL },
+                                       { "--importance", "surprisal", "--plan-lag", "1", NULL } };
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                char *out = kvc_run(d, 2, bad[i]);
+                assert_non_null(out);
+                free(out);
+        }
+}
+
 static int setup(void **state) {
         return harness_group_start(state, NULL);
 }
@@ -262,6 +330,7 @@ int main(void) {
                 cmocka_unit_test(scores_follow_their_tokens_through_plans_and_tiers),
                 cmocka_unit_test(bad_layers_ranges_and_scores_are_refused_and_nothing_is_written),
                 cmocka_unit_test(a_shared_prefix_keeps_its_publishers_scores),
+                cmocka_unit_test(kvc_run_scores_the_prompt_without_changing_what_it_computes),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
