@@ -289,7 +289,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
         if ((o->export_at || o->import) &&
             (!o->handoff_file || o->local || o->temperature != 0 || (o->export_at && o->import) || o->share))
                 return -EINVAL; /* a hand-off needs the file, kvcd, and greedy decoding */
-        if (o->importance != IMPORTANCE_KIND_ATTENTION && (o->local || o->batch > 1 || o->prompts || o->plan_lag))
+        if (o->importance != IMPORTANCE_KIND_ATTENTION &&
+            (o->local || o->batch > 1 || o->prompts || o->plan_lag))
                 return -EINVAL; /* scores go into kvcd's session of one sequence, between its chunks */
         return optind < argc ? -EINVAL : 0;
 }

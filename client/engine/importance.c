@@ -41,21 +41,21 @@
 
 struct recon {
         uint32_t n_layers, n_heads, n_kv, D, kv_dim, group;
-        uint32_t cap_rows;      /* rows a pass may have */
-        float *own_k, *own_v;   /* [n_layers][cap_rows][kv_dim] */
-        uint32_t *own_n;        /* [n_layers] rows stored this pass */
-        int pos0;               /* the pass's first position */
-        uint32_t *nc;           /* [n_layers] cached slots when the pass began */
-        uint32_t nc_cap;        /* slots the buffers below hold */
-        uint32_t kt_cap;        /* nc_cap + cap_rows: keys of a head, cached and the pass's own */
+        uint32_t cap_rows;        /* rows a pass may have */
+        float *own_k, *own_v;     /* [n_layers][cap_rows][kv_dim] */
+        uint32_t *own_n;          /* [n_layers] rows stored this pass */
+        int pos0;                 /* the pass's first position */
+        uint32_t *nc;             /* [n_layers] cached slots when the pass began */
+        uint32_t nc_cap;          /* slots the buffers below hold */
+        uint32_t kt_cap;          /* nc_cap + cap_rows: keys of a head, cached and the pass's own */
         uint32_t n_cached_layers; /* layers gathered at once: 1 or n_layers */
-        int *tag;               /* [n_cached_layers] the layer each gathered slot holds, -1 none */
-        float *kt;              /* [n_cached_layers][n_kv][D][kt_cap] keys, transposed */
-        float *cv;              /* [n_cached_layers][n_kv][nc_cap][D] values */
-        float *best;            /* [n_layers][n_kv][nc_cap] the largest probability of each slot */
-        float *tbest;           /* [threads][n_kv][nc_cap] a thread's maxima of one call */
-        float *tscratch;        /* [threads][RECON_ROW_TILE * group][kt_cap] a thread's logits */
-        float *gathered;        /* [n_kv][nc_cap][D] keys as the store gives them */
+        int *tag;                 /* [n_cached_layers] the layer each gathered slot holds, -1 none */
+        float *kt;                /* [n_cached_layers][n_kv][D][kt_cap] keys, transposed */
+        float *cv;                /* [n_cached_layers][n_kv][nc_cap][D] values */
+        float *best;              /* [n_layers][n_kv][nc_cap] the largest probability of each slot */
+        float *tbest;             /* [threads][n_kv][nc_cap] a thread's maxima of one call */
+        float *tscratch;          /* [threads][RECON_ROW_TILE * group][kt_cap] a thread's logits */
+        float *gathered;          /* [n_kv][nc_cap][D] keys as the store gives them */
         struct threads *pool;
         uint32_t n_threads;
         void *store_ctx;
@@ -67,12 +67,12 @@ struct importance {
         struct model *m;
         struct model_config cfg;
         bool gguf;
-        float *logits;    /* [vocab] the last row's logits of the last chunk */
-        int logits_pos;   /* its position; -1: none */
-        float *snap;      /* [n_layers][n_kv][snap_cap] the scores read before the chunk */
-        uint32_t *n_old;  /* [n_layers] slots before the chunk */
+        float *logits;   /* [vocab] the last row's logits of the last chunk */
+        int logits_pos;  /* its position; -1: none */
+        float *snap;     /* [n_layers][n_kv][snap_cap] the scores read before the chunk */
+        uint32_t *n_old; /* [n_layers] slots before the chunk */
         uint32_t snap_cap;
-        float *out;       /* [n_kv][snap_cap] a layer's scores to write */
+        float *out; /* [n_kv][snap_cap] a layer's scores to write */
         int instr_first[INSTR_MAX], instr_later[INSTR_MAX], suffix[INSTR_MAX];
         size_t n_first, n_later, n_suffix;
         int quote[IMPORTANCE_QUOTE];
@@ -125,7 +125,8 @@ static int recon_init(struct importance *imp, unsigned threads) {
         r->D = (uint32_t)(c->dim / c->n_heads);
         r->kv_dim = r->n_kv * r->D;
         r->group = r->n_heads / r->n_kv;
-        size_t instr = imp->n_first > imp->n_later + IMPORTANCE_QUOTE ? imp->n_first : imp->n_later + IMPORTANCE_QUOTE;
+        size_t instr = imp->n_first > imp->n_later + IMPORTANCE_QUOTE ? imp->n_first
+                                                                      : imp->n_later + IMPORTANCE_QUOTE;
         r->cap_rows = (uint32_t)(instr + imp->n_suffix) + MODEL_MAX_ROWS;
         r->n_cached_layers = imp->gguf ? 1 : r->n_layers;
         size_t own = (size_t)r->n_layers * r->cap_rows * r->kv_dim;
@@ -158,9 +159,11 @@ int importance_new(struct model *m, const struct text *tok, enum importance_kind
         imp->n_old = calloc((size_t)imp->cfg.n_layers, sizeof(uint32_t));
         int e = imp->logits && imp->n_old ? 0 : -ENOMEM;
         if (e == 0 && kind == IMPORTANCE_KIND_RECON) {
-                e = encode_bare(tok, "\n\nRepeat the previous context exactly.", imp->instr_first, &imp->n_first);
+                e = encode_bare(tok, "\n\nRepeat the previous context exactly.", imp->instr_first,
+                                &imp->n_first);
                 if (e == 0)
-                        e = encode_bare(tok, "\n\nRepeat the part of the previous context exactly, starting with",
+                        e = encode_bare(tok,
+                                        "\n\nRepeat the part of the previous context exactly, starting with",
                                         imp->instr_later, &imp->n_later);
                 if (e == 0)
                         e = encode_bare(tok, "\n", imp->suffix, &imp->n_suffix);
@@ -334,7 +337,8 @@ static int recon_store(void *ctx, int layer, int pos, const float *k, const floa
  * far) and its cached values ([n_kv][nc_cap][D]); the cached part read when not held. */
 static int layer_keys(struct recon *r, uint32_t layer, const float **ret_kt, const float **ret_cv) {
         uint32_t at = layer % r->n_cached_layers, nc = r->nc[layer], D = r->D;
-        float *kt = r->kt + (size_t)at * r->n_kv * D * r->kt_cap, *cv = r->cv + (size_t)at * r->n_kv * r->nc_cap * D;
+        float *kt = r->kt + (size_t)at * r->n_kv * D * r->kt_cap,
+              *cv = r->cv + (size_t)at * r->n_kv * r->nc_cap * D;
         if (r->tag[at] != (int)layer) {
                 /* the store's layout, [n_kv][nc][D] each: the values in place, spread to nc_cap rows
                  * a head (the last head first: nothing is overwritten), the keys transposed */
@@ -342,18 +346,21 @@ static int layer_keys(struct recon *r, uint32_t layer, const float **ret_kt, con
                 if (e < 0)
                         return e;
                 for (uint32_t h = r->n_kv; h-- > 1;)
-                        memmove(cv + (size_t)h * r->nc_cap * D, cv + (size_t)h * nc * D, (size_t)nc * D * sizeof(float));
+                        memmove(cv + (size_t)h * r->nc_cap * D, cv + (size_t)h * nc * D,
+                                (size_t)nc * D * sizeof(float));
                 for (uint32_t h = 0; h < r->n_kv; h++)
                         for (uint32_t t = 0; t < nc; t++)
                                 for (uint32_t c = 0; c < D; c++)
-                                        kt[((size_t)h * D + c) * r->kt_cap + t] = r->gathered[((size_t)h * nc + t) * D + c];
+                                        kt[((size_t)h * D + c) * r->kt_cap + t] =
+                                                r->gathered[((size_t)h * nc + t) * D + c];
                 r->tag[at] = (int)layer;
         }
         const float *own = r->own_k + (size_t)layer * r->cap_rows * r->kv_dim;
         for (uint32_t h = 0; h < r->n_kv; h++) /* the pass's rows, after the cached slots */
                 for (uint32_t t = 0; t < r->own_n[layer]; t++)
                         for (uint32_t c = 0; c < D; c++)
-                                kt[((size_t)h * D + c) * r->kt_cap + nc + t] = own[(size_t)t * r->kv_dim + h * D + c];
+                                kt[((size_t)h * D + c) * r->kt_cap + nc + t] =
+                                        own[(size_t)t * r->kv_dim + h * D + c];
         *ret_kt = kt;
         *ret_cv = cv;
         return 0;
@@ -386,7 +393,8 @@ static void recon_rows(struct recon_job *j, uint32_t g, uint32_t r0, uint32_t r1
                         const float *kc = kt + (size_t)c * r->kt_cap + t0;
                         for (uint32_t x = 0; x < nq; x++) {
                                 uint32_t row = r0 + x / G - j->first, qh = g * G + x % G;
-                                axpy_tile(s + (size_t)x * r->kt_cap + t0, j->q[((size_t)row * r->n_heads + qh) * D + c], kc);
+                                axpy_tile(s + (size_t)x * r->kt_cap + t0,
+                                          j->q[((size_t)row * r->n_heads + qh) * D + c], kc);
                         }
                 }
         }
@@ -432,8 +440,13 @@ static int recon_attend_rows(void *ctx, int layer, int pos, uint32_t n, const fl
         if (layer < 0 || (uint32_t)layer >= r->n_layers || pos < r->pos0 || n == 0 ||
             (uint32_t)(pos - r->pos0) + n > r->own_n[layer])
                 return -EINVAL;
-        struct recon_job j = { .r = r, .layer = (uint32_t)layer, .first = (uint32_t)(pos - r->pos0), .n = n,
-                               .q = q, .out = out, .n_tiles = (n + RECON_ROW_TILE - 1) / RECON_ROW_TILE };
+        struct recon_job j = { .r = r,
+                               .layer = (uint32_t)layer,
+                               .first = (uint32_t)(pos - r->pos0),
+                               .n = n,
+                               .q = q,
+                               .out = out,
+                               .n_tiles = (n + RECON_ROW_TILE - 1) / RECON_ROW_TILE };
         int e = layer_keys(r, (uint32_t)layer, &j.kt, &j.cv);
         if (e < 0)
                 return e;
@@ -483,7 +496,8 @@ static int recon_pass(struct importance *imp, const struct model_row *rows, uint
         memset(r->own_n, 0, r->n_layers * sizeof(uint32_t));
         for (uint32_t l = 0; l < r->n_layers; l++) {
                 r->nc[l] = imp->n_old[l] + n;
-                memset(r->best + (size_t)l * r->n_kv * r->nc_cap, 0, (size_t)r->n_kv * r->nc_cap * sizeof(float));
+                memset(r->best + (size_t)l * r->n_kv * r->nc_cap, 0,
+                       (size_t)r->n_kv * r->nc_cap * sizeof(float));
         }
         for (uint32_t c = 0; c < r->n_cached_layers; c++)
                 r->tag[c] = -1;
@@ -492,7 +506,8 @@ static int recon_pass(struct importance *imp, const struct model_row *rows, uint
         for (size_t done = 0; done < total && e == 0;) {
                 uint32_t k = total - done < MODEL_MAX_ROWS ? (uint32_t)(total - done) : MODEL_MAX_ROWS;
                 for (uint32_t i = 0; i < k; i++)
-                        pass[i] = (struct model_row){ .token = tokens[done + i], .pos = r->pos0 + (int)(done + i),
+                        pass[i] = (struct model_row){ .token = tokens[done + i],
+                                                      .pos = r->pos0 + (int)(done + i),
                                                       .ctx = r };
                 e = model_forward_rows(imp->m, pass, k, &recon_ops, &logits);
                 done += k;
@@ -514,7 +529,8 @@ int importance_prefill(struct importance *imp, struct model_row *rows, uint32_t 
                 if (rows[i].ctx != rows[0].ctx || rows[i].pos != rows[0].pos + (int)i)
                         return -EINVAL;
         bool scoring = imp->kind != IMPORTANCE_KIND_ATTENTION;
-        uint32_t L = (uint32_t)imp->cfg.n_layers, H = (uint32_t)imp->cfg.n_kv_heads, V = (uint32_t)imp->cfg.vocab_size;
+        uint32_t L = (uint32_t)imp->cfg.n_layers, H = (uint32_t)imp->cfg.n_kv_heads,
+                 V = (uint32_t)imp->cfg.vocab_size;
         void *ctx = rows[0].ctx;
         double t0 = now();
         int e = 0;
@@ -542,9 +558,10 @@ int importance_prefill(struct importance *imp, struct model_row *rows, uint32_t 
         float mine[MODEL_MAX_ROWS]; /* surprisal: from the logits before each token */
         if (imp->kind == IMPORTANCE_KIND_SURPRISAL)
                 for (uint32_t i = 0; i < n; i++) {
-                        const float *before = i                                                 ? logits + (size_t)(i - 1) * V
-                                              : rows[0].pos > 0 && imp->logits_pos == rows[0].pos - 1 ? imp->logits
-                                                                                                      : NULL;
+                        const float *before = i ? logits + (size_t)(i - 1) * V
+                                              : rows[0].pos > 0 && imp->logits_pos == rows[0].pos - 1
+                                                      ? imp->logits
+                                                      : NULL;
                         mine[i] = before ? (float)importance_surprisal(before, V, rows[i].token)
                                          : IMPORTANCE_FIRST_SURPRISAL;
                 }
@@ -566,7 +583,8 @@ int importance_prefill(struct importance *imp, struct model_row *rows, uint32_t 
                         }
                         const float *b = imp->r.best + ((size_t)l * H + h) * imp->r.nc_cap;
                         for (uint32_t s = 0; s < all; s++)
-                                o[s] = s < old && snap[(size_t)h * old + s] > b[s] ? snap[(size_t)h * old + s] : b[s];
+                                o[s] = s < old && snap[(size_t)h * old + s] > b[s] ? snap[(size_t)h * old + s]
+                                                                                   : b[s];
                 }
                 e = store->set_scores(ctx, l, all, imp->out);
         }

@@ -34,8 +34,9 @@ static int check_range(const struct kvc_session *s, uint32_t layer, uint32_t fir
                 return client_error(s->c, -ENOTSUP, "scores: the pool is GPU memory");
         uint32_t len = s->layers[layer].n_tokens;
         if (first > len || n > len - first)
-                return client_error(s->c, -EINVAL, "scores of %u slots from slot %u of layer %u, which holds %u",
-                                    n, first, layer, len);
+                return client_error(s->c, -EINVAL,
+                                    "scores of %u slots from slot %u of layer %u, which holds %u", n, first,
+                                    layer, len);
         if (n && !score)
                 return client_error(s->c, -EINVAL, "no score array for layer %u", layer);
         return 0;
@@ -49,14 +50,16 @@ static float *sum_at(const struct ladder_layer *M, uint32_t h, uint32_t slot) {
         return block_side(l, M->blocks[t][idx / l->block_tokens], l->sum_offset, h, idx % l->block_tokens);
 }
 
-int kvc_layer_set_scores(struct kvc_session *s, uint32_t layer, uint32_t first, uint32_t n, const float *score) {
+int kvc_layer_set_scores(struct kvc_session *s, uint32_t layer, uint32_t first, uint32_t n,
+                         const float *score) {
         int e = check_range(s, layer, first, n, score);
         if (e < 0)
                 return e;
         size_t all = (size_t)s->g.n_kv_heads * n;
         for (size_t i = 0; i < all; i++)
                 if (!isfinite(score[i]))
-                        return client_error(s->c, -EINVAL, "score %zu of layer %u is not a finite number", i, layer);
+                        return client_error(s->c, -EINVAL, "score %zu of layer %u is not a finite number", i,
+                                            layer);
         struct ladder_layer M = session_ladder_layer(s, layer);
         uint32_t from = first > s->n_shared ? first : s->n_shared;
         for (uint32_t h = 0; h < s->g.n_kv_heads; h++)
@@ -65,7 +68,8 @@ int kvc_layer_set_scores(struct kvc_session *s, uint32_t layer, uint32_t first, 
         return 0;
 }
 
-int kvc_layer_get_scores(const struct kvc_session *s, uint32_t layer, uint32_t first, uint32_t n, float *score) {
+int kvc_layer_get_scores(const struct kvc_session *s, uint32_t layer, uint32_t first, uint32_t n,
+                         float *score) {
         int e = check_range(s, layer, first, n, score);
         if (e < 0)
                 return e;

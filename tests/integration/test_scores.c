@@ -38,9 +38,12 @@ static struct kvc_client *client(const struct daemon *d) {
 
 static struct kvc_session *open_session(struct kvc_client *c, const struct kvc_session_config *extra) {
         struct kvc_session_config cfg = *extra;
-        cfg.geometry = (struct kvc_geometry){
-                .n_layers = LAYERS, .n_heads = 4, .n_kv_heads = H, .head_dim = D, .dtype = KVC_DTYPE_F32, .max_tokens = 1024
-        };
+        cfg.geometry = (struct kvc_geometry){ .n_layers = LAYERS,
+                                              .n_heads = 4,
+                                              .n_kv_heads = H,
+                                              .head_dim = D,
+                                              .dtype = KVC_DTYPE_F32,
+                                              .max_tokens = 1024 };
         cfg.rotation_seed = 7;
         struct kvc_session *s = NULL;
         assert_int_equal(kvc_session_open(c, &cfg, &s), 0);
@@ -78,7 +81,8 @@ static float score_of(uint32_t t, uint32_t h) {
 static void assert_scores_follow_tokens(struct kvc_session *s) {
         for (uint32_t l = 0; l < LAYERS; l++) {
                 uint32_t n = kvc_layer_tokens(s, l);
-                float *k = malloc((size_t)H * n * D * sizeof(float)), *v = malloc((size_t)H * n * D * sizeof(float)),
+                float *k = malloc((size_t)H * n * D * sizeof(float)),
+                      *v = malloc((size_t)H * n * D * sizeof(float)),
                       *sc = malloc((size_t)H * n * sizeof(float));
                 assert_true(k && v && sc);
                 assert_int_equal(kvc_layer_gather(s, l, 0, n, 0, k, v), 0);
@@ -92,18 +96,23 @@ static void assert_scores_follow_tokens(struct kvc_session *s) {
                                         float got = sc[(size_t)h * n + slot];
                                         uint32_t tok = (uint32_t)(got / 10.0f);
                                         if (tok >= N || got != score_of(tok, h))
-                                                fail_msg("layer %u slot %u head %u: score %g", l, slot, h, got);
+                                                fail_msg("layer %u slot %u head %u: score %g", l, slot, h,
+                                                         got);
                                         double e = 0, norm = 0;
                                         for (uint32_t j = 0; j < D; j++) {
-                                                double x = k[((size_t)h * n + slot) * D + j], w = keys[tok][h * D + j];
+                                                double x = k[((size_t)h * n + slot) * D + j],
+                                                       w = keys[tok][h * D + j];
                                                 e += (x - w) * (x - w);
                                                 norm += w * w;
                                         }
                                         if (sqrt(e / norm) > bound + 1e-6)
-                                                fail_msg("layer %u tier %u slot %u head %u: score of token %u, key "
-                                                         "off by %g", l, t, slot, h, tok, sqrt(e / norm));
+                                                fail_msg("layer %u tier %u slot %u head %u: score of token "
+                                                         "%u, key "
+                                                         "off by %g",
+                                                         l, t, slot, h, tok, sqrt(e / norm));
                                         if (h == 0 && (int)tok <= prev)
-                                                fail_msg("layer %u slot %u: token %u after %d", l, slot, tok, prev);
+                                                fail_msg("layer %u slot %u: token %u after %d", l, slot, tok,
+                                                         prev);
                                         if (h == 0)
                                                 prev = (int)tok;
                                 }
@@ -118,8 +127,9 @@ static void assert_scores_follow_tokens(struct kvc_session *s) {
 static void scores_follow_their_tokens_through_plans_and_tiers(void **state) {
         struct kvc_client *c = client(*state);
         const struct kvc_param params[] = { { "int8", "1" }, { "tier_window", "96" } };
-        struct kvc_session_config cfg = { .policy = "conf", .budget_tokens = 160, .params = params, .n_params = 2,
-                                          .tiers = "q8,q4" };
+        struct kvc_session_config cfg = {
+                .policy = "conf", .budget_tokens = 160, .params = params, .n_params = 2, .tiers = "q8,q4"
+        };
         struct kvc_session *s = open_session(c, &cfg);
         make_tokens();
         for (uint32_t t = 0; t < N; t++) { /* the newest slot is token t until the step */
@@ -213,8 +223,12 @@ static void a_shared_prefix_keeps_its_publishers_scores(void **state) {
         uint32_t ids[P + 1];
         for (uint32_t i = 0; i <= P; i++)
                 ids[i] = i + 1;
-        struct kvc_session_config cfg = { .policy = "full", .prompt_tokens = P + 1, .prompt_token_ids = ids,
-                                          .n_prompt_token_ids = P + 1, .share_prefix = 1, .model_id = "scores" };
+        struct kvc_session_config cfg = { .policy = "full",
+                                          .prompt_tokens = P + 1,
+                                          .prompt_token_ids = ids,
+                                          .n_prompt_token_ids = P + 1,
+                                          .share_prefix = 1,
+                                          .model_id = "scores" };
         struct kvc_session *a = open_session(c, &cfg);
         make_tokens();
         for (uint32_t t = 0; t <= P; t++)
@@ -248,7 +262,14 @@ static void a_shared_prefix_keeps_its_publishers_scores(void **state) {
 /* kvc-run (stories260K) with the extra arguments: its stdout, or NULL unless it exited with
  * `status`. */
 static char *kvc_run(const struct daemon *d, int status, const char *const *extra) {
-        const char *argv[32] = { harness_bin("kvc-run"), "--socket", d->dir, "-i", "Once upon a time, Lily saw a big red ball", "-n", "96", "--json" };
+        const char *argv[32] = { harness_bin("kvc-run"),
+                                 "--socket",
+                                 d->dir,
+                                 "-i",
+                                 "Once upon a time, Lily saw a big red ball",
+                                 "-n",
+                                 "96",
+                                 "--json" };
         size_t n = 8;
         for (; *extra && n < 31; extra++)
                 argv[n++] = *extra;
@@ -278,7 +299,8 @@ static void kvc_run_scores_the_prompt_without_changing_what_it_computes(void **s
         /* with full (nothing evicted) every kind prints attention's text: the recon pass appends
          * nothing to the session, and the scores decide only what a plan keeps */
         char *want = NULL;
-        for (const char *const *k = (const char *const[]){ "attention", "surprisal", "recon", NULL }; *k; k++) {
+        for (const char *const *k = (const char *const[]){ "attention", "surprisal", "recon", NULL }; *k;
+             k++) {
                 const char *extra[] = { "--importance", *k, NULL };
                 char *out = kvc_run(d, 0, extra);
                 assert_non_null(out);

@@ -65,18 +65,21 @@
 struct arr {
         struct plain_cache *pc;
         uint32_t L, H, Q, D, kv;
-        float *k, *v;                       /* [L][MAX_T][kv] */
-        float *score;                       /* [L][H][MAX_T] */
+        float *k, *v; /* [L][MAX_T][kv] */
+        float *score; /* [L][H][MAX_T] */
         uint32_t n[MAX_L];
-        float noise;                        /* added to a layer's scores by every attend */
-        uint32_t ref_n;                     /* > 0: the reference pass, over the first ref_n slots */
-        double *ref;                        /* [L][H][MAX_T]: the largest probability of each slot */
+        float noise;    /* added to a layer's scores by every attend */
+        uint32_t ref_n; /* > 0: the reference pass, over the first ref_n slots */
+        double *ref;    /* [L][H][MAX_T]: the largest probability of each slot */
 };
 
 static void arr_init(struct arr *a, struct model *m, float noise) {
         const struct model_config *c = model_get_config(m);
-        *a = (struct arr){ .L = (uint32_t)c->n_layers, .H = (uint32_t)c->n_kv_heads, .Q = (uint32_t)c->n_heads,
-                           .D = (uint32_t)(c->dim / c->n_heads), .noise = noise };
+        *a = (struct arr){ .L = (uint32_t)c->n_layers,
+                           .H = (uint32_t)c->n_kv_heads,
+                           .Q = (uint32_t)c->n_heads,
+                           .D = (uint32_t)(c->dim / c->n_heads),
+                           .noise = noise };
         a->kv = a->H * a->D;
         assert_true(a->L <= MAX_L);
         assert_int_equal(plain_cache_new(c, MAX_T, &a->pc), 0);
@@ -114,7 +117,8 @@ static void arr_reference(struct arr *a, int layer, int pos, const float *q) {
                 uint32_t g = qh / (a->Q / a->H);
                 double m = -INFINITY, l = 0.0;
                 for (int t = 0; t <= pos; t++) {
-                        const float *k = a->k + ((size_t)layer * MAX_T + (size_t)t) * a->kv + (size_t)g * a->D;
+                        const float *k =
+                                a->k + ((size_t)layer * MAX_T + (size_t)t) * a->kv + (size_t)g * a->D;
                         double d = 0.0;
                         for (uint32_t c = 0; c < a->D; c++)
                                 d += (double)q[qh * a->D + c] * k[c];
@@ -171,14 +175,16 @@ static int arr_gather(void *ctx, uint32_t layer, uint32_t n, float *keys, float 
 static int arr_get_scores(void *ctx, uint32_t layer, uint32_t n, float *score) {
         struct arr *a = ctx;
         for (uint32_t h = 0; h < a->H; h++)
-                memcpy(score + (size_t)h * n, a->score + ((size_t)layer * a->H + h) * MAX_T, n * sizeof(float));
+                memcpy(score + (size_t)h * n, a->score + ((size_t)layer * a->H + h) * MAX_T,
+                       n * sizeof(float));
         return 0;
 }
 
 static int arr_set_scores(void *ctx, uint32_t layer, uint32_t n, const float *score) {
         struct arr *a = ctx;
         for (uint32_t h = 0; h < a->H; h++)
-                memcpy(a->score + ((size_t)layer * a->H + h) * MAX_T, score + (size_t)h * n, n * sizeof(float));
+                memcpy(a->score + ((size_t)layer * a->H + h) * MAX_T, score + (size_t)h * n,
+                       n * sizeof(float));
         return 0;
 }
 
@@ -231,9 +237,11 @@ static void close_fixture(struct fixture *f) {
 }
 
 /* Rows of ids[first, first + n) at their positions, in one context. */
-static void make_rows(const struct fixture *f, struct model_row *rows, uint32_t first, uint32_t n, void *ctx) {
+static void make_rows(const struct fixture *f, struct model_row *rows, uint32_t first, uint32_t n,
+                      void *ctx) {
         for (uint32_t i = 0; i < n; i++)
-                rows[i] = (struct model_row){ .token = f->ids[first + i], .pos = (int)(first + i), .ctx = ctx };
+                rows[i] =
+                        (struct model_row){ .token = f->ids[first + i], .pos = (int)(first + i), .ctx = ctx };
 }
 
 /* Rows through the reference's array store (row passes of at most MODEL_MAX_ROWS). */
@@ -243,7 +251,9 @@ static void forward(struct fixture *f, struct arr *a, const int *tokens, size_t 
         for (size_t done = 0; done < n;) {
                 uint32_t k = n - done < MODEL_MAX_ROWS ? (uint32_t)(n - done) : MODEL_MAX_ROWS;
                 for (uint32_t i = 0; i < k; i++)
-                        rows[i] = (struct model_row){ .token = tokens[done + i], .pos = pos + (int)(done + i), .ctx = a };
+                        rows[i] = (struct model_row){ .token = tokens[done + i],
+                                                      .pos = pos + (int)(done + i),
+                                                      .ctx = a };
                 assert_int_equal(model_forward_rows(f->m, rows, k, &arr_ops, &logits), 0);
                 done += k;
         }
@@ -253,8 +263,8 @@ static void forward(struct fixture *f, struct arr *a, const int *tokens, size_t 
 
 /* The ids in chunks of the given sizes, scored by the recon pass (threads), against the reference
  * when `check`; *ret_scores (may be NULL) gets a copy of the final scores. */
-static void recon_scores(struct fixture *f, const uint32_t *chunks, size_t n_chunks, unsigned threads, bool check,
-                         float **ret_scores) {
+static void recon_scores(struct fixture *f, const uint32_t *chunks, size_t n_chunks, unsigned threads,
+                         bool check, float **ret_scores) {
         struct importance *imp;
         assert_int_equal(importance_new(f->m, f->tok, IMPORTANCE_KIND_RECON, threads, &imp), 0);
         struct arr a, ref;
@@ -287,7 +297,8 @@ static void recon_scores(struct fixture *f, const uint32_t *chunks, size_t n_chu
                                                got = *score_at(&a, l, h, t), d = fabs(got - want);
                                         worst = d > worst ? d : worst;
                                         if (d > RECON_TOL)
-                                                fail_msg("chunk %zu layer %u head %u slot %u: %.7f, the reference %.7f",
+                                                fail_msg("chunk %zu layer %u head %u slot %u: %.7f, the "
+                                                         "reference %.7f",
                                                          c, l, h, t, got, want);
                                 }
                 if (getenv("KVC_TEST_VERBOSE"))
@@ -339,7 +350,8 @@ static void the_recon_instruction_quotes_the_previous_chunk(void **state) {
         assert_int_equal(importance_recon_tokens(imp, f.ids, 12, first, MAX_T, &n_first), 0);
         assert_memory_equal(first + n_first - 12, f.ids, 12 * sizeof(int)); /* the chunk last */
         /* before it, the instruction and a line break, each encoded without its BOS */
-        assert_int_equal(text_encode(f.tok, "\n\nRepeat the previous context exactly.", bare, MAX_T, &n_bare), 0);
+        assert_int_equal(text_encode(f.tok, "\n\nRepeat the previous context exactly.", bare, MAX_T, &n_bare),
+                         0);
         assert_int_equal(text_encode(f.tok, "\n", nl, 8, &n_nl), 0);
         assert_int_equal(n_first, n_bare - 1 + n_nl - 1 + 12);
         assert_memory_equal(first, bare + 1, (n_bare - 1) * sizeof(int));
@@ -357,7 +369,8 @@ static void the_recon_instruction_quotes_the_previous_chunk(void **state) {
         /* ... the quote: the chunk's last IMPORTANCE_QUOTE tokens, then "\n" (one token or two) */
         int quoted = 0;
         for (size_t i = 0; i + IMPORTANCE_QUOTE <= n_later - 5; i++)
-                quoted |= memcmp(later + i, f.ids + 12 - IMPORTANCE_QUOTE, IMPORTANCE_QUOTE * sizeof(int)) == 0;
+                quoted |=
+                        memcmp(later + i, f.ids + 12 - IMPORTANCE_QUOTE, IMPORTANCE_QUOTE * sizeof(int)) == 0;
         assert_true(quoted);
         arr_free(&a);
         importance_free(imp);
@@ -400,7 +413,8 @@ static void surprisal_matches_log_softmax(struct fixture *f, uint32_t rows_a_chu
                         for (uint32_t t = 0; t < N; t++) {
                                 double got = *score_at(&a, l, h, t);
                                 if (fabs(got - want[t]) > 1e-5 * (1.0 + want[t]))
-                                        fail_msg("layer %u head %u token %u: %.7f, -ln p %.7f", l, h, t, got, want[t]);
+                                        fail_msg("layer %u head %u token %u: %.7f, -ln p %.7f", l, h, t, got,
+                                                 want[t]);
                         }
         arr_free(&a);
         arr_free(&ref);
