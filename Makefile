@@ -158,7 +158,7 @@ $(BIN)/kvc-eval: $(call obj,client/kvc-eval.c) $(call obj,$(EVAL_SRC)) $(MODEL_O
 TEST_LIBS := $(LIB)/libkvc.a
 # the engine (client/engine/): every object, since a GGUF model pulls in the reader, types and threads
 $(BUILD)/tests/test_model $(BUILD)/tests/test_gguf $(BUILD)/tests/test_bpe $(BUILD)/tests/test_smollm2 \
-	$(BUILD)/tests/test_laddercache: $(MODEL_OBJ)
+	$(BUILD)/tests/test_laddercache $(BUILD)/tests/test_importance: $(MODEL_OBJ)
 $(BUILD)/tests/test_pool $(BUILD)/tests/test_notify $(BUILD)/tests/test_replay: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_policy $(BUILD)/tests/test_ladder_policy: $(filter-out $(BUILD)/obj/daemon/main.o,$(DAEMON_OBJ))
 $(BUILD)/tests/test_stats: $(call obj,client/eval/stats.c)

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "importance.h"
 #include "kvc.h"
 #include "kvccache.h"
 #include "laddercache.h"
@@ -63,6 +64,7 @@ struct run_opts {
         const char *tiers;        /* the session's tiers, for the policy to use (the ladder) */
         uint64_t budget_bytes;    /* a byte budget, or: */
         double budget_frac;       /* a fraction of the full cache of the run's positions */
+        enum importance_kind importance; /* what the prompt's scores are (importance.h) */
 };
 
 static void usage(FILE *f) {
@@ -117,6 +119,8 @@ static void usage(FILE *f) {
                 "                      ladder (the window at --dtype): kvcd's tier_window, or with --local\n"
                 "                      the in-process ladder cache\n"
                 "  --tier-window N     tokens kept at --dtype with --tier (default 128)\n"
+                "  --importance attention|surprisal|recon  what the prompt's scores for kvcd's policy are\n"
+                "                      (default attention: the attention each token received)\n"
                 "  --no-stop           keep going past the end-of-story token\n"
                 "  --trace N           print the cache size and the confidence every N steps on stderr\n"
                 "  --json              print one JSON object with the text and the figures\n"
@@ -143,6 +147,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 { "tiers", required_argument, NULL, 1003 },
                 { "budget-bytes", required_argument, NULL, 1004 },
                 { "budget-frac", required_argument, NULL, 1005 },
+                { "importance", required_argument, NULL, 1006 },
                 { "no-stop", no_argument, NULL, 'N' },
                 { "help", no_argument, NULL, 'h' },
                 { "min-bytes", required_argument, NULL, 'A' },
@@ -189,6 +194,10 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
                 case 1002:
                         o->tier_window = (uint32_t)strtoul(optarg, &end, 10);
                         if (*end || o->tier_window == 0 || o->tier_window > (1u << 24))
+                                return -EINVAL;
+                        break;
+                case 1006:
+                        if (importance_parse(optarg, &o->importance) < 0)
                                 return -EINVAL;
                         break;
                 case 'N': o->no_stop = true; break;
@@ -301,6 +310,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o) {
         if ((o->export_at || o->import) &&
             (!o->handoff_file || o->local || o->temperature != 0 || (o->export_at && o->import) || o->share))
                 return -EINVAL; /* a hand-off needs the file, kvcd, and greedy decoding */
+        if (o->importance != IMPORTANCE_KIND_ATTENTION &&
+            (o->local || o->batch > 1 || o->prompts || o->plan_lag))
+                return -EINVAL; /* scores go into kvcd's session of one sequence, between its chunks */
         return optind < argc ? -EINVAL : 0;
 }
 
@@ -361,6 +373,7 @@ struct runner {
         struct sampler *sampler;
         struct plain_cache *plain;
         struct ladder_cache *ladder; /* --local --tier */
+        struct importance *imp;      /* --importance surprisal|recon */
         struct kvc_client *client;
         struct kvc_session *session;
         struct textbuf text;
@@ -645,7 +658,11 @@ static int generate(struct runner *r, int *ret_steps) {
                                                       .pos = pos + i,
                                                       .ctx = ctx,
                                                       .logits = i == n - 1 };
-                if ((e = model_forward_rows(r->model, rows, (uint32_t)n, ops, &logits)) < 0) {
+                if (r->imp && pos < n_prompt) /* the prompt's scores, before kvcd plans */
+                        e = importance_prefill(r->imp, rows, (uint32_t)n, ops, &kvccache_store_ops, &logits);
+                else
+                        e = model_forward_rows(r->model, rows, (uint32_t)n, ops, &logits);
+                if (e < 0) {
                         fail(r, "forward pass", e);
                         break;
                 }
@@ -1011,6 +1028,12 @@ int main(int argc, char **argv) {
                 local_cache_failed(mc, e);
         else if (!r.o.local)
                 e = open_session(&r);
+        if (e == 0 && r.o.importance != IMPORTANCE_KIND_ATTENTION) {
+                if ((e = importance_new(r.model, r.tok, r.o.importance, r.o.threads, &r.imp)) < 0)
+                        fprintf(stderr, "kvc-run: --importance: %s\n", strerror(-e));
+                else if ((uint32_t)r.o.prefill_chunk > importance_max_rows(r.imp))
+                        r.o.prefill_chunk = (int)importance_max_rows(r.imp);
+        }
         if (e < 0)
                 goto out;
 
@@ -1058,6 +1081,9 @@ int main(int argc, char **argv) {
                                (unsigned long long)ladder_cache_bytes(r.ladder),
                                (unsigned long long)ladder_cache_peak_bytes(r.ladder),
                                (unsigned long long)ladder_cache_full_bytes(r.ladder));
+                if (r.imp)
+                        printf(",\"importance\":\"%s\",\"importance_seconds\":%.6f",
+                               importance_name(r.o.importance), importance_seconds(r.imp));
                 /* the one-row passes after the prompt alone: decode speed at the prompt's context */
                 printf(",\"prompt_tokens\":%d", r.n_prompt);
                 if (r.decode_t0)
@@ -1080,6 +1106,7 @@ out:
         kvc_disconnect(r.client);
         plain_cache_free(r.plain);
         ladder_cache_free(r.ladder);
+        importance_free(r.imp);
         sampler_free(r.sampler);
         text_free(r.tok);
         model_free(r.model);

@@ -330,6 +330,19 @@ int kvc_poll(struct kvc_client *c, int timeout_ms);
 /* The session's stats as this client knows them (kvcd's peak figures arrive at close). */
 void kvc_session_get_stats(const struct kvc_session *s, struct kvc_session_stats *ret);
 
+/* ---- importance scores (scores.c) ---- */
+
+/* The score the policies rank a layer's tokens by (the accumulated attention, `sum` in
+ * kernels/block.h), for a caller that computes its own importance (docs/policies.md, "Importance
+ * without the question"). set writes score[h * n + i] as the score of slot first + i of KV head
+ * h, in every tier (slot order as kvc_layer_gather's); get reads them back the same way. Only the
+ * score is written, and the attention kernels keep adding to it on every kvc_attend. Slots of a
+ * shared prefix are other sessions' too: set leaves them, get reads them. Host pools only
+ * (-ENOTSUP on a device pool); -EINVAL for a bad layer, a range past the layer's length, a NULL
+ * array with n > 0, or (set) a score that is NaN or infinite, and nothing is written then. */
+int kvc_layer_set_scores(struct kvc_session *s, uint32_t layer, uint32_t first, uint32_t n, const float *score);
+int kvc_layer_get_scores(const struct kvc_session *s, uint32_t layer, uint32_t first, uint32_t n, float *score);
+
 /* ---- gathering a layer (gather.c) ---- */
 
 /* Copies slots [first, first + n) of a layer, keys and values, into the caller's float32 arrays,
