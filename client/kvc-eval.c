@@ -89,8 +89,9 @@ static void usage(FILE *f) {
                    "  --dump-tokens          tiers, niah: write the token ids of its documents and needles\n"
                    "                         (tiers_tokens.txt; niah_tokens.txt and niah_questions.txt) and\n"
                    "                         run nothing (bench/tiers-peers.sh, bench/niah-peers.sh)\n"
-                   "  --suite main|ladder    niah: the families (default main; ladder: window, h2o,\n"
-                   "                         conf-int8 at token budgets and the ladder at byte budgets)\n"
+                   "  --suite main|ladder    niah: the families (default main; ladder: window and\n"
+                   "                         conf-int8 at token budgets, the ladder at byte budgets ranked\n"
+                   "                         by attention, surprisal and reconstruction)\n"
                    "  -h, --help, -V, --version\n");
 }
 

@@ -33,6 +33,7 @@ struct niah_family {
         size_t n_params;
         const char *tiers; /* the session's tiers below FP16 (the ladder), NULL: none */
         bool bytes;        /* the fraction is of the full cache's bytes (a byte budget), not of its tokens */
+        const char *importance; /* the prompt's scores (importance.h: surprisal, recon), NULL: attention */
 };
 
 struct niah_config {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kvc.h"
+#include "importance.h"
 #include "kvccache.h"
 #include "lab.h"
 #include "model.h"
@@ -29,16 +30,18 @@ static const struct niah_family main_families[] = {
         { "snapkv", "snapkv", { 0 }, { 0 }, 0 },
         { "conf-int8", "conf", { "gate", "int8" }, { "fixed", "1" }, 2 },
 };
-/* The ladder suite (issue 27, --suite ladder): the eviction-only families at token budgets and the
- * ladder at the same fractions of the full cache's bytes (tiers q8, q4 and q2 below FP16: what it
- * may lower to; sinks 4 and a window of 64 at FP16), ranked by the accumulated attention (sum) or
- * its EMA. */
+/* The ladder suite (issue 27, --suite ladder): the eviction-only families (the window, CONF-KV with
+ * INT8) at token budgets and the ladder at the same fractions of the full cache's bytes (tiers q8,
+ * q4 and q2 below FP16: what it may lower to; sinks 4 and a window of 32 at FP16), ranked by each
+ * of the three importance scores: the accumulated attention (sum), the tokens' surprisal, KVzip's
+ * reconstruction (importance.h; the prompt's chunks of those two run one configuration at a time).
+ * Five families and the full cache: what two cores run in about half an hour at 2K. */
 static const struct niah_family ladder_families[] = {
-        { "window", "window", { 0 }, { 0 }, 0, NULL, false },
-        { "h2o", "h2o", { 0 }, { 0 }, 0, NULL, false },
-        { "conf-int8", "conf", { "gate", "int8" }, { "fixed", "1" }, 2, NULL, false },
-        { "ladder", "ladder", { 0 }, { 0 }, 0, "q8,q4,q2", true },
-        { "ladder-ema", "ladder", { "score" }, { "ema" }, 1, "q8,q4,q2", true },
+        { "window", "window", { 0 }, { 0 }, 0, NULL, false, NULL },
+        { "conf-int8", "conf", { "gate", "int8" }, { "fixed", "1" }, 2, NULL, false, NULL },
+        { "ladder", "ladder", { 0 }, { 0 }, 0, "q8,q4,q2", true, NULL },
+        { "ladder-surprisal", "ladder", { 0 }, { 0 }, 0, "q8,q4,q2", true, "surprisal" },
+        { "ladder-recon", "ladder", { 0 }, { 0 }, 0, "q8,q4,q2", true, "recon" },
 };
 static const struct niah_family quick_families[] = {
         { "window", "window", { 0 }, { 0 }, 0 },
@@ -155,12 +158,43 @@ int niah_build_needle(struct niah *n, uint32_t length, uint32_t index, struct ne
 
 /* ---- one haystack, every configuration in one batch ---- */
 
+/* The configurations whose prompt scores are not attention: an importance object each (NULL for
+ * the others), and room for the last logits of their own passes. */
+static int importance_open(struct niah *n, struct importance **imp, float **own_logits) {
+        for (uint32_t c = 0; c < n->n_cfg; c++) {
+                const struct niah_family *f = n->cfg[c].fam;
+                enum importance_kind kind = IMPORTANCE_KIND_ATTENTION;
+                imp[c] = NULL;
+                own_logits[c] = NULL;
+                if (!f || !f->importance || importance_parse(f->importance, &kind) < 0 ||
+                    kind == IMPORTANCE_KIND_ATTENTION)
+                        continue;
+                int r = importance_new(n->model, n->tok, kind, n->o->threads, &imp[c]);
+                if (r == 0 && !(own_logits[c] = malloc((size_t)n->mc->vocab_size * sizeof(float))))
+                        r = -ENOMEM;
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static void importance_close(uint32_t C, struct importance **imp, float **own_logits) {
+        for (uint32_t c = 0; c < C; c++) {
+                imp[c] = importance_free(imp[c]);
+                free(own_logits[c]);
+                own_logits[c] = NULL;
+        }
+}
+
 static int run_needle(struct niah *n, const struct needle *nd, struct niah_result *res) {
         const struct model_config *mc = n->mc;
         uint32_t C = n->n_cfg, V = (uint32_t)mc->vocab_size, L = (uint32_t)mc->n_layers;
         struct kvc_session *ss[NIAH_MAX_CONFIGS] = { 0 };
+        struct importance *imp[NIAH_MAX_CONFIGS] = { 0 };
+        float *own_logits[NIAH_MAX_CONFIGS] = { 0 };
+        uint32_t at[NIAH_MAX_CONFIGS]; /* a batched configuration's logits in the pass's */
         double weight = 0;
-        int r = 0;
+        int r = importance_open(n, imp, own_logits);
         memset(res, 0, C * sizeof(*res));
         for (uint32_t c = 0; r == 0 && c < C; c++)
                 r = lab_session_open(n, &n->cfg[c], nd->question, "niah", &ss[c]);
@@ -177,25 +211,45 @@ static int run_needle(struct niah *n, const struct needle *nd, struct niah_resul
                                                                            : nd->n_prompt;
                         k = stop - pos;
                         uint32_t most = n->o->chunk < MODEL_MAX_ROWS / C ? n->o->chunk : MODEL_MAX_ROWS / C;
+                        for (uint32_t c = 0; c < C; c++)
+                                if (imp[c] && importance_max_rows(imp[c]) < most)
+                                        most = importance_max_rows(imp[c]);
                         k = lab_chunk(ss, C, L, k < most ? k : most);
                 }
-                uint32_t nr = 0;
-                for (uint32_t c = 0; c < C; c++)
+                /* the prompt's chunks of a configuration with its own scores: a pass of their own */
+                bool prompt = pos + k <= nd->n_prompt;
+                uint32_t nr = 0, batched = 0;
+                for (uint32_t c = 0; c < C; c++) {
+                        bool own = prompt && imp[c];
+                        struct model_row *to = own ? rows + MODEL_MAX_ROWS - k : rows + nr;
                         for (uint32_t j = 0; j < k; j++) {
                                 uint32_t p = pos + j;
                                 int token = p < nd->n_prompt ? nd->ids[p] : nd->answer[p - nd->n_prompt];
-                                rows[nr++] = (struct model_row){
+                                to[j] = (struct model_row){
                                         .token = token, .pos = (int)p, .ctx = ss[c], .logits = j == k - 1
                                 };
                         }
-                float *logits;
-                if ((r = model_forward_rows(n->model, rows, nr, &kvccache_ops, &logits)) < 0) {
-                        fprintf(stderr, "kvc-eval niah: forward pass at %u: %s\n", pos, strerror(-r));
-                        break;
+                        if (!own) {
+                                nr += k;
+                                at[c] = batched++;
+                                continue;
+                        }
+                        float *lg;
+                        if ((r = importance_prefill(imp[c], to, k, &kvccache_ops, &kvccache_store_ops, &lg)) < 0) {
+                                fprintf(stderr, "kvc-eval niah: %s: importance at %u: %s\n", n->cfg[c].label, pos,
+                                        strerror(-r));
+                                break;
+                        }
+                        memcpy(own_logits[c], lg, V * sizeof(float));
                 }
+                float *logits = NULL;
+                if (r == 0 && nr && (r = model_forward_rows(n->model, rows, nr, &kvccache_ops, &logits)) < 0)
+                        fprintf(stderr, "kvc-eval niah: forward pass at %u: %s\n", pos, strerror(-r));
+                if (r < 0)
+                        break;
                 uint32_t last = pos + k - 1; /* its logits predict position last + 1 */
                 for (uint32_t c = 0; r == 0 && c < C; c++) {
-                        const float *lg = logits + (size_t)c * V;
+                        const float *lg = prompt && imp[c] ? own_logits[c] : logits + (size_t)at[c] * V;
                         if (last + 1 >= nd->n_prompt) { /* an answer token: score it */
                                 uint32_t a = last + 1 - nd->n_prompt;
                                 int truth = nd->answer[a];
@@ -230,6 +284,7 @@ static int run_needle(struct niah *n, const struct needle *nd, struct niah_resul
         for (uint32_t c = 0; c < C; c++)
                 if (ss[c])
                         held_close(ss[c], weight, &res[c].charged, &res[c].tokens, &res[c].peak_charged);
+        importance_close(C, imp, own_logits);
         return r;
 }
 
