@@ -69,9 +69,10 @@ echo
 
 # the precision ladder (issue 27): one haystack of TinyStories with a needle, the same prompt at
 # the same bytes through the window and through the ladder
-frac=${KVC_DEMO_LADDER_FRAC:-0.30}
+frac=${KVC_DEMO_LADDER_FRAC:-0.25}
 data=${KVC_DEMO_DATA:-../shared/data/tinystories/validation-sample.txt}
-awk 'BEGIN { RS = ""; ORS = "\n\n" } NR > 400 { print }' "$data" | head -c 6000 >"$dir/hay.txt"
+awk 'BEGIN { RS = ""; ORS = "\n\n" } NR > 400 { print; n += length($0) + 2; if (n >= 6000) exit }' "$data" \
+        >"$dir/hay.txt"
 {
         printf 'Read the text below. Somewhere in it is a secret code.\n\n'
         head -c 2500 "$dir/hay.txt"
@@ -87,12 +88,13 @@ echo "== The precision ladder: a needle (\"The secret code of the blue door is 4
 echo "   of stories, prefilled in chunks of 32 (the policy plans before it sees the question), at"
 echo "   $frac of the full FP16 cache's bytes:"
 echo
-printf '   %-44s %s\n' "full cache (reference):" "$(needle | tail -1)"
-printf '   %-44s %s\n' "window at $frac of the bytes:" "$(needle --policy window --budget-frac "$frac" | tail -1)"
+answer() { grep -v '^ *$' | tail -1; } # the answer's last line
+printf '   %-44s %s\n' "full cache (reference):" "$(needle | answer)"
+printf '   %-44s %s\n' "window at $frac of the bytes:" "$(needle --policy window --budget-frac "$frac" | answer)"
 grep '^kvcd accounting' "$dir/needle.err" | sed 's/^/     /'
 "$bin/kvc-run" --socket "$dir/run" --model "$model" --threads 2 --dtype f16 --prefill-chunk 32 \
         --chat "$(cat "$dir/needle.txt")" -n 1560 --trace 100000 --policy ladder --tiers q8,q4,q2 \
-        --budget-frac "$frac" --stop-at 1500 >"$dir/ladder.txt" 2>"$dir/ladder.err" &
+        --importance surprisal --budget-frac "$frac" --stop-at 1500 >"$dir/ladder.txt" 2>"$dir/ladder.err" &
 l=$!
 for _ in $(seq 600); do [ "$(ps -o stat= -p "$l" 2>/dev/null | cut -c1)" = T ] && break; sleep 0.1; done
 echo
@@ -100,7 +102,7 @@ echo "   kvcctl top while the ladder holds the prompt (BITS: the bits per value 
 ctl top -n 1 | sed 's/^/     /'
 kill -CONT "$l"
 wait "$l" || { cat "$dir/ladder.err" >&2; exit 1; }
-printf '   %-44s %s\n' "ladder (q8, q4, q2 by importance) at $frac:" "$(tail -1 "$dir/ladder.txt")"
+printf '   %-44s %s\n' "ladder (q8, q4, q2 by surprisal) at $frac:" "$(answer <"$dir/ladder.txt")"
 grep '^kvcd accounting' "$dir/ladder.err" | sed 's/^/     /'
 echo
 
