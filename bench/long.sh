@@ -37,6 +37,10 @@
 #              in-process cache): M + decoded, everything; all but the newest 128 at tier T
 #   kvcd-q8, kvcd-q4, kvcd-q3, kvcd-q2   the same through kvcd: --policy full --dtype f16 --tier T
 #              (a session with tier T and tier_window 128; kvcd demotes a block at a time, in links)
+#   full-f16   --policy full --dtype f16: the FP16 full cache (the ladder's reference)
+#   ladder     --policy ladder --dtype f16 --tiers q8,q4,q2 --budget-frac 0.25 --importance
+#              surprisal (issue 27): a quarter of the full cache's bytes, the tokens ranked by their
+#              surprisal at prefill, most at 4 and 2 bits
 #   llama-q4   llama-bench as llama, with q4_0 keys and values and flash attention (-fa 1 -ctk q4_0
 #              -ctv q4_0: a quantized V cache needs it), the peer of local-q4
 #   llama      llama.cpp's llama-bench at the same depth (-d CONTEXT -p 0 -n DECODE -t 1, f16 cache,
@@ -102,6 +106,8 @@ declare -A cfg_args=(
         [kvcd-q4]="--policy full --dtype f16 --tier q4"
         [kvcd-q3]="--policy full --dtype f16 --tier q3"
         [kvcd-q2]="--policy full --dtype f16 --tier q2"
+        [full-f16]="--policy full --dtype f16"
+        [ladder]="--policy ladder --dtype f16 --tiers q8,q4,q2 --budget-frac 0.25 --importance surprisal"
 )
 declare -A tps wl held
 for cfg in $configs; do

@@ -501,6 +501,15 @@ static void conv_keep(struct conv *c, uint32_t at, const uint32_t *keep, uint32_
         free(p.p);
 }
 
+/* Bytes into the plan buffer at a byte offset (per-token tiers). */
+static void conv_planbuf(struct conv *c, uint16_t at, const void *data, size_t len) {
+        struct buf p = { 0 };
+        put_u16(&p, at);
+        put(&p, data, len);
+        record(c, OP_PLANBUF, p.p, p.n);
+        free(p.p);
+}
+
 static void conv_pool(struct conv *c, uint32_t off, const void *data, size_t len) {
         struct buf p = { 0 };
         uint8_t o[4] = { (uint8_t)off, (uint8_t)(off >> 8), (uint8_t)(off >> 16), (uint8_t)(off >> 24) };
@@ -559,6 +568,7 @@ struct layer_plan {
         bool per_head;
         uint32_t tiers[2]; /* with n_tiers: the kept tokens at q8 and at q4 (LayerPlan.tier_tokens) */
         uint32_t n_tiers;
+        uint32_t tier_offset; /* LayerPlan.tier_offset: 1 + the byte of its per-token tiers, 0: none */
 };
 
 /* A PlanBatch with one plan over every layer (lp[l]); plan id and base step as given (0: the
@@ -576,6 +586,7 @@ static void conv_plan(struct conv *c, const struct layer_plan *lp, uint64_t plan
                 lps[l].summary_slot = lp[l].summary;
                 lps[l].n_tier_tokens = lp[l].n_tiers;
                 lps[l].tier_tokens = (uint32_t *)lp[l].tiers;
+                lps[l].tier_offset = lp[l].tier_offset;
                 lpp[l] = &lps[l];
         }
         Kvc__Plan p = KVC__PLAN__INIT, *pp[1] = { &p };
@@ -757,6 +768,32 @@ static void plan_seeds(void) {
         conv_plan(&c, lp, 0, 0);
         conv_steps(&c, 8);
         conv_done(&c, "ladder-q8-q4");
+
+        /* per-token tiers (the ladder policy's plans): a demotion without eviction whose kept
+         * tokens go to q8 and q4 by a byte each (LayerPlan.tier_offset), not by position */
+        conv_start(&c, 0x09);
+        conv_grant(&c, 3, false, -1, SESSION);
+        conv_steps(&c, 40);
+        conv_grant(&c, 1, true, -1, SESSION);
+        conv_grant_tier(&c, 1, 2, -1, SESSION);
+        uint8_t tier_of[40];
+        for (uint32_t i = 0; i < 40; i++) {
+                keep[i] = i;
+                tier_of[i] = (uint8_t)(i % 3 == 0 ? 2 : i % 3 == 1 ? 1 : 0); /* 14 at q4, 13 at q8 */
+        }
+        conv_keep(&c, 0, keep, 40);
+        conv_keep(&c, 128, keep, 40);
+        conv_planbuf(&c, 200, tier_of, 40);
+        conv_planbuf(&c, 712, tier_of, 40);
+        lp[0] = (struct layer_plan){
+                .base = 40, .offset = 0, .count = 40, .tiers = { 13, 14 }, .n_tiers = 2, .tier_offset = 201
+        };
+        lp[1] = (struct layer_plan){
+                .base = 40, .offset = 128, .count = 40, .tiers = { 13, 14 }, .n_tiers = 2, .tier_offset = 713
+        };
+        conv_plan(&c, lp, 0, 0);
+        conv_steps(&c, 8);
+        conv_done(&c, "ladder-token-tiers");
 
         /* the moment summary: the first dropped slot gathers the evicted tokens; two plans */
         conv_start(&c, 0x0b);
