@@ -166,6 +166,8 @@ _PROTOTYPES = {
     "kvc_session_tier_name": (c_char_p, [_session_p, c_uint32]),
     "kvc_layer_tier_tokens": (c_uint32, [_session_p, c_uint32, c_uint32]),
     "kvc_session_bytes": (c_uint64, [_session_p]),
+    "kvc_layer_set_scores": (c_int, [_session_p, c_uint32, c_uint32, c_uint32, _f32_p]),
+    "kvc_layer_get_scores": (c_int, [_session_p, c_uint32, c_uint32, c_uint32, _f32_p]),
     "kvc_session_budget_bytes": (c_uint64, [_session_p]),
     "kvc_full_cache_bytes": (c_uint64, [POINTER(CGeometry), c_uint32]),
     "kvc_layer_view": (c_int, [_session_p, c_uint32, POINTER(CLayerView)]),

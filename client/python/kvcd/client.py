@@ -585,6 +585,31 @@ class Session(_Closes):
             return outs[0][:, :n], outs[1][:, :n]
         return outs[0], outs[1]
 
+    def scores(self, layer: int, first: int = 0, n: Optional[int] = None) -> np.ndarray:
+        """The ranking scores (the `sum` side array) of slots [first, first + n) of the layer, a
+        float32 array [n_kv_heads, n] (kvc_layer_get_scores: every tier)."""
+        self._layer(layer)
+        first = _u32("first", first)
+        n = max(self.layer_tokens(layer) - first, 0) if n is None else _u32("n", n)
+        out = np.empty((self.geometry.n_kv_heads, n), dtype=np.float32)
+        with self._client._lock:
+            self._check(_lib.load().kvc_layer_get_scores(self._p(), layer, first, n, _f32p(out)),
+                        f"scores of layer {layer}")
+        return out
+
+    def set_scores(self, layer: int, scores: ArrayLike, first: int = 0) -> None:
+        """Writes the ranking scores of slots [first, first + n) of the layer from ``scores``
+        [n_kv_heads, n] (kvc_layer_set_scores): an importance of the caller's own, which the
+        ranking policies (the ladder's ``score=sum``) read at kvcd's next plan (docs/policies.md,
+        "Importance without the question"). Finite values only."""
+        self._layer(layer)
+        a = np.ascontiguousarray(np.asarray(scores, dtype=np.float32))
+        if a.ndim != 2 or a.shape[0] != self.geometry.n_kv_heads:
+            raise KvcInvalid(22, f"scores must have shape ({self.geometry.n_kv_heads}, n), not {a.shape}")
+        with self._client._lock:
+            self._check(_lib.load().kvc_layer_set_scores(self._p(), layer, _u32("first", first), a.shape[1],
+                                                         _f32p(a)), f"scores of layer {layer}")
+
     def stats(self) -> SessionStats:
         """The session's stats as this client knows them (after close(): kvcd's final ones)."""
         if self._final is not None and self.closed:

@@ -352,6 +352,11 @@ def test_the_ladder_keeps_a_byte_budget_by_lowering_precision(client):
             assert s.bytes <= s.budget_bytes
         tiers = s.tier_tokens(0)
         assert sum(tiers.values()) == 640  # nothing evicted: lowered instead
+        mine = np.arange(2 * 640, dtype=np.float32).reshape(2, 640)
+        s.set_scores(1, mine)  # an importance of the caller's own, across every tier
+        np.testing.assert_array_equal(s.scores(1), mine)
+        with pytest.raises(kvcd.KvcInvalid):
+            s.set_scores(1, np.full((2, 4), np.nan))
         assert tiers["f32"] >= 36 and tiers["q8"] + tiers["q4"] + tiers["q2"] > 300
     with pytest.raises(kvcd.KvcInvalid):
         client.open_session(g, policy="ladder", tiers=["q4"], budget_fraction=-1)
