@@ -92,6 +92,7 @@ static void usage(FILE *f) {
                    "  --suite main|ladder    niah: the families (default main; ladder: window and\n"
                    "                         conf-int8 at token budgets, the ladder at byte budgets ranked\n"
                    "                         by attention, surprisal and reconstruction)\n"
+                   "  --families A,B,...     niah: only these of the suite's families (their labels)\n"
                    "  -h, --help, -V, --version\n");
 }
 
@@ -164,6 +165,7 @@ int main(int argc, char **argv) {
                 { "seed", required_argument, NULL, 'R' },
                 { "dump-tokens", no_argument, NULL, 'Y' },
                 { "suite", required_argument, NULL, 'U' },
+                { "families", required_argument, NULL, 'B' },
                 { "help", no_argument, NULL, 'h' },
                 { "version", no_argument, NULL, 'V' },
                 {},
@@ -206,6 +208,7 @@ int main(int argc, char **argv) {
                 case 'T': no.threads = (uint32_t)atoi(optarg); break;
                 case 'R': no.seed = strtoull(optarg, NULL, 0); break;
                 case 'Y': no.dump_tokens = true; break;
+                case 'B': no.families = optarg; break;
                 case 'U':
                         if (strcmp(optarg, "main") != 0 && strcmp(optarg, "ladder") != 0) {
                                 fprintf(stderr, "kvc-eval: --suite main|ladder\n");

@@ -56,6 +56,19 @@ struct niah_result {
 
 /* The configurations for haystacks of `length` tokens: the full cache, then every family at
  * every fraction of the length. */
+/* Whether label is in the comma-separated list (NULL: every label is). */
+static bool picked(const char *list, const char *label) {
+        size_t n = strlen(label);
+        for (const char *at = list; at && *at;) {
+                const char *end = strchr(at, ',');
+                size_t len = end ? (size_t)(end - at) : strlen(at);
+                if (len == n && strncmp(at, label, n) == 0)
+                        return true;
+                at = end ? end + 1 : NULL;
+        }
+        return !list;
+}
+
 static void make_configs(struct niah *n, uint32_t length) {
         bool ladder = n->o->suite && strcmp(n->o->suite, "ladder") == 0;
         const struct niah_family *fams = n->o->quick ? quick_families : ladder ? ladder_families : main_families;
@@ -71,7 +84,7 @@ static void make_configs(struct niah *n, uint32_t length) {
         n->n_cfg = 0;
         lab_config_add(n, NULL, 0, 0);
         for (size_t f = 0; f < n_fams; f++)
-                for (uint32_t i = 0; i < n->o->n_fractions; i++) {
+                for (uint32_t i = 0; i < n->o->n_fractions && picked(n->o->families, fams[f].label); i++) {
                         double frac = n->o->fractions[i];
                         struct niah_config *c =
                                 lab_config_add(n, &fams[f], frac, fams[f].bytes ? 0 : (uint32_t)lround(frac * length));

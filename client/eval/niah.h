@@ -47,7 +47,8 @@ struct niah_options {
         uint32_t threads;  /* the engine's threads (0: every CPU) */
         uint64_t seed;     /* needles and haystacks */
         bool quick;        /* one short haystack, three configurations */
-        const char *suite; /* "quick", "main" */
+        const char *suite; /* "quick", "main", "ladder" */
+        const char *families; /* niah: the suite's families to run, comma-separated labels (NULL: all) */
         bool dump_tokens;  /* tiers: write the sequences it would score, run nothing */
 };
 
