@@ -4,6 +4,8 @@ presses on SmolLM2, needle in a haystack, the same kept tokens (issue 20, "The p
 
     build/venv-kvpress/bin/python bench/kvpress_bench.py --build build/dev [--length 2048]
         [--needles 3] [--ratios 0.5,0.75] [--decode 16] [--chunk 64] [--out FILE.jsonl]
+    build/venv-kvpress/bin/python bench/kvpress_bench.py --tokens niah_tokens.txt \
+        --questions niah_questions.txt --raw RAW [--presses kvzip,snapkv,streaming_llm] [--ratios ...]
 
 `make bench-kvpress` runs it in the venv of `make kvpress-deps` (kvpress 0.5.5, transformers 5.2.0,
 torch 2.15.0). One process, one thread, the model loaded once (transformers' GGUF loader, float32,
@@ -29,7 +31,12 @@ tokens are decoded greedily one forward each: the decode tokens/s is the median 
 - "full": transformers' DynamicCache, nothing compressed.
 - kvpress: the press as a context manager around the context's prefill (one forward): it
   compresses each layer's cache to (1 - ratio) of the context as the layer's prefill ends, before
-  the question is seen; the question and answer then go in uncompressed.
+  the question is seen; the question and answer then go in uncompressed, at their own positions
+  (position_ids, as kvpress's pipeline passes them: without them a compressed cache's length
+  would be taken for the next position, and the question would sit next to the kept tokens).
+  KVzip ("kvzip") scores the context by making the model repeat it (2-3 times the prefill's
+  cost), across layers (not each layer at the ratio), and evicts by masking keys in place
+  (kvpress's attention_patch): the cache keeps every token, and "bytes" counts the unmasked.
 - kvcd: KvcdCache with the policy at budget = (1 - ratio) x context tokens per layer, the context
   prefilled in --chunk-token forwards with kvcd's plans between them (slack = the chunk: a layer
   holds at most budget + chunk), prompt_tokens = the context (the prefill policies compress it
@@ -38,6 +45,12 @@ tokens are decoded greedily one forward each: the decode tokens/s is the median 
 
 "held" in the table is what layer 0 held when the answer was read: the compressed context plus
 the question for kvpress; kvcd's is between budget and budget + slack, plus the question.
+
+With --tokens (issue 27, bench/niah-peers.sh): the needles are kvc-eval's own, dumped by `kvc-eval
+--task niah --dump-tokens` (token ids, so no tokenizer stands between them), the context ends at
+the dump's question position, and only the full cache and the presses run (kvc-eval scores kvcd);
+each result is a llama-tiers raw line (run_dumped) for `llama-tiers niah-report`, with the bytes
+held at the answer over all layers as a fraction of the full cache's (held_fraction).
 """
 
 from __future__ import annotations
@@ -137,20 +150,51 @@ def make_press(name: str, ratio: float) -> Any:
     import kvpress
 
     cls = {"streaming_llm": kvpress.StreamingLLMPress, "snapkv": kvpress.SnapKVPress, "tova": kvpress.TOVAPress,
-           "knorm": kvpress.KnormPress, "expected_attention": kvpress.ExpectedAttentionPress}[name]
+           "knorm": kvpress.KnormPress, "expected_attention": kvpress.ExpectedAttentionPress,
+           "kvzip": kvpress.KVzipPress}[name]
     return cls(compression_ratio=ratio)
 
 
-def feed(model: Any, ids: List[int], cache: Any, kw: str, chunk: int, last_only: bool = False) -> Any:
-    """ids through the model in forwards of at most chunk tokens; with a KvcdCache, each forward
-    ends at the session's limit at the latest (KvcdCache.room(): a budgeted policy plans when a
-    layer reaches it). The logits of every position ([n, vocab]), or of the last (last_only)."""
+def kvzip_tokenizer(tok: Any) -> None:
+    """KVzipPress loads its tokenizer with AutoTokenizer.from_pretrained(model.config.name_or_path):
+    a GGUF's folder, which has no tokenizer files. It gets the GGUF's (the same vocabulary and chat
+    template) instead; it tokenizes its own prompts with it ("Repeat the previous context exactly."
+    and the chat template's prefix and suffix), never the needles."""
+    from kvpress.presses import kvzip_press
+
+    class Tokenizer:
+        @staticmethod
+        def from_pretrained(*args: Any, **kwargs: Any) -> Any:
+            return tok
+
+    kvzip_press.AutoTokenizer = Tokenizer
+
+
+def held_fraction(model: Any, cache: Any, seen: int) -> float:
+    """What a DynamicCache holds, over all layers and KV heads, as a fraction of every position
+    seen (the bytes at any one precision as a fraction of the full cache's): the tokens a press
+    left, less the keys a head-wise press (KVzip, kvpress's attention_patch) masks in place."""
+    held = 0.0
+    for li, layer in enumerate(cache.layers):
+        masked = getattr(model.model.layers[li].self_attn, "masked_key_indices", None)
+        held += layer.keys.shape[2] - (len(masked[0]) / layer.keys.shape[1] if masked is not None else 0)
+    return held / (seen * len(cache.layers))
+
+
+def feed(model: Any, ids: List[int], cache: Any, kw: str, chunk: int, last_only: bool = False, start: int = 0) -> Any:
+    """ids, at positions start on, through the model in forwards of at most chunk tokens; with a
+    KvcdCache, each forward ends at the session's limit at the latest (KvcdCache.room(): a budgeted
+    policy plans when a layer reaches it). The positions are passed, as kvpress's pipeline passes
+    them: a compressed DynamicCache's length is not the position of the next token. The logits of
+    every position ([n, vocab]), or of the last (last_only)."""
     import torch
 
     out, i = [], 0
     while i < len(ids):
         n = min(chunk, len(ids) - i, cache.room() if hasattr(cache, "room") else chunk)
-        o = model(torch.tensor([ids[i:i + n]]), use_cache=True, logits_to_keep=1 if last_only else 0, **{kw: cache})
+        pos = torch.arange(start + i, start + i + n)[None]
+        o = model(torch.tensor([ids[i:i + n]]), position_ids=pos, use_cache=True,
+                  logits_to_keep=1 if last_only else 0, **{kw: cache})
         out.append(o.logits[0])
         i += n
     return out[-1] if last_only else torch.cat(out)
@@ -187,18 +231,23 @@ def run_one(model: Any, nd: Dict[str, Any], kind: str, name: str, ratio: float, 
             with press:
                 feed(model, ctx, cache, kw, chunk if kind == "kvcd" else len(ctx), last_only=True)
             res["prefill_s"] = time.perf_counter() - t0
-            logits = feed(model, rest + answer[:-1], cache, kw, chunk if kind == "kvcd" else len(rest) + len(answer))
-            logp = torch.log_softmax(logits[len(rest) - 1:].float(), dim=-1)
+            logits = feed(model, rest + answer[:-1], cache, kw, chunk if kind == "kvcd" else len(rest) + len(answer),
+                          start=len(ctx))
+            logp = torch.log_softmax(logits[len(rest) - 1:].double(), dim=-1)
             res["hit"] = all(int(logp[i].argmax()) == t for i, t in enumerate(answer))
             res["logp"] = float(sum(logp[i, t] for i, t in enumerate(answer)))
             res["held"] = (cache.session.layer_tokens(0) if kind == "kvcd" else int(cache.layers[0].keys.shape[2]))
-            nxt, times = int(logits[-1].argmax()), []
-            for _ in range(decode):
+            if kind != "kvcd":
+                res["bytes"] = held_fraction(model, cache, len(ctx) + len(rest) + len(answer) - 1)
+            pos, nxt, times = len(ctx) + len(rest) + len(answer) - 1, int(logits[-1].argmax()), []
+            for i in range(decode):
                 t = time.perf_counter()
-                out = model(torch.tensor([[nxt]]), use_cache=True, **{kw: cache})
+                out = model(torch.tensor([[nxt]]), position_ids=torch.tensor([[pos + i]]), use_cache=True,
+                            **{kw: cache})
                 nxt = int(out.logits[0, -1].argmax())
                 times.append(time.perf_counter() - t)
-            res["decode_tps"] = 1.0 / statistics.median(times)
+            if times:
+                res["decode_tps"] = 1.0 / statistics.median(times)
     except Exception as e:  # a press or policy that does not run here is reported, not hidden
         res["error"] = f"{type(e).__name__}: {e}"[:300]
     finally:
@@ -207,6 +256,59 @@ def run_one(model: Any, nd: Dict[str, Any], kind: str, name: str, ratio: float, 
             if stats is not None:
                 res["peak_tokens"] = stats.peak_tokens
     return res
+
+
+def read_needles(tokens: str, questions: str) -> List[Dict[str, Any]]:
+    """The needles of `kvc-eval --task niah --dump-tokens`: niah_tokens.txt's "needle LENGTH K
+    N_PROMPT N_ANSWER ids answer" (the prompt ends with the answer's prefix) and
+    niah_questions.txt's "LENGTH K QUESTION DEPTH" (the context a press compresses ends at QUESTION)."""
+    where = {}
+    for line in open(questions):
+        f = line.split()
+        where[(int(f[0]), int(f[1]))] = (int(f[2]), float(f[3]))
+    needles = []
+    for line in open(tokens):
+        f = line.split()
+        if not f or f[0] != "needle":
+            continue
+        length, index, n_prompt, n_answer = (int(x) for x in f[1:5])
+        ids = [int(x) for x in f[5:]]
+        if len(ids) != n_prompt + n_answer:
+            raise ValueError(f"{tokens}: needle {length} {index} has {len(ids)} ids, not {n_prompt + n_answer}")
+        question, depth = where[(length, index)]
+        needles.append({"length": length, "index": index, "depth": depth, "prompt": ids[:n_prompt],
+                        "question": question, "answer": ids[n_prompt:]})
+    return needles
+
+
+def run_dumped(model: Any, needles: List[Dict[str, Any]], configs: List[Tuple[str, str, float]], raw: str,
+               kw: str) -> None:
+    """--tokens: every configuration (the full cache and the presses) on every dumped needle, one
+    llama-tiers raw line each into raw ("needle LENGTH K NAME HIT LOGP BYTES", NAME kvpress-full or
+    PRESS@RATIO), flushed per line; lines already in raw are not run again. A configuration that
+    fails says so in raw.errors ("LENGTH K NAME ERROR") and on stderr, and has no raw line."""
+    done = set()
+    if os.path.exists(raw):
+        for line in open(raw):
+            f = line.split()
+            if len(f) >= 4 and f[0] == "needle":
+                done.add((int(f[1]), int(f[2]), f[3]))
+    with open(raw, "a") as sink, open(raw + ".errors", "a") as errors:
+        for nd in needles:
+            for kind, name, ratio in configs:
+                label = "kvpress-full" if kind == "full" else f"{name}@{ratio:.2f}"
+                if (nd["length"], nd["index"], label) in done:
+                    continue
+                r = run_one(model, nd, kind, name, ratio, None, len(nd["prompt"]), 0, kw)
+                r["length"] = nd["length"]
+                print(json.dumps(r), file=sys.stderr, flush=True)
+                if "error" in r:
+                    errors.write(f"{nd['length']} {nd['index']} {label} {r['error']}\n")
+                    errors.flush()
+                    continue
+                sink.write(f"needle {nd['length']} {nd['index']} {label} {int(r['hit'])} {r['logp']:.6f}"
+                           f" {r['bytes']:.6f}\n")
+                sink.flush()
 
 
 def start_kvcd(build: str) -> Tuple[subprocess.Popen, str, str]:
@@ -266,6 +368,10 @@ def main() -> int:
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--out", default=None, help="JSON lines, one per needle and configuration")
+    ap.add_argument("--tokens", default=None, help="kvc-eval --task niah --dump-tokens's niah_tokens.txt: score"
+                    " its needles with the full cache and the presses (no kvcd) into --raw")
+    ap.add_argument("--questions", default=None, help="with --tokens: its niah_questions.txt")
+    ap.add_argument("--raw", default=None, help="with --tokens: llama-tiers raw lines (appended, resumed)")
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     build = os.path.abspath(a.build)
@@ -280,10 +386,16 @@ def main() -> int:
 
     kw = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
     model, tok = load_smollm2(MODEL)
-    needles = build_needles(tok, a.length, a.needles)
+    kvzip_tokenizer(tok)
     ratios = [float(x) for x in a.ratios.split(",")]
     configs = [("full", "full", 0.0)]
     configs += [("kvpress", p, r) for r in ratios for p in a.presses.split(",") if p]
+    if a.tokens:
+        if not a.questions or not a.raw:
+            ap.error("--tokens needs --questions and --raw")
+        run_dumped(model, read_needles(a.tokens, a.questions), configs, a.raw, kw)
+        return 0
+    needles = build_needles(tok, a.length, a.needles)
     configs += [("kvcd", p, r) for r in ratios for p in a.policies.split(",") if p]
     proc, run, root = start_kvcd(build)
     rows: List[Dict[str, Any]] = []

@@ -10,10 +10,15 @@
 #   make bench-tiers-peers  peers + model + all, then bench/tiers-peers.sh: llama.cpp's f16, q8_0,
 #                     q4_0 and iq4_nl caches on kvc-eval tiers' documents and needles (issue 26;
 #                     1-2 hours on 2 busy cores), into bench/quality/smollm2/tiers/peers.md
+#   make bench-niah-peers  peers + model + kvpress-deps + all, then bench/niah-peers.sh: llama.cpp's
+#                     cache types, transformers' QuantizedCache (quanto int4, int2) and kvpress's
+#                     KVzip, SnapKV and StreamingLLM at 25/15/10% of the context, on the needles of
+#                     kvc-eval --task niah --suite ladder (issue 27; LENGTHS, NEEDLES: 1024,2048,4096
+#                     and 5 by default, some 100 CPU-minutes), into bench/quality/smollm2/ladder/peers.md
 
 PEER_DEB_PACKAGES := cmake ninja-build
 
-.PHONY: peers peer-deps bench-peers bench-tiers-peers
+.PHONY: peers peer-deps bench-peers bench-tiers-peers bench-niah-peers
 
 peer-deps: deps
 	@$(call install_missing,$(PEER_DEB_PACKAGES))
@@ -28,3 +33,7 @@ bench-peers: peers model
 bench-tiers-peers: peers model
 	@$(MAKE) --no-print-directory all
 	@KVC_SMOLLM2=$(SMOLLM2_GGUF) bench/tiers-peers.sh $(BUILD)
+
+bench-niah-peers: peers model kvpress-deps
+	@$(MAKE) --no-print-directory all
+	@KVC_SMOLLM2=$(SMOLLM2_GGUF) bench/niah-peers.sh $(BUILD)

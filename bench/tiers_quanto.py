@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/tiers_quanto.py: transformers' QuantizedCache (the quanto backend, 4 and 2 bits) on the exact
-token sequences of `kvc-eval --task tiers` (issue 26, the peers beside kvcd's tiers). Run by
-bench/tiers-peers.sh (QUANTO=1) in build/venv-kvpress (`make kvpress-deps`, with optimum-quanto).
+token sequences of `kvc-eval --task tiers` (issue 26, the peers beside kvcd's tiers) and of `kvc-eval
+--task niah --suite ladder` (issue 27: needles only). Run by bench/tiers-peers.sh (QUANTO=1) and
+bench/niah-peers.sh in build/venv-kvpress (`make kvpress-deps`, with optimum-quanto).
 
     tiers_quanto.py --model GGUF --tokens tiers_tokens.txt --raw RAW [--part needles|docs|all]
 
@@ -23,8 +24,10 @@ precision. So:
            full precision. Scored from position 143 on, as tiers.c: NLL, KL(f32 || type), top-1.
            One forward of the whole document would quantize nothing.
 
-RAW gets llama-tiers' raw lines ("doc D TYPE SCORED NLL KL TOP1", "needle LENGTH K TYPE HIT"),
-appended and flushed per sequence, so `llama-tiers report` makes the table.
+RAW gets llama-tiers' raw lines ("doc D TYPE SCORED NLL KL TOP1", "needle LENGTH K TYPE HIT LOGP
+BYTES": the answer's summed log probability, and the bytes the cache holds when the answer is read
+as a fraction of the same cache at FP16, fp16_fraction's), appended and flushed per sequence, so
+`llama-tiers report` and `niah-report` make the tables.
 """
 from __future__ import annotations
 
@@ -48,6 +51,25 @@ def read_seqs(path):
             assert len(ids) == n_prompt + n_answer
             seqs.append({"kind": "needle", "length": int(f[1]), "index": int(f[2]), "n_prompt": n_prompt, "ids": ids})
     return seqs
+
+
+def fp16_fraction(cache) -> float:
+    """The bytes a cache holds as a fraction of the same tokens at FP16: quanto's packed values at
+    their bits, each group's scale and shift at 2 bytes (as a half-precision model stores them; this
+    float32 run keeps them in float32, twice that), unquantized (residual) tokens at 2 bytes. A
+    DynamicCache is 1."""
+    held = full = 0.0
+    for layer in cache.layers:
+        for q, r in ((getattr(layer, "_quantized_keys", None), layer.keys),
+                     (getattr(layer, "_quantized_values", None), layer.values)):
+            n = r.numel() if r is not None else 0
+            held += 2 * n
+            full += 2 * n
+            if q is not None:
+                groups = q._scale.numel() + (q._shift.numel() if getattr(q, "_shift", None) is not None else 0)
+                held += q.numel() * layer.nbits / 8 + 2 * groups
+                full += 2 * q.numel()
+    return held / full
 
 
 def main() -> int:
@@ -86,7 +108,8 @@ def main() -> int:
                 np_ = s["n_prompt"]
                 ref = new_cache(None)
                 out = model(input_ids=torch.tensor([ids[:np_]]), past_key_values=ref, use_cache=True, logits_to_keep=1)
-                first = int(out.logits[0, -1].argmax())
+                lp = torch.log_softmax(out.logits[0, -1].double(), dim=-1)
+                first, first_logp = int(lp.argmax()), float(lp[ids[np_]])
                 caches = [ref]
                 for b in nbits:
                     q = new_cache(b)
@@ -94,11 +117,14 @@ def main() -> int:
                         q.update(layer.keys.clone(), layer.values.clone(), li)
                     caches.append(q)
                 for name, cache in zip(names, caches):
-                    hit = first == ids[np_]
+                    hit, logp = first == ids[np_], first_logp
                     for p in range(np_, len(ids) - 1):
                         o = model(input_ids=torch.tensor([[ids[p]]]), past_key_values=cache, use_cache=True)
-                        hit = hit and int(o.logits[0, -1].argmax()) == ids[p + 1]
-                    raw.write(f"needle {s['length']} {s['index']} {name} {int(hit)}\n")
+                        lp = torch.log_softmax(o.logits[0, -1].double(), dim=-1)
+                        hit = hit and int(lp.argmax()) == ids[p + 1]
+                        logp += float(lp[ids[p + 1]])
+                    raw.write(f"needle {s['length']} {s['index']} {name} {int(hit)} {logp:.6f}"
+                              f" {fp16_fraction(cache):.6f}\n")
             else:
                 caches = [new_cache(None)] + [new_cache(b) for b in nbits]
                 n = len(ids)
