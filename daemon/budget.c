@@ -229,6 +229,7 @@ int budget_admit(struct kvcd *d, struct session *s, struct client *c, const Kvc_
         b->unmet_bytes += unmet(s);
         t->demand_bytes += s->demand_bytes;
         b->demand_bytes += s->demand_bytes;
+        b->n_lowering += s->token_tiers;
         b->dirty = true;
         return 0;
 }
@@ -245,6 +246,7 @@ void budget_leave(struct kvcd *d, struct session *s) {
         b->reserved_bytes -= s->min_bytes;
         t->demand_bytes -= s->demand_bytes;
         b->demand_bytes -= s->demand_bytes;
+        b->n_lowering -= s->token_tiers;
         t->n_sessions--;
         s->ten = NULL;
         b->dirty = true;

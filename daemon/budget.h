@@ -66,10 +66,12 @@ struct budget {
         uint64_t arbitrations;
         uint64_t cuts;       /* sessions given a cap that makes them evict, over all arbitrations */
         uint64_t demotions;  /* sessions given a cap they meet by lowering precision (the ladder) */
-        /* Growth the pool refused though the bytes were free (its chunks are carved for other block
-         * sizes, or kept back): the arbiter takes squeeze off the capacity while requests wait, so
-         * that sessions give back blocks of the size wanted; 0 once nobody waits. */
+        /* Growth the pool refused though the bytes were free (the chunks kept back for lowering
+         * precision, or carved for the lower tiers' sizes), while sessions that lower precision
+         * are open: the arbiter takes squeeze off the capacity while requests wait, so that
+         * sessions give back blocks of the size wanted; 0 once nobody waits. */
         uint64_t wanted_room, squeeze;
+        uint32_t n_lowering; /* sessions whose policy gives each token its tier */
 };
 
 void budget_init(struct budget *b);

@@ -169,7 +169,10 @@ static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, uin
         } else {
                 r = pool_alloc(d->pool, owner, unit, n, ret_off, &new_chunk);
         }
-        if (r == -ENOSPC) /* the bytes were free, not the chunks: worth_waiting squeezes the arbiter */
+        /* the bytes were free, not the chunks (kept back, or carved for the lower tiers' block
+         * sizes): worth_waiting squeezes the arbiter, whose cuts make those sessions lower
+         * precision and give back blocks of this size */
+        if (r == -ENOSPC && d->budget.n_lowering)
                 d->budget.wanted_room += (uint64_t)n * unit;
         if (r < 0)
                 return r;
@@ -592,8 +595,9 @@ void session_wait_for_memory(struct kvcd *d, struct session *s, int kind, uint32
 
 void session_wait_done(struct kvcd *d, struct session *s) {
         if (s->wait.kind != WAIT_NONE && --d->n_waiting == 0 && d->budget.squeeze) {
-                d->budget.squeeze = 0; /* nobody waits: the capacity is the arbiter's again */
+                d->budget.squeeze = 0; /* nobody waits: the capacity is the arbiter's again, */
                 budget_limits_changed(d);
+                budget_arbitrate(d); /* and the caps it set under the squeeze go at once */
         }
         s->wait.kind = WAIT_NONE;
 }
