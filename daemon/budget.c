@@ -397,6 +397,8 @@ static void cut_both(struct budget *b, struct session **v, uint32_t n, const str
 uint32_t budget_lowering_chunks(struct kvcd *d) {
         struct session *s;
         uint32_t n = 0;
+        if (!d->budget.n_lowering) /* the common case: no session lowers precision per token */
+                return 0;
         for (uint32_t it = 0; (s = idmap_next(&d->sessions, &it));)
                 for (uint32_t t = 1; s->token_tiers && t < s->n_tiers; t++) {
                         uint64_t owner = session_pool_owner(s);

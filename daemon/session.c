@@ -159,7 +159,7 @@ static int alloc_units_in(struct kvcd *d, struct session *s, uint64_t owner, uin
         int r = budget_may_grow(d, s, (uint64_t)n * unit, d->refusal, sizeof(d->refusal));
         if (r < 0)
                 return r;
-        uint32_t kept = tier == 0 && pool_free_chunks(d->pool) ? budget_lowering_chunks(d) : 0;
+        uint32_t kept = tier == 0 && d->budget.n_lowering && pool_free_chunks(d->pool) ? budget_lowering_chunks(d) : 0;
         if (kept && pool_free_chunks(d->pool) <= kept) { /* growth at the dtype leaves them be */
                 new_chunk = -1;
                 r = pool_alloc_owned(d->pool, owner, unit, n, ret_off);

@@ -249,7 +249,7 @@ static int ladder_select_tiers(void *state, const struct policy_step *st, const 
         uint32_t *slot = (uint32_t *)(score + 2 * n); /* the candidates' slots, compacted */
         uint32_t *work = slot + n;
         memset(tier_of, UINT8_MAX, n);
-        uint32_t kept = plan_counts(p, st, n, counts, &P);
+        plan_counts(p, st, n, counts, &P);
         /* the protected tokens: sinks (by position) and the newest window, at the dtype */
         uint32_t sinks = 0, recent = P > p->sinks ? P - p->sinks : 0;
         for (uint32_t i = 0; i < n; i++)
@@ -282,7 +282,6 @@ static int ladder_select_tiers(void *state, const struct policy_step *st, const 
         /* a target that differs from this arithmetic (a link, or the arbiter's cap moved since the
          * decision): the counts follow the target, the difference taken at the lowest tier */
         uint32_t want = k - (sinks + recent < k ? sinks + recent : k), got = 0;
-        (void)kept;
         for (uint32_t t = 0; t < st->n_tiers; t++)
                 got += counts[t];
         if (got > want) {

@@ -164,6 +164,22 @@ static struct policy_layer view(struct layer_arrays *a, uint32_t n) {
                                       .tier = a->tier };
 }
 
+/* n tokens at positions 0.., every one at the dtype, all with the score `score` (sum and ema). */
+static void layer_init(struct layer_arrays *a, uint32_t n, float score) {
+        for (uint32_t i = 0; i < n; i++) {
+                a->pos[i] = (int32_t)i;
+                a->sum[i] = a->ema[i] = score;
+                a->tier[i] = 0;
+        }
+}
+
+/* Layer 0's target after the policy's decide on step st. */
+static struct policy_target decide_layer0(struct policy *p, const struct policy_step *st) {
+        struct policy_target targets[2] = { { POLICY_NO_PLAN, 0 }, { POLICY_NO_PLAN, 0 } };
+        p->ops->decide(p->state, st, targets);
+        return targets[0];
+}
+
 /* The slack the policy leaves a layer: a block of every tier, and one more of the dtype. */
 static uint64_t slack(void) {
         return 2 * cost4[0] + cost4[1] + cost4[2] + cost4[3];
@@ -177,20 +193,17 @@ static void select_keeps_sinks_and_window_high_and_ranks_the_rest(void **state) 
         uint8_t tier[1024];
         uint32_t words[4 * 1024];
         (void)state;
-        for (uint32_t i = 0; i < n; i++) {
-                a.pos[i] = (int32_t)i;
+        layer_init(&a, n, 0.0f);
+        for (uint32_t i = 0; i < n; i++)
                 a.sum[i] = (float)((i * 7919u) % 1000); /* distinct scores, spread over the sequence */
-                a.tier[i] = 0;
-        }
         a.sum[200] = 5000.0f; /* the needle */
         /* per layer: the protected tokens at f16, 364 candidates at about the bulk's cost */
         uint64_t layer = slack() + 36 * cost4[0] / T + 364 * cost4[2] / T - 1;
         struct policy_step st = step_of(tokens, 2 * layer);
-        struct policy_target targets[2] = { { POLICY_NO_PLAN, 0 }, { POLICY_NO_PLAN, 0 } };
-        p->ops->decide(p->state, &st, targets);
-        assert_int_equal(targets[0].keep, n); /* nothing evicted: only demoted */
+        struct policy_target target = decide_layer0(p, &st);
+        assert_int_equal(target.keep, n); /* nothing evicted: only demoted */
         struct policy_layer L = view(&a, n);
-        assert_int_equal(p->ops->select_tiers(p->state, &st, &L, &targets[0], keep, tier, words), 0);
+        assert_int_equal(p->ops->select_tiers(p->state, &st, &L, &target, keep, tier, words), 0);
         for (uint32_t i = 0; i < n; i++) {
                 assert_int_equal(keep[i], i);
                 if (i < 4 || i >= n - 32)
@@ -209,7 +222,7 @@ static void select_keeps_sinks_and_window_high_and_ranks_the_rest(void **state) 
                                         assert_true(a.sum[i] <= a.sum[j]);
         /* a token already lower stays there */
         a.tier[200] = 3;
-        assert_int_equal(p->ops->select_tiers(p->state, &st, &L, &targets[0], keep, tier, words), 0);
+        assert_int_equal(p->ops->select_tiers(p->state, &st, &L, &target, keep, tier, words), 0);
         assert_int_equal(tier[200], 3);
         policy_free(p);
 }
@@ -222,18 +235,13 @@ static void select_below_the_sinks_and_window_keeps_the_sinks_then_the_newest(vo
         uint8_t tier[1024];
         uint32_t words[4 * 1024];
         (void)state;
-        for (uint32_t i = 0; i < n; i++) {
-                a.pos[i] = (int32_t)i;
-                a.sum[i] = a.ema[i] = 1.0f;
-                a.tier[i] = 0;
-        }
+        layer_init(&a, n, 1.0f);
         uint64_t layer = slack() + 20 * cost4[0] / T; /* room for 20 at f16 */
         struct policy_step st = step_of(tokens, 2 * layer);
-        struct policy_target targets[2] = { { POLICY_NO_PLAN, 0 }, { POLICY_NO_PLAN, 0 } };
-        p->ops->decide(p->state, &st, targets);
-        assert_int_equal(targets[0].keep, 20);
+        struct policy_target target = decide_layer0(p, &st);
+        assert_int_equal(target.keep, 20);
         struct policy_layer L = view(&a, n);
-        assert_int_equal(p->ops->select_tiers(p->state, &st, &L, &targets[0], keep, tier, words), 0);
+        assert_int_equal(p->ops->select_tiers(p->state, &st, &L, &target, keep, tier, words), 0);
         for (uint32_t i = 0; i < 4; i++)
                 assert_int_equal(keep[i], i);
         for (uint32_t i = 4; i < 20; i++)
@@ -253,17 +261,12 @@ static void select_breaks_ties_towards_the_newest(void **state) {
         uint8_t tier[1024];
         uint32_t words[4 * 1024];
         (void)state;
-        for (uint32_t i = 0; i < n; i++) {
-                a.pos[i] = (int32_t)i;
-                a.sum[i] = 1.0f;
-                a.tier[i] = 0;
-        }
+        layer_init(&a, n, 1.0f);
         uint64_t layer = slack() + 32 * cost4[1] / T + 32 * cost4[2] / T; /* 32 at q8, 32 at q4 */
         struct policy_step st = step_of(tokens, 2 * layer);
-        struct policy_target targets[2] = { { POLICY_NO_PLAN, 0 }, { POLICY_NO_PLAN, 0 } };
-        p->ops->decide(p->state, &st, targets);
+        struct policy_target target = decide_layer0(p, &st);
         struct policy_layer L = view(&a, n);
-        assert_int_equal(p->ops->select_tiers(p->state, &st, &L, &targets[0], keep, tier, words), 0);
+        assert_int_equal(p->ops->select_tiers(p->state, &st, &L, &target, keep, tier, words), 0);
         for (uint32_t i = 0; i < n; i++)
                 assert_int_equal(tier[i], i < 32 ? 2 : 1);
         policy_free(p);
